@@ -1,0 +1,5 @@
+import sys
+
+from dpcomm.cli.main import main
+
+sys.exit(main())

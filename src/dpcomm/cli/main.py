@@ -1,0 +1,66 @@
+"""``dpcomm`` entry point. Sub-commands are the modules of this package that define ``COMMAND``.
+
+Each command module defines::
+
+    COMMAND = "plan"                     # the sub-command's name
+    HELP = "one line for --help"
+    def add_arguments(parser): ...       # argparse arguments
+    def run(args) -> int: ...            # returns the exit status
+
+A :class:`dpcomm.errors.UserError` (bad input) is printed as ``dpcomm: error: <message>`` on one line and
+exits with status 2, without a traceback; argparse's own errors exit with 2 too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import pkgutil
+import sys
+
+from dpcomm.errors import UserError
+
+__all__ = ["main", "build_parser"]
+
+
+def _commands() -> list:
+    import dpcomm.cli as pkg
+
+    mods = []
+    for info in pkgutil.iter_modules(pkg.__path__):
+        if info.name.startswith("_") or info.name == "main":
+            continue
+        mod = importlib.import_module(f"dpcomm.cli.{info.name}")
+        if hasattr(mod, "COMMAND"):
+            mods.append(mod)
+    return sorted(mods, key=lambda m: m.COMMAND)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="dpcomm",
+        description="Plan, simulate, measure and run gradient communication for data-parallel training.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for mod in _commands():
+        p = sub.add_parser(mod.COMMAND, help=mod.HELP, description=getattr(mod, "__doc__", None))
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except UserError as exc:
+        print(f"dpcomm: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("dpcomm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,29 @@
+"""Communication cost models (alpha-beta-gamma) of MG-WFBP Table II, the LP paper's Table 1 and BML sec. 3.2.
+
+Every collective cost is a pure function of the message size M (bytes), the node count and a
+:class:`Network`; :func:`allreduce_linear` reduces an algorithm to ``T_ar(M) = a + b*M`` (MG-WFBP Eq. 9).
+"""
+
+from dpcomm.costmodel.base import CommCost, LinearCost, MeasuredCost
+from dpcomm.costmodel.network import (
+    NETWORK_FORMAT,
+    PRESETS,
+    Network,
+    load_network,
+    network_from_dict,
+    resolve_network,
+    save_network,
+)
+
+__all__ = [
+    "NETWORK_FORMAT",
+    "PRESETS",
+    "CommCost",
+    "LinearCost",
+    "MeasuredCost",
+    "Network",
+    "load_network",
+    "network_from_dict",
+    "resolve_network",
+    "save_network",
+]

@@ -1,0 +1,1 @@
+"""(see package docstring)"""

@@ -1,0 +1,5 @@
+"""Per-layer traces: the format (``dpcomm-trace/1``), loading/validation, and the profiler that measures them."""
+
+from dpcomm.trace.format import TRACE_FORMAT, Layer, Trace, load_trace, save_trace
+
+__all__ = ["TRACE_FORMAT", "Layer", "Trace", "load_trace", "save_trace"]

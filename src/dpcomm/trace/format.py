@@ -1,0 +1,188 @@
+"""The trace format every planner, the simulator and the tests read.
+
+A trace lists the *learnable layers* of a model in forward order (``l = 0..L-1`` in the papers' notation;
+see :func:`dpcomm.models.learnable_layers`) with, per layer, its parameter count ``p_l`` and its measured
+forward and backward times ``f_l``/``b_l`` in seconds (MG-WFBP Table I calls them t_f^(l) and t_b^(l))::
+
+    {"format": "dpcomm-trace/1", "model": "resnet50", "batch_size": 32, "device": "cpu", "dtype_bytes": 4,
+     "layers": [{"name": "conv1", "params": 9408, "forward_s": 0.0012, "backward_s": 0.0025}, ...]}
+
+Extra fields are allowed and kept in ``Trace.extra`` / ``Layer.extra``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from dpcomm.errors import UserError
+from dpcomm.utils.io import atomic_write_json, read_json
+
+__all__ = ["TRACE_FORMAT", "Layer", "Trace", "load_trace", "save_trace", "trace_from_dict"]
+
+TRACE_FORMAT = "dpcomm-trace/1"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layer:
+    """One learnable layer."""
+
+    name: str
+    """Module path of the layer in its model (``features.0``)."""
+    params: int
+    """Number of learnable parameters p_l (weight and bias together)."""
+    forward_s: float
+    """Forward time f_l, seconds."""
+    backward_s: float
+    """Backward time b_l, seconds (gradient of the inputs and of the parameters)."""
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Fields beyond the format's, kept as read (e.g. ``flops``)."""
+
+    def __post_init__(self) -> None:
+        if self.params < 0:
+            raise ValueError(f"layer {self.name}: params must be >= 0")
+        for key in ("forward_s", "backward_s"):
+            v = getattr(self, key)
+            if not math.isfinite(v) or v < 0:
+                raise ValueError(f"layer {self.name}: {key} must be a finite number >= 0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Trace:
+    """A model's learnable layers in forward order, with their sizes and times."""
+
+    model: str
+    """Model name (a zoo name or the user's)."""
+    batch_size: int
+    """Per-worker mini-batch size the times were measured at."""
+    device: str
+    """Where it was measured or modelled: ``cpu``, ``cuda:NVIDIA H100``, ``analytic:k80`` ..."""
+    dtype_bytes: int
+    """Bytes per gradient element on the wire (4 for float32)."""
+    layers: tuple[Layer, ...]
+    """Learnable layers, forward order."""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.layers:
+            raise ValueError("a trace needs at least one layer")
+        if self.batch_size < 1 or self.dtype_bytes < 1:
+            raise ValueError("batch_size and dtype_bytes must be >= 1")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def t_f(self) -> float:
+        """Forward time of one iteration, seconds."""
+        return sum(layer.forward_s for layer in self.layers)
+
+    @property
+    def t_b(self) -> float:
+        """Backward time of one iteration, seconds."""
+        return sum(layer.backward_s for layer in self.layers)
+
+    @property
+    def total_params(self) -> int:
+        return sum(layer.params for layer in self.layers)
+
+    def layer_bytes(self, l: int) -> int:
+        """Bytes of layer ``l``'s gradient on the wire."""
+        return self.layers[l].params * self.dtype_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": TRACE_FORMAT,
+            "model": self.model,
+            "batch_size": self.batch_size,
+            "device": self.device,
+            "dtype_bytes": self.dtype_bytes,
+            **self.extra,
+            "layers": [
+                {
+                    "name": layer.name,
+                    "params": layer.params,
+                    "forward_s": layer.forward_s,
+                    "backward_s": layer.backward_s,
+                    **layer.extra,
+                }
+                for layer in self.layers
+            ],
+        }
+
+
+_TOP = {"model": str, "batch_size": int, "device": str, "dtype_bytes": int}
+_LAYER = {"name": str, "params": int, "forward_s": float, "backward_s": float}
+
+
+def _check(value: Any, kind: type, where: str, source: str) -> Any:
+    ok = isinstance(value, kind) and not isinstance(value, bool)
+    if kind is float:
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if not ok:
+        raise UserError(f"{source}: field '{where}' must be {kind.__name__}, got {value!r}")
+    if kind is float and (not math.isfinite(value) or value < 0):
+        raise UserError(f"{source}: field '{where}' must be a finite number >= 0, got {value!r}")
+    if kind is int and value < 0:
+        raise UserError(f"{source}: field '{where}' must be >= 0, got {value!r}")
+    return value
+
+
+def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
+    """Validate a parsed trace; any problem is a one-line :class:`UserError` naming ``source`` and the field."""
+    if not isinstance(obj, dict):
+        raise UserError(f"{source}: a trace is a JSON object")
+    if obj.get("format") != TRACE_FORMAT:
+        raise UserError(f"{source}: field 'format' must be '{TRACE_FORMAT}', got {obj.get('format')!r}")
+    for key, kind in _TOP.items():
+        if key not in obj:
+            raise UserError(f"{source}: missing field '{key}'")
+        _check(obj[key], kind, key, source)
+    for key in ("batch_size", "dtype_bytes"):
+        if obj[key] < 1:
+            raise UserError(f"{source}: field '{key}' must be >= 1, got {obj[key]!r}")
+    layers = obj.get("layers")
+    if not isinstance(layers, list):
+        raise UserError(f"{source}: missing field 'layers' (a list)")
+    if not layers:
+        raise UserError(f"{source}: field 'layers' is empty (a trace needs at least one layer)")
+    parsed = []
+    for i, item in enumerate(layers):
+        if not isinstance(item, dict):
+            raise UserError(f"{source}: field 'layers[{i}]' must be an object")
+        for key, kind in _LAYER.items():
+            if key not in item:
+                raise UserError(f"{source}: missing field 'layers[{i}].{key}'")
+            _check(item[key], kind, f"layers[{i}].{key}", source)
+        parsed.append(
+            Layer(
+                name=item["name"],
+                params=item["params"],
+                forward_s=float(item["forward_s"]),
+                backward_s=float(item["backward_s"]),
+                extra={k: v for k, v in item.items() if k not in _LAYER},
+            )
+        )
+    extra = {k: v for k, v in obj.items() if k not in _TOP and k not in ("format", "layers")}
+    return Trace(
+        model=obj["model"],
+        batch_size=obj["batch_size"],
+        device=obj["device"],
+        dtype_bytes=obj["dtype_bytes"],
+        layers=tuple(parsed),
+        extra=extra,
+    )
+
+
+def load_trace(path: str | os.PathLike) -> Trace:
+    """Read and validate a trace file (see module docstring)."""
+    return trace_from_dict(read_json(path), source=str(path))
+
+
+def save_trace(trace: Trace, path: str | os.PathLike) -> Path:
+    """Write a trace atomically."""
+    return atomic_write_json(path, trace.to_dict())
