@@ -1,0 +1,149 @@
+"""Start workers with PyTorch's own launcher machinery (what ``torchrun`` runs: the elastic agent).
+
+``launch(fn, nproc, *args)`` runs ``fn(*args)`` in ``nproc`` local worker processes that find each other
+through a c10d rendezvous on 127.0.0.1 (or, with ``nnodes > 1``, a static rendezvous at ``master_addr``,
+as ``torchrun --nnodes N --node-rank R --master-addr A`` does) and returns their results by local rank.
+Inside a worker, :func:`init_worker` joins the default process group. ``fn`` must be a module-level
+function (workers are spawned).
+
+A worker that fails makes the launch raise :class:`WorkerFailure`, whose one-line message names the rank
+and its exception.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import logging
+import os
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["LaunchOptions", "WorkerFailure", "launch", "init_worker"]
+
+
+class WorkerFailure(RuntimeError):
+    """One or more workers exited with an error; ``failures`` maps global rank to its one-line message."""
+
+    def __init__(self, failures: dict[int, str]):
+        self.failures = failures
+        first = min(failures)
+        more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+        super().__init__(f"worker rank {first} failed: {failures[first]}{more}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchOptions:
+    """Where and how many workers to start."""
+
+    nproc: int
+    """Workers on this node (local world size)."""
+    nnodes: int = 1
+    """Number of nodes (machines); > 1 uses a static rendezvous at ``master_addr``."""
+    node_rank: int = 0
+    """This node's rank among ``nnodes``."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous host; stays on loopback unless the user names another host of theirs."""
+    master_port: int = 0
+    """Rendezvous port; 0 picks a free one (single node only)."""
+    env: dict[str, str] | None = None
+    """Extra environment variables for the workers."""
+    quiet: bool = True
+    """Silence the elastic agent's own logging (worker failures still surface as :class:`WorkerFailure`)."""
+
+    def __post_init__(self) -> None:
+        if self.nproc < 1:
+            raise ValueError(f"nproc must be >= 1, got {self.nproc}")
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise ValueError(f"need nnodes >= 1 and 0 <= node_rank < nnodes, got {self.nnodes}, {self.node_rank}")
+        if self.nnodes > 1 and self.master_port == 0:
+            raise ValueError("a multi-node launch needs an explicit master_port")
+
+
+@contextlib.contextmanager
+def _patched_env(extra: dict[str, str] | None) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k in (extra or {})}
+    os.environ.update(extra or {})
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
+def _quiet(enabled: bool) -> Iterator[None]:
+    log = logging.getLogger("torch.distributed.elastic")
+    level = log.level
+    if enabled:
+        log.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        log.setLevel(level)
+
+
+def _message(failure: Any) -> str:
+    msg = failure.message
+    if isinstance(msg, dict):
+        msg = msg.get("message", "")
+    msg = str(msg or f"exit code {failure.exitcode}")
+    return msg.strip().splitlines()[-1] if msg.strip() else f"exit code {failure.exitcode}"
+
+
+def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> list[Any]:
+    """Run ``fn(*args)`` on every worker; return the list of results indexed by local rank."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    opts = nproc if isinstance(nproc, LaunchOptions) else LaunchOptions(nproc=nproc)
+    if opts.nnodes == 1:
+        cfg = LaunchConfig(
+            min_nodes=1,
+            max_nodes=1,
+            nproc_per_node=opts.nproc,
+            run_id=f"dpcomm-{uuid.uuid4().hex[:8]}",
+            rdzv_backend="c10d",
+            rdzv_endpoint=f"{opts.master_addr}:{opts.master_port}",
+            max_restarts=0,
+            monitor_interval=0.05,
+            start_method="spawn",
+        )
+    else:
+        cfg = LaunchConfig(
+            min_nodes=opts.nnodes,
+            max_nodes=opts.nnodes,
+            nproc_per_node=opts.nproc,
+            run_id="dpcomm",
+            rdzv_backend="static",
+            rdzv_endpoint=f"{opts.master_addr}:{opts.master_port}",
+            rdzv_configs={"rank": opts.node_rank, "timeout": 900},
+            max_restarts=0,
+            monitor_interval=0.05,
+            start_method="spawn",
+        )
+    with _patched_env(opts.env), _quiet(opts.quiet):
+        try:
+            out = elastic_launch(cfg, fn)(*args)
+        except ChildFailedError as exc:
+            raise WorkerFailure({rank: _message(f) for rank, f in exc.failures.items()}) from None
+    base = opts.node_rank * opts.nproc
+    return [out[base + i] if base + i in out else out[i] for i in range(opts.nproc)]
+
+
+def init_worker(backend: str = "gloo", timeout_s: float = 60.0) -> tuple[int, int]:
+    """Join the default process group from the launcher's environment; returns ``(rank, world_size)``.
+
+    ``timeout_s`` bounds every collective and point-to-point wait of the group, so a peer that dies turns
+    into an error on the others instead of a hang.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    return dist.get_rank(), dist.get_world_size()
