@@ -57,7 +57,9 @@ class LaunchOptions:
         if self.nproc < 1:
             raise ValueError(f"nproc must be >= 1, got {self.nproc}")
         if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(f"need nnodes >= 1 and 0 <= node_rank < nnodes, got {self.nnodes}, {self.node_rank}")
+            raise ValueError(
+                f"need nnodes >= 1 and 0 <= node_rank < nnodes, got {self.nnodes}, {self.node_rank}"
+            )
         if self.nnodes > 1 and self.master_port == 0:
             raise ValueError("a multi-node launch needs an explicit master_port")
 

@@ -44,7 +44,8 @@ class Plan:
             raise ValueError(f"plan groups must cover all {self.num_layers} layers")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"schedule": self.schedule, "num_layers": self.num_layers, "groups": [list(g) for g in self.groups]}
+        groups = [list(g) for g in self.groups]
+        return {"schedule": self.schedule, "num_layers": self.num_layers, "groups": groups}
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> Plan:

@@ -133,7 +133,7 @@ def _check(value: Any, kind: type, where: str, source: str) -> Any:
 
 
 def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
-    """Validate a parsed trace; any problem is a one-line :class:`UserError` naming ``source`` and the field."""
+    """Validate a parsed trace; a problem is a one-line :class:`UserError` naming ``source`` and the field."""
     if not isinstance(obj, dict):
         raise UserError(f"{source}: a trace is a JSON object")
     if obj.get("format") != TRACE_FORMAT:

@@ -56,4 +56,5 @@ def read_json(path: str | os.PathLike) -> Any:
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise UserError(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") from None
+        where = f"line {exc.lineno}, column {exc.colno}"
+        raise UserError(f"{path}: not valid JSON ({where}: {exc.msg})") from None
