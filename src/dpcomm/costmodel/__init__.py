@@ -5,6 +5,16 @@ Every collective cost is a pure function of the message size M (bytes), the node
 """
 
 from dpcomm.costmodel.base import CommCost, LinearCost, MeasuredCost
+from dpcomm.costmodel.bcube import bcube_shape
+from dpcomm.costmodel.collective import (
+    ALGORITHMS,
+    COST_OPS,
+    Algorithm,
+    allreduce_cost,
+    allreduce_linear,
+    collective_cost,
+)
+from dpcomm.costmodel.lp import lp_optimal_block
 from dpcomm.costmodel.network import (
     NETWORK_FORMAT,
     PRESETS,
@@ -14,8 +24,18 @@ from dpcomm.costmodel.network import (
     resolve_network,
     save_network,
 )
+from dpcomm.costmodel.p2p import p2p
 
 __all__ = [
+    "ALGORITHMS",
+    "COST_OPS",
+    "Algorithm",
+    "allreduce_cost",
+    "allreduce_linear",
+    "bcube_shape",
+    "collective_cost",
+    "lp_optimal_block",
+    "p2p",
     "NETWORK_FORMAT",
     "PRESETS",
     "CommCost",

@@ -73,6 +73,28 @@ PRESETS: dict[str, Network] = {
         gamma=0.0,
         source="MG-WFBP (Shi & Chu), 10GbE cluster, section V: measured ring all-reduce start-ups",
     ),
+    # beta below is the line rate (8 bits / rate); protocol overhead (a few %) is not included.
+    "25gbe": Network(
+        name="25gbe",
+        alpha=45.26e-6,  # s; ASSUMPTION: same TCP/MPI software start-up as MG-WFBP's measured 10GbE alpha
+        beta=0.32e-9,  # s/byte = 1 / (25 Gb/s / 8), IEEE 802.3by line rate
+        gamma=0.0,
+        source="25 Gb/s line rate (IEEE 802.3by); alpha assumed equal to MG-WFBP's 10GbE (TCP stack bound)",
+    ),
+    "40gbe-roce": Network(
+        name="40gbe-roce",
+        alpha=3.0e-6,  # s; ASSUMPTION: ~1 us RoCE NIC latency (ConnectX-2/3) + ~2 us verbs/MPI software
+        beta=0.2e-9,  # s/byte = 1 / (40 Gb/s / 8); BML's testbed: 40 Gb/s ConnectX-3 NICs, RoCE (sec. 4)
+        gamma=0.0,
+        source="BML testbed (sec. 4: 40GE, ConnectX-3 NICs, RoCE); alpha assumed (RoCE NIC ~1 us + software)",
+    ),
+    "100gb-ib": Network(
+        name="100gb-ib",
+        alpha=1.5e-6,  # s; ASSUMPTION: typical osu_latency small-message MPI latency over EDR IB, 1-1.5 us
+        beta=0.08e-9,  # s/byte = 1 / (100 Gb/s / 8), EDR 4x line rate
+        gamma=0.0,
+        source="100 Gb/s EDR InfiniBand line rate; alpha assumed: typical MPI ping-pong latency (1-1.5 us)",
+    ),
 }
 
 
