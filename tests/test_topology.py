@@ -1,0 +1,145 @@
+"""Topologies as data: the BML paper's counts (section 3.1), neighbour sets, routes and the address plan."""
+
+import ipaddress
+import itertools
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpcomm.errors import UserError
+from dpcomm.topology import BCube, FatTree, Star, parse_topology, plan_addresses, server_digits, server_index
+
+
+def test_bcube_3_2_matches_the_paper_testbed():
+    t = parse_topology("bcube:3,2")
+    assert (t.servers, t.switch_count, t.nics_per_server, t.link_count) == (9, 6, 2, 18)
+    assert len(t.switches()) == 6 and all(sw.ports == 3 for sw in t.switches())
+    # Section 3.2 example: [0,0] exchanges with [0,1],[0,2] on level 0 and [1,0],[2,0] on level 1.
+    ids = {s: server_digits(s, 3, 2) for s in range(9)}
+    assert [ids[s] for s in t.neighbours(0, 0)] == [(0, 1), (0, 2)]
+    assert [ids[s] for s in t.neighbours(0, 1)] == [(1, 0), (2, 0)]
+    # "each server has four 1-hop neighboring servers"
+    assert all(len(t.neighbours(s, 0)) + len(t.neighbours(s, 1)) == 4 for s in range(9))
+    assert t.level_groups(0) == ((0, 1, 2), (3, 4, 5), (6, 7, 8))
+    assert t.level_groups(1) == ((0, 3, 6), (1, 4, 7), (2, 5, 8))
+
+
+def test_bcube_16_4_has_65536_servers():
+    t = parse_topology("bcube:16,4")
+    assert t.servers == 65536 and t.nics_per_server == 4
+    assert t.switch_count == 4 * 16**3 == 4 * t.servers // 16  # k*N/n
+    assert t.link_count == 4 * 65536
+
+
+@pytest.mark.parametrize("k", [2, 4, 8, 16])
+def test_fattree_counts(k):
+    t = parse_topology(f"fattree:{k}")
+    n = t.servers
+    assert n == k**3 // 4
+    assert t.switch_count == 5 * k**2 // 4 == 5 * n // k  # 5*N/n with n = k ports
+    assert len(t.switches()) == t.switch_count
+    assert len(t.switch_links()) + n == t.link_count == 3 * k**3 // 4
+    # every switch uses exactly k ports (core switches: k pods; edge/agg: k/2 down + k/2 up)
+    used = {sw.index: len(t.members(sw.index)) for sw in t.switches()}
+    for a, b in t.switch_links():
+        used[a] += 1
+        used[b] += 1
+    assert set(used.values()) == {k}
+
+
+@pytest.mark.parametrize(("n", "k"), [(2, 2), (3, 2), (4, 2), (2, 3), (3, 3), (16, 2)])
+def test_bcube_switch_ratio_against_fattree(n, k):
+    """BCube needs k*N/n switches, a Fat-Tree of the same n-port switches 5*N/n: a ratio of k/5 (40-80%)."""
+    t = BCube(n=n, k=k)
+    assert t.switch_count * 5 == k * 5 * t.servers // n
+    assert len(t.switches()) == t.switch_count
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 5), st.integers(1, 3), st.data())
+def test_bcube_structure(n, k, data):
+    t = BCube(n=n, k=k)
+    s = data.draw(st.integers(0, t.servers - 1))
+    assert server_index(server_digits(s, n, k), n) == s
+    for level in range(k):
+        # a level-l switch holds the n servers that differ from s only in digit l (digit index k-1-l)
+        members = t.members(t.switch_of(s, level))
+        assert len(members) == n and s in members
+        for m in members:
+            diff = [
+                i for i in range(k) if server_digits(m, n, k)[k - 1 - i] != server_digits(s, n, k)[k - 1 - i]
+            ]
+            assert diff in ([], [level])
+    # every server NIC is on exactly one switch; every switch has n servers, one per NIC level
+    links = t.server_links()
+    assert len(links) == t.servers * k
+    per_switch = {}
+    for link in links:
+        per_switch.setdefault(link.switch, []).append(link)
+    assert len(per_switch) == t.switch_count
+    assert all(len(v) == n and len({x.nic for x in v}) == 1 for v in per_switch.values())
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 4), st.integers(1, 3), st.data())
+def test_bcube_route_corrects_one_digit_per_hop(n, k, data):
+    t = BCube(n=n, k=k)
+    src = data.draw(st.integers(0, t.servers - 1))
+    dst = data.draw(st.integers(0, t.servers - 1))
+    hops = t.route(src, dst)
+    differing = sum(a != b for a, b in zip(server_digits(src, n, k), server_digits(dst, n, k), strict=True))
+    assert len(hops) == differing  # shortest path: one hop per differing digit
+    cur = src
+    for hop in hops:
+        assert hop.server == cur and hop.next_server in t.neighbours(cur, hop.nic)
+        cur = hop.next_server
+    assert cur == dst
+
+
+def test_star_and_fattree_neighbours_and_routes():
+    s = Star(n=4)
+    assert (s.servers, s.switch_count, s.link_count) == (4, 1, 4)
+    assert s.neighbours(2, 0) == (0, 1, 3)
+    assert [h.next_server for h in s.route(0, 3)] == [3] and s.route(1, 1) == ()
+    f = FatTree(k=4)
+    assert f.neighbours(0, 0) == (1,) and f.neighbours(5, 0) == (4,)  # k/2 = 2 servers per edge switch
+    assert f.members(f.switch_count - 1) == ()  # a core switch has no servers
+
+
+def test_address_plan():
+    t = parse_topology("bcube:3,2")
+    plan = plan_addresses(t)
+    assert str(plan.address(0, 0)) == "10.77.0.1/24"
+    assert str(plan.address(8, 1)) == "10.77.1.9/24"
+    assert str(plan.subnet(1)) == "10.77.1.0/24"
+    table = plan.table()
+    assert len(table) == 18 and len({a for _, _, a in table}) == 18
+    for s, l, a in table:
+        assert plan.owner(a) == (s, l)
+        assert ipaddress.IPv4Interface(a).ip in plan.base
+    assert str(plan_addresses(Star(n=4)).address(3, 0)) == "10.77.0.4/24"
+    with pytest.raises(ValueError):
+        plan.owner("10.77.2.1")
+    # 65,536 servers need /15 subnets: they don't fit a /16, they do fit 10.0.0.0/8
+    big = parse_topology("bcube:16,4")
+    with pytest.raises(UserError, match="more than"):
+        plan_addresses(big)
+    p8 = plan_addresses(big, "10.0.0.0/8")
+    addrs = {p8.address(s, l).ip for s, l in itertools.product([0, 65535], range(4))}
+    assert len(addrs) == 8 and all(a in p8.base for a in addrs)
+
+
+@pytest.mark.parametrize(
+    "spec", ["", "star", "star:0", "bcube:3", "bcube:1,2", "fattree:3", "mesh:4", "star:4,4", "bcube:3,x"]
+)
+def test_bad_specs_are_one_line_user_errors(spec):
+    with pytest.raises(UserError) as exc:
+        parse_topology(spec)
+    assert "\n" not in str(exc.value) and str(exc.value)
+
+
+def test_specs_round_trip():
+    for spec in ["star:9", "fattree:4", "bcube:3,2", "bcube:2,3"]:
+        assert parse_topology(spec).spec == spec
+    assert parse_topology(" bcube : 3, 2 ").spec == "bcube:3,2"
