@@ -37,9 +37,11 @@ def learnable_layers(module: nn.Module, example: Any | None = None) -> list[tupl
     if example is None:
         return owners
     order: dict[int, int] = {}
-    hooks = [
-        mod.register_forward_pre_hook(lambda m, _i: order.setdefault(id(m), len(order))) for _, mod in owners
-    ]
+
+    def _first_call(m: nn.Module, _inputs: Any) -> None:  # must return None: a value would replace the inputs
+        order.setdefault(id(m), len(order))
+
+    hooks = [mod.register_forward_pre_hook(_first_call) for _, mod in owners]
     try:
         with torch.no_grad():
             module(*example) if isinstance(example, tuple) else module(example)
@@ -47,7 +49,7 @@ def learnable_layers(module: nn.Module, example: Any | None = None) -> list[tupl
         for h in hooks:
             h.remove()
     rank = {id(m): i for i, (_, m) in enumerate(owners)}
-    return sorted(owners, key=lambda nm: (order.get(id(nm[1]), len(order) + rank[id(nm[1])])))
+    return sorted(owners, key=lambda nm: order.get(id(nm[1]), len(order) + rank[id(nm[1])]))
 
 
 def layer_params(module: nn.Module, layers: list[tuple[str, nn.Module]]) -> list[list[nn.Parameter]]:
