@@ -1,0 +1,127 @@
+"""Trace-driven timing of one S-SGD iteration under a plan: MG-WFBP Eq. 6-8 and 19-21 (issue 3's model).
+
+Layers ``l = 0..L-1`` in forward order: forward runs ``0 .. L-1`` back to back (``t_f = sum f_l``), then
+backward ``L-1 .. 0``; layer ``l``'s gradient is ready at ``R_l = t_f + sum_{j >= l} b_j``. The plan's
+groups are all-reduced one at a time in communication order; a group is ready at ``R`` of its
+lowest-index layer and runs from ``max(ready, end of the previous group)`` for ``T_ar(bytes)`` seconds.
+``t_iter`` is the end of the last all-reduce (never before ``t_f + t_b``), plus an optional model-update
+time ``update_s`` after it. With ``N = 1`` nothing is communicated: ``t_iter = t_f + t_b + update_s``.
+
+Speedup (weak scaling, MG-WFBP Eq. 4): ``S(N) = N * (t_f + t_b + update_s) / t_iter``; efficiency ``S/N``.
+Layers with no parameters are fine: a group of 0 bytes costs ``T_ar(0) = 0``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dpcomm.costmodel.base import CommCost
+from dpcomm.errors import UserError
+from dpcomm.planner.plan import Plan
+from dpcomm.trace.format import Trace
+
+__all__ = ["CommEvent", "ComputeEvent", "SimResult", "simulate"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ComputeEvent:
+    """One layer's forward or backward computation."""
+
+    layer: int
+    """Layer index, forward order."""
+    name: str
+    phase: str
+    """``forward`` or ``backward``."""
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CommEvent:
+    """One group's all-reduce."""
+
+    group: int
+    """Position in communication order (0 = first sent)."""
+    layers: tuple[int, ...]
+    nbytes: int
+    ready_s: float
+    """When its lowest-index layer's gradient is ready."""
+    start_s: float
+    end_s: float
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SimResult:
+    """Timing of one iteration of ``plan`` on ``nodes`` nodes (seconds throughout)."""
+
+    schedule: str
+    nodes: int
+    t_f_s: float
+    t_b_s: float
+    update_s: float
+    t_iter_s: float
+    t_comm_s: float
+    """Sum of all-reduce durations, overlapped or not."""
+    t_comm_exposed_s: float
+    """``t_iter - (t_f + t_b + update_s)``: communication not hidden behind the backward pass."""
+    speedup: float
+    efficiency: float
+    compute: tuple[ComputeEvent, ...]
+    comm: tuple[CommEvent, ...]
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or not math.isfinite(self.t_iter_s) or self.t_iter_s < 0:
+            raise ValueError("a simulation result needs nodes >= 1 and a finite t_iter >= 0")
+
+
+def simulate(trace: Trace, plan: Plan, cost: CommCost, nodes: int, update_s: float = 0.0) -> SimResult:
+    """Time one iteration (see module docstring). ``cost`` is the all-reduce cost for ``nodes`` nodes."""
+    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+        raise UserError(f"nodes must be an integer >= 1, got {nodes!r}")
+    if plan.num_layers != trace.num_layers:
+        raise UserError(f"plan has {plan.num_layers} layers but trace '{trace.model}' has {trace.num_layers}")
+    if not math.isfinite(update_s) or update_s < 0:
+        raise UserError(f"update time must be a finite number >= 0, got {update_s!r}")
+    layers = trace.layers
+    compute, t = [], 0.0
+    for l, layer in enumerate(layers):
+        compute.append(
+            ComputeEvent(layer=l, name=layer.name, phase="forward", start_s=t, end_s=t + layer.forward_s)
+        )
+        t += layer.forward_s
+    t_f = t
+    ready = [0.0] * len(layers)
+    for l in range(len(layers) - 1, -1, -1):
+        end = t + layers[l].backward_s
+        compute.append(ComputeEvent(layer=l, name=layers[l].name, phase="backward", start_s=t, end_s=end))
+        ready[l] = t = end
+    t_b = t - t_f
+    comm, end, t_comm = [], -math.inf, 0.0
+    if nodes > 1:
+        for k, g in enumerate(plan.groups):
+            nbytes = sum(layers[l].params for l in g) * trace.dtype_bytes
+            start = max(ready[g[0]], end)  # groups list layers ascending: g[0] is the lowest index
+            dur = cost(nbytes)
+            end = start + dur
+            t_comm += dur
+            comm.append(
+                CommEvent(group=k, layers=g, nbytes=nbytes, ready_s=ready[g[0]], start_s=start, end_s=end)
+            )
+    compute_s = t_f + t_b + update_s
+    t_iter = max(t_f + t_b, end) + update_s
+    speedup = nodes * compute_s / t_iter if t_iter > 0 else float(nodes)
+    return SimResult(
+        schedule=plan.schedule,
+        nodes=nodes,
+        t_f_s=t_f,
+        t_b_s=t_b,
+        update_s=update_s,
+        t_iter_s=t_iter,
+        t_comm_s=t_comm,
+        t_comm_exposed_s=t_iter - compute_s,
+        speedup=speedup,
+        efficiency=speedup / nodes,
+        compute=tuple(compute),
+        comm=tuple(comm),
+    )
