@@ -8,6 +8,7 @@ from dpcomm.models.zoo import (
     example_input,
     get_model,
     input_shape,
+    model_info,
     model_names,
     num_classes,
 )
@@ -21,6 +22,7 @@ __all__ = [
     "example_input",
     "get_model",
     "input_shape",
+    "model_info",
     "model_names",
     "num_classes",
 ]

@@ -40,6 +40,7 @@ __all__ = [
     "num_classes",
     "example_input",
     "count_params",
+    "model_info",
 ]
 
 
@@ -132,3 +133,21 @@ def count_params(name: str, num_classes: int | None = None) -> int:
     with torch.device("meta"):
         model = get_model(name, num_classes)
     return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def model_info(name: str) -> dict[str, object]:
+    """One row of ``dpcomm models``: name, input shape, classes, learnable layers, parameters, description."""
+    from dpcomm.models.layers import learnable_layers
+
+    spec = _spec(name)
+    with torch.device("meta"):
+        model = spec.build(spec.num_classes)
+    layers = learnable_layers(model)
+    return {
+        "name": spec.name,
+        "input_shape": list(spec.input_shape),
+        "num_classes": spec.num_classes,
+        "learnable_layers": len(layers),
+        "params": sum(p.numel() for p in model.parameters() if p.requires_grad),
+        "description": spec.description,
+    }
