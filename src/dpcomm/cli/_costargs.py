@@ -1,0 +1,90 @@
+"""Arguments ``dpcomm plan`` and ``dpcomm simulate`` share: the trace, the network or a linear cost, lists."""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+from collections.abc import Callable
+
+from dpcomm.costmodel import ALGORITHMS, LinearCost, allreduce_cost, resolve_network
+from dpcomm.costmodel.base import CommCost
+from dpcomm.errors import UserError
+from dpcomm.trace.format import Trace, load_trace
+
+__all__ = ["add_cost_arguments", "cost_for", "load_trace_arg", "parse_linear_cost", "parse_nodes"]
+
+
+def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--trace", required=True, metavar="T", help="trace JSON file (or a shipped trace name)"
+    )
+    parser.add_argument(
+        "--network",
+        default="10gbe",
+        metavar="NET",
+        help="network preset or network JSON file (default 10gbe)",
+    )
+    parser.add_argument(
+        "--algo",
+        default="ring",
+        choices=sorted(ALGORITHMS),
+        help="all-reduce algorithm costed (default ring)",
+    )
+    parser.add_argument(
+        "--linear-cost",
+        metavar="A,B",
+        help="override the all-reduce cost with T_ar(M) = A + B*M (seconds, seconds per byte)",
+    )
+    parser.add_argument(
+        "--update-s", type=float, default=0.0, metavar="S", help="model-update time after the last all-reduce"
+    )
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def load_trace_arg(spec: str) -> Trace:
+    """A trace file, or a trace shipped with dpcomm (``dpcomm.trace.find_trace``) when no such file exists."""
+    if os.path.exists(spec) or spec.endswith(".json"):
+        return load_trace(spec)
+    try:
+        from dpcomm.trace import find_trace  # shipped traces (model zoo); optional
+    except ImportError:
+        raise UserError(f"{spec}: no such trace file") from None
+    return find_trace(spec)
+
+
+def parse_linear_cost(text: str) -> LinearCost:
+    parts = text.split(",")
+    try:
+        a, b = (float(p) for p in parts)
+    except ValueError:
+        raise UserError(f"--linear-cost must be A,B (seconds, seconds per byte), got {text!r}") from None
+    if not (math.isfinite(a) and math.isfinite(b)) or a < 0 or b < 0:
+        raise UserError(f"--linear-cost needs finite A >= 0 and B >= 0, got {text!r}")
+    return LinearCost(a, b)
+
+
+def parse_nodes(text: str) -> list[int]:
+    """``"4,8,16"`` -> ``[4, 8, 16]``; each must be an integer >= 1."""
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if not part.isdigit() or int(part) < 1:
+            raise UserError(f"--nodes must be integers >= 1 separated by commas, got {text!r}")
+        out.append(int(part))
+    return out
+
+
+def cost_for(args: argparse.Namespace) -> Callable[[int], CommCost]:
+    """``nodes -> CommCost``: the fixed ``--linear-cost`` for every N, else the network's all-reduce."""
+    if args.linear_cost:
+        fixed = parse_linear_cost(args.linear_cost)
+        return lambda nodes: fixed
+    net = resolve_network(args.network)
+    return lambda nodes: allreduce_cost(net, nodes, args.algo)
+
+
+def check_update(value: float) -> float:
+    if not math.isfinite(value) or value < 0:
+        raise UserError(f"--update-s must be a finite number >= 0, got {value!r}")
+    return value
