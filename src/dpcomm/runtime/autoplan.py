@@ -1,0 +1,182 @@
+"""Deciding a plan from a planner name on real workers (MG-WFBP Alg. 1 lines 1-7: "benchmarks in the first
+several iterations").
+
+1. While the first iterations run with a safe plan, forward pre-hooks and gradient hooks time every learnable
+   layer on every rank: ``f_l`` is the time from layer ``l``'s forward start to the next layer's, ``b_l`` the
+   time between layer ``l+1``'s gradients being ready and layer ``l``'s (MG-WFBP Table I: t_f^(l), t_b^(l)).
+2. The chosen collective's all-reduce is timed at a few message sizes and fitted to ``T(M) = a + b*M``
+   (MG-WFBP Eq. 9) -> :class:`~dpcomm.costmodel.base.LinearCost`.
+3. Per-layer medians over iterations are averaged over ranks (every rank gets the same numbers); the root
+   builds a :class:`~dpcomm.trace.format.Trace`, calls the planner, and broadcasts the plan.
+4. Every rank all-gathers :meth:`Plan.sha256` and refuses to go on if any rank holds a different plan.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dpcomm.costmodel.base import CommCost, LinearCost
+from dpcomm.errors import UserError
+from dpcomm.planner.plan import Plan
+from dpcomm.trace.format import Layer, Trace
+
+__all__ = [
+    "PlanMismatchError",
+    "check_same_plan",
+    "fit_linear",
+    "layer_times",
+    "measure_allreduce",
+    "plan_on_root",
+    "rank_mean",
+]
+
+
+class PlanMismatchError(UserError):
+    """Ranks hold different plans: running them would pair unrelated messages (wrong sums or a hang)."""
+
+
+def layer_times(
+    pre: list[float | None], fwd_end: float, ready: list[float | None], bwd_start: float
+) -> tuple[list[float], list[float]]:
+    """``(f, b)`` per layer (forward order) from one iteration's timestamps, seconds.
+
+    ``pre[l]``: when layer ``l``'s forward started (None: not called); ``ready[l]``: when its last gradient
+    arrived; ``bwd_start``: when the gradient of the model's output arrived (backward began).
+    """
+    n = len(pre)
+    called = sorted((t, l) for l, t in enumerate(pre) if t is not None)
+    f = [0.0] * n
+    for k, (t, l) in enumerate(called):
+        nxt = called[k + 1][0] if k + 1 < len(called) else fwd_end
+        f[l] = max(0.0, nxt - t)
+    b = [0.0] * n
+    prev = bwd_start
+    for l in range(n - 1, -1, -1):
+        if ready[l] is not None:
+            b[l] = max(0.0, ready[l] - prev)
+            prev = max(prev, ready[l])
+    return f, b
+
+
+def rank_mean(values: list[float], group: Any) -> list[float]:
+    """Element-wise mean over the ranks of ``group`` (every rank gets the same floats)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t, group=group)
+    return (t / dist.get_world_size(group)).tolist()
+
+
+def measure_allreduce(
+    allreduce: Callable[[torch.Tensor], None], scratch: torch.Tensor, group: Any, reps: int = 3
+) -> list[tuple[int, float]]:
+    """``[(bytes, seconds)]``: median time of ``allreduce`` on slices of ``scratch`` at a few sizes.
+
+    Sizes go down from the whole buffer by factors of 4 (at most 5 sizes); each is run once to warm up and
+    ``reps`` times timed. Every rank runs the same calls; the slowest rank's median counts (max over ranks),
+    since a collective ends for everyone only when the slowest member is done. ``scratch`` is overwritten.
+    """
+    n = scratch.numel()
+    sizes = sorted({max(1, n // 4**k) for k in range(5)})
+    times = []
+    for m in sizes:
+        piece = scratch.narrow(0, 0, m)
+        piece.zero_()
+        allreduce(piece)
+        runs = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            allreduce(piece)
+            runs.append(time.perf_counter() - t0)
+        times.append(statistics.median(runs))
+    worst = torch.tensor(times, dtype=torch.float64)
+    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
+    return [(m * scratch.element_size(), t) for m, t in zip(sizes, worst.tolist(), strict=True)]
+
+
+def fit_linear(points: list[tuple[int, float]]) -> LinearCost:
+    """Least-squares ``T(M) = a + b*M`` through ``(bytes, seconds)`` points, with ``a, b >= 0``."""
+    xs = [float(m) for m, _ in points]
+    ys = [float(t) for _, t in points]
+    if len(set(xs)) < 2:
+        return LinearCost(max(0.0, statistics.fmean(ys)), 0.0)
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+    a = my - b * mx
+    if b < 0:  # noise larger than the size effect: a constant cost
+        return LinearCost(max(0.0, my), 0.0)
+    if a < 0:  # refit through the origin
+        b = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
+        a = 0.0
+    return LinearCost(a, b)
+
+
+def build_trace(
+    model: str,
+    names: list[str],
+    params: list[int],
+    f: list[float],
+    b: list[float],
+    batch: int,
+    dtype_bytes: int,
+) -> Trace:
+    layers = tuple(
+        Layer(name=n, params=p, forward_s=fs, backward_s=bs)
+        for n, p, fs, bs in zip(names, params, f, b, strict=True)
+    )
+    return Trace(
+        model=model,
+        batch_size=max(1, batch),
+        device="cpu" if not torch.cuda.is_available() else "cuda",
+        dtype_bytes=dtype_bytes,
+        layers=layers,
+        extra={"measured_by": "dpcomm.DataParallel"},
+    )
+
+
+def plan_on_root(
+    schedule: str, trace: Trace | None, cost: CommCost | None, nodes: int, group: Any, root: int
+) -> Plan:
+    """The root calls the planner and broadcasts the plan (or its error) to every rank of ``group``."""
+    payload: list[Any] = [None]
+    if dist.get_rank(group) == root:
+        try:
+            from dpcomm.planner import make_plan
+
+            plan = make_plan(schedule, trace, cost, nodes)
+            payload[0] = {"plan": plan.to_dict(), "meta": _plain(plan.meta)}
+        except Exception as exc:  # noqa: BLE001 - every rank must hear about it, not only the root
+            payload[0] = {"error": f"{type(exc).__name__}: {exc}"}
+    dist.broadcast_object_list(payload, src=dist.get_global_rank(group, root) if group else root, group=group)
+    if "error" in payload[0]:
+        raise UserError(f"planning '{schedule}' failed on the root: {payload[0]['error']}")
+    plan = Plan.from_dict(payload[0]["plan"])
+    object.__setattr__(plan, "meta", payload[0]["meta"])
+    return plan
+
+
+def _plain(meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        k: v for k, v in meta.items() if isinstance(v, int | float | str | bool | list | tuple | type(None))
+    }
+
+
+def check_same_plan(plan: Plan, group: Any) -> str:
+    """All-gather ``plan.sha256()``; raise :class:`PlanMismatchError` naming the ranks that differ."""
+    mine = plan.sha256()
+    world = dist.get_world_size(group)
+    hashes: list[Any] = [None] * world
+    dist.all_gather_object(hashes, mine, group=group)
+    if len(set(hashes)) > 1:
+        odd = [r for r, h in enumerate(hashes) if h != hashes[0]]
+        raise PlanMismatchError(
+            f"ranks hold different plans: rank 0 has sha256 {hashes[0][:12]}, rank(s) "
+            f"{', '.join(map(str, odd))} {', '.join(hashes[r][:12] for r in odd)}; "
+            "every rank must run the same plan"
+        )
+    return mine

@@ -1,0 +1,587 @@
+"""``dpcomm.DataParallel``: run a communication plan on real workers, overlapped with backward.
+
+MG-WFBP Algorithm 2 (S-SGD with merged-gradient layers and a communication queue) in the shape of PyTorch's
+DistributedDataParallel::
+
+    dp = dpcomm.DataParallel(model, plan="mgwfbp", collective="ring")
+    loss_fn(dp(x), y).backward()
+    dp.step(optimizer)          # wait for communication, averaged grads in .grad, optimizer.step()
+
+1. At start, the root's parameters and buffers are broadcast (Alg. 2 line 5, "initialize W in all workers").
+2. Every trainable parameter has a post-accumulate-grad hook; when its gradient is final for this backward it
+   is copied into its plan group's flat buffer (:mod:`dpcomm.runtime.buckets`); a complete group is pushed
+   to the communication thread's queue (line 21 ``Q.push``), strictly in plan order, and all-reduced there
+   while backward computes the earlier layers (lines 22-30, :mod:`dpcomm.runtime.comm_thread`).
+3. ``step()`` waits for the last group (line 12), the averaged gradients are already back in ``.grad``,
+   and the optimizer steps (line 13). The LP paper's BSP modes are in :mod:`dpcomm.runtime.bsp`.
+
+A planner *name* is resolved on the workers themselves (:mod:`dpcomm.runtime.autoplan`): the first
+``profile_iters`` iterations run one all-reduce after backward (a safe ``single`` plan) while every layer is
+timed, the collective's cost is measured, and the root's plan is broadcast and checked by hash on every rank.
+
+Layers are the papers' learnable layers (:func:`dpcomm.models.learnable_layers`) in the order the first
+forward calls them, the same order a profiled trace uses, so plan layer ``l`` is trace layer ``l``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dpcomm.errors import UserError
+from dpcomm.models.layers import layer_params, learnable_layers
+from dpcomm.planner.plan import Plan
+from dpcomm.runtime import autoplan, bsp
+from dpcomm.runtime.buckets import GradBuckets, Group
+from dpcomm.runtime.comm_thread import CommFailure, CommJob, CommThread
+from dpcomm.runtime.records import IterRecord, Span, write_chrome_trace_file
+
+__all__ = ["DataParallel"]
+
+_log = logging.getLogger("dpcomm.runtime")
+
+
+@dataclass(slots=True)
+class _Iter:
+    """Timestamps of the iteration in progress (``time.perf_counter()`` seconds)."""
+
+    t0: float | None = None
+    forward_s: float = 0.0
+    backward_s: float = 0.0
+    exposed_s: float = 0.0
+    bwd_start: float | None = None
+    bwd_last: float | None = None
+    spans: list[Span] = field(default_factory=list)
+    pre: dict[int, float] = field(default_factory=dict)
+    """Owner index -> first forward pre-hook time (layer timing while profiling)."""
+    ready: dict[int, float] = field(default_factory=dict)
+    """Layer -> time its last gradient arrived."""
+    fwd_start: float = 0.0
+    fwd_end: float = 0.0
+
+
+def _tensors(out: Any) -> Iterator[torch.Tensor]:
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, list | tuple):
+        for o in out:
+            yield from _tensors(o)
+    elif isinstance(out, dict):
+        for o in out.values():
+            yield from _tensors(o)
+
+
+class DataParallel(nn.Module):
+    """Data-parallel wrapper running a :class:`Plan` (or a planner name) with a registered collective.
+
+    Args:
+        module: the model replica on this rank.
+        plan: a :class:`Plan` whose layers are ``module``'s learnable layers, or a planner name
+            (``wfbp``, ``single``, ``bucket:25MB``, ``mgwfbp``, ``optimal``) decided after profiling.
+        collective: a name from :func:`dpcomm.collectives.names` or an object with the collective signature.
+        process_group: torch.distributed group of the replicas (None: the default group).
+        mode: ``overlap`` (MG-WFBP Alg. 2) or the LP paper's ``lp-alg1``, ``lp-alg2``, ``lp-alg3``.
+        broadcast_every: ``lp-alg3`` re-broadcasts the root's parameters every this many steps.
+        allow_unused: treat parameters that got no gradient as zero gradients instead of raising.
+        network: a :class:`~dpcomm.costmodel.network.Network` or preset name; for planner names, price the
+            all-reduce with its model instead of timing the collective.
+        profile_iters: iterations measured before a planner-name plan is decided (>= 1).
+        log: called with each one-line message (plan, measurements); also logged to ``dpcomm.runtime``.
+        root: group rank that owns the authoritative parameters (initial broadcast, LP modes).
+        reduce_dtype: communicate gradients in this dtype (e.g. ``torch.float32`` for bfloat16 models);
+            None keeps each gradient's own dtype.
+        broadcast_buffers: broadcast the root's buffers (e.g. BatchNorm statistics) at every training forward.
+        keep_spans: iterations whose timeline is kept for :meth:`write_chrome_trace`.
+        timeout_s: give up waiting for one communication job after this long (None: rely on the group's
+            own timeout, which :func:`dpcomm.launch.init_worker` sets).
+    """
+
+    _tamper_plan: ClassVar[Callable[[Plan, int], Plan] | None] = None
+    """Test hook: applied to the received planner-name plan on every rank (forces a mismatch in tests)."""
+
+    def __init__(
+        self,
+        module: nn.Module,
+        plan: str | Plan = "mgwfbp",
+        collective: str | Any = "native",
+        process_group: Any = None,
+        *,
+        mode: str = "overlap",
+        broadcast_every: int = 5,
+        allow_unused: bool = False,
+        network: Any = None,
+        profile_iters: int = 3,
+        log: Callable[[str], None] | None = None,
+        root: int = 0,
+        reduce_dtype: torch.dtype | None = None,
+        broadcast_buffers: bool = True,
+        keep_spans: int = 50,
+        timeout_s: float | None = None,
+    ):
+        super().__init__()
+        if mode not in bsp.MODES:
+            raise UserError(f"unknown DataParallel mode '{mode}' (choose from {', '.join(bsp.MODES)})")
+        if not isinstance(plan, Plan | str) or (isinstance(plan, str) and not plan):
+            raise UserError(f"plan must be a Plan or a planner name, got {plan!r}")
+        if broadcast_every < 1 or profile_iters < 1:
+            raise UserError("broadcast_every and profile_iters must be >= 1")
+        if not dist.is_available() or not dist.is_initialized():
+            raise UserError("DataParallel needs torch.distributed initialised (dpcomm.launch.init_worker())")
+        self.module = module
+        self.mode = mode
+        self.broadcast_every = broadcast_every
+        self.allow_unused = allow_unused
+        self.network = network
+        self.profile_iters = profile_iters
+        self.reduce_dtype = reduce_dtype
+        self.broadcast_buffers = broadcast_buffers
+        self.timeout_s = timeout_s
+        self._pg = process_group
+        self.rank = dist.get_rank(process_group)
+        self.world_size = dist.get_world_size(process_group)
+        if not 0 <= root < self.world_size:
+            raise UserError(f"root must be a rank of the group (0..{self.world_size - 1}), got {root}")
+        self.root = root
+        if isinstance(collective, str):
+            from dpcomm.collectives import get
+
+            self.collective_name, self._coll = collective, get(collective)
+        else:
+            self.collective_name, self._coll = (
+                getattr(collective, "name", type(collective).__name__),
+                collective,
+            )
+        self._user_log = log
+
+        self.plan: Plan | None = plan if isinstance(plan, Plan) else None
+        """The plan in use; None while a planner-name plan is being profiled."""
+        self._schedule = plan if isinstance(plan, str) else plan.schedule
+        self.trace = None
+        """The measured :class:`~dpcomm.trace.format.Trace` a planner-name plan was made from."""
+        self.cost = None
+        """The all-reduce cost the plan was made with (fitted :class:`LinearCost` or the network model)."""
+        self.cost_points: list[tuple[int, float]] = []
+        """Measured ``(bytes, seconds)`` all-reduce times behind :attr:`cost`."""
+        self.records: list[IterRecord] = []
+        """One :class:`IterRecord` per ``step()``."""
+
+        self._comm = CommThread(name=f"dpcomm-comm-r{self.rank}")
+        self._wall0 = time.time() - time.perf_counter()  # perf_counter -> wall clock, for the trace
+        self._spans: deque[list[Span]] = deque(maxlen=max(1, keep_spans))
+        self._names = {id(p): n for n, p in module.named_parameters()}
+        self._owners = learnable_layers(module)  # registration order; forward order found on first call
+        self._layers: list[tuple[str, nn.Module]] | None = None
+        self._layer_of_owner: list[int] = []
+        self._params_per_layer: list[list[nn.Parameter]] = []
+        self._buckets: GradBuckets | None = None
+        self._samples: list[tuple[list[float], list[float]]] = []
+        self._batch = 0
+        self._sync = True
+        self._pending = False  # a synchronous backward happened and step() has not consumed it
+        self._stale = False  # lp-alg1: non-root parameters lag the root's until the next forward
+        self._prefetch: bsp.LayerwiseBroadcast | None = None
+        self._steps = 0
+        self._it = _Iter()
+        self._buffer_flats: dict[torch.dtype, torch.Tensor] = {}
+
+        self._broadcast_state(params=True)
+        self._hooks = [
+            p.register_post_accumulate_grad_hook(self._on_grad)
+            for p in dict.fromkeys(p for p in module.parameters() if p.requires_grad)
+        ]
+        self._hooks += [
+            mod.register_forward_pre_hook(self._pre_hook(i)) for i, (_, mod) in enumerate(self._owners)
+        ]
+
+    # ----------------------------------------------------------------- public API
+
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        if self._pending and torch.is_grad_enabled():
+            raise UserError(
+                "DataParallel: backward ran but step()/synchronize() was not called before forward"
+            )
+        it = self._it
+        now = time.perf_counter()
+        if it.t0 is None:
+            it.t0 = now
+        self._close_backward()
+        it.fwd_start, it.pre = now, {}
+        first = self._layers is None
+        if first and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
+            self._batch = int(args[0].shape[0])
+        if not first and self.world_size > 1:
+            if self.broadcast_buffers and torch.is_grad_enabled() and self._sync:
+                self._broadcast_state(params=False)
+            if self._stale:  # lp-alg1: fetch the root's new parameters layer by layer during this forward
+                self._prefetch = bsp.LayerwiseBroadcast(
+                    self._comm, self._coll, self._buckets, self._pg, self.rank, self.root
+                )
+        try:
+            out = self.module(*args, **kwargs)
+        finally:
+            if self._prefetch is not None:
+                self._prefetch.finish(self._wait)
+                self._prefetch, self._stale = None, False
+        if first:
+            self._adopt_layer_order()
+        if torch.is_grad_enabled():
+            for t in _tensors(out):
+                if t.requires_grad:
+                    t.register_hook(self._on_backward_start)
+        it.fwd_end = time.perf_counter()
+        it.forward_s += it.fwd_end - now
+        self._span("forward", "compute", now, it.fwd_end)
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self) -> Iterator[None]:
+        """Accumulate gradients locally (no communication) for the backward passes inside the block."""
+        old, self._sync = self._sync, False
+        try:
+            yield
+        finally:
+            self._sync = old
+
+    def synchronize(self) -> None:
+        """Wait for this iteration's communication; afterwards ``.grad`` holds the averaged gradients
+        (on the root only in ``lp-alg1``/``lp-alg2``)."""
+        if not self._sync:
+            raise UserError("DataParallel: step()/synchronize() called inside no_sync()")
+        self._close_backward()
+        t0 = time.perf_counter()
+        b = self._buckets
+        if b is None or not self._pending:
+            raise UserError("DataParallel: step() called without a backward pass since the last step")
+        missing = b.missing()
+        if missing and not self.allow_unused:
+            self._wait(None)  # groups already sent must finish on every rank before we raise
+            b.reset()
+            self._pending = False
+            names = ", ".join(s.name for s in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            raise UserError(
+                f"DataParallel: {len(missing)} parameter(s) got no gradient this iteration: {names} "
+                "(pass allow_unused=True to treat them as zero)"
+            )
+        b.fill_missing_with_zeros()
+        for g in b.pop_launchable():
+            self._launch(g, at_step=True)
+        self._wait(None)
+        b.reset()
+        self._pending = False
+        self._it.exposed_s += time.perf_counter() - t0
+
+    def step(self, optimizer: torch.optim.Optimizer) -> None:
+        """Synchronize, ``optimizer.step()`` (root only in ``lp-alg1``/``lp-alg2``), then the mode's
+        parameter broadcast (every step in ``lp-alg2``, every ``broadcast_every`` steps in ``lp-alg3``)."""
+        t0 = time.perf_counter()
+        self.synchronize()
+        root_only = self.mode in ("lp-alg1", "lp-alg2")
+        if not root_only or self.rank == self.root:
+            optimizer.step()
+        if self.world_size > 1:
+            if self.mode == "lp-alg2" or (
+                self.mode == "lp-alg3" and (self._steps + 1) % self.broadcast_every == 0
+            ):
+                t1 = time.perf_counter()
+                for g in self._buckets.groups:
+                    self._comm.submit(
+                        *bsp.broadcast_params_job(
+                            self._coll, self._buckets, g, self._pg, self.rank, self.root
+                        )
+                    )
+                self._wait(None)
+                self._it.exposed_s += time.perf_counter() - t1
+            self._stale = self.mode == "lp-alg1"
+        self._finish_iteration(t0)
+        if self.plan is None and len(self._samples) >= self.profile_iters:
+            self._decide_plan()
+
+    def sync_params(self) -> None:
+        """Broadcast the root's parameters and buffers now (e.g. at the end of ``lp-alg1`` training, whose
+        non-root replicas otherwise receive the last update only in the next forward)."""
+        if self._pending:
+            raise UserError("DataParallel: sync_params() between backward and step()")
+        self._broadcast_state(params=True)
+        self._stale = False
+
+    def write_chrome_trace(self, path: str | Path, gather: bool = True) -> Path | None:
+        """Write the kept iterations' compute and communication rows as a Chrome trace.
+
+        ``gather=True``: a collective call (every rank must call it); rank 0 writes one file with a process
+        per rank and returns its path, other ranks return None. ``gather=False``: each rank writes
+        ``path`` with ``.rank<r>`` before the suffix (no communication).
+        """
+        spans = [s for its in self._spans for s in its]
+        path = Path(path)
+        if not gather:
+            mine = (
+                path.with_name(f"{path.stem}.rank{self.rank}{path.suffix}") if self.world_size > 1 else path
+            )
+            return write_chrome_trace_file(mine, {self.rank: spans})
+        everyone: list[Any] = [None] * self.world_size
+        dist.all_gather_object(everyone, spans, group=self._pg)
+        if self.rank != 0:
+            return None
+        return write_chrome_trace_file(path, dict(enumerate(everyone)))
+
+    def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        """The wrapped module's state dict (no ``module.`` prefix)."""
+        return self.module.state_dict(*args, **kwargs)
+
+    def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
+        """Load into the wrapped module (call on every rank, or on the root and then :meth:`sync_params`)."""
+        return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
+
+    @property
+    def grad_buffer_bytes(self) -> int:
+        """Bytes of the flat gradient buffers (the one extra copy of the gradients)."""
+        return self._buckets.nbytes if self._buckets is not None else 0
+
+    def close(self) -> None:
+        """Remove the hooks and stop the communication thread (the module stays usable on its own)."""
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []
+        self._comm.close()
+
+    # ----------------------------------------------------------------- hooks
+
+    def _pre_hook(self, owner: int) -> Callable[..., None]:
+        def hook(_mod: nn.Module, _inputs: Any) -> None:
+            self._it.pre.setdefault(owner, time.perf_counter())
+            if self._prefetch is not None:
+                self._prefetch.before_layer(self._layer_of_owner[owner], self._wait)
+
+        return hook
+
+    def _on_backward_start(self, grad: torch.Tensor) -> None:
+        if self._it.bwd_start is None:
+            self._it.bwd_start = time.perf_counter()
+
+    def _on_grad(self, p: nn.Parameter) -> None:
+        now = time.perf_counter()
+        it = self._it
+        it.bwd_last = now
+        if it.bwd_start is None:
+            it.bwd_start = it.fwd_end
+        if not self._sync or self._buckets is None:
+            return
+        slot = self._buckets.mark_ready(p)
+        it.ready[slot.layer] = now
+        self._pending = True
+        if self.mode in ("overlap", "lp-alg1"):
+            for g in self._buckets.pop_launchable():
+                self._launch(g, at_step=False)
+
+    # ----------------------------------------------------------------- internals
+
+    def _launch(self, g: Group, at_step: bool) -> None:
+        """Queue group ``g``'s gradient communication for this mode."""
+        b, coll, pg, world = self._buckets, self._coll, self._pg, self.world_size
+        if self.mode in ("lp-alg1", "lp-alg2"):
+            label, run = bsp.reduce_job(coll, b, g, pg, world, self.rank, self.root)
+        else:
+            label, run = bsp.allreduce_job(coll, b, g, pg, world)
+        self._comm.submit(label, run, g.nbytes)
+
+    def _wait(self, job: CommJob | None) -> float:
+        """Wait for ``job`` (None: everything queued); returns the seconds waited."""
+        t0 = time.perf_counter()
+        try:
+            if job is None:
+                self._comm.wait_all(self.timeout_s)
+            else:
+                job.wait(self.timeout_s)
+        except CommFailure as exc:
+            raise CommFailure(f"DataParallel rank {self.rank} of {self.world_size}: {exc}") from exc
+        return time.perf_counter() - t0
+
+    def _broadcast_state(self, params: bool) -> None:
+        """The root's parameters (if ``params``) and buffers to every rank, one message per dtype."""
+        if self.world_size == 1:
+            return
+        tensors = list(self.module.buffers())
+        if params:
+            tensors = list(dict.fromkeys(self.module.parameters())) + tensors
+        if not tensors:
+            return
+        t0 = time.perf_counter()
+        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
+        for t in tensors:
+            by_dtype.setdefault(t.dtype, []).append(t.detach())
+        is_root = self.rank == self.root
+        for dt, ts in by_dtype.items():
+            n = sum(t.numel() for t in ts)
+            flat = self._buffer_flats.get(dt) if not params else None
+            if flat is None or flat.numel() != n:
+                flat = torch.empty(n, dtype=dt, device=ts[0].device)
+                if not params:
+                    self._buffer_flats[dt] = flat
+
+            def run(flat: torch.Tensor = flat, ts: list[torch.Tensor] = ts) -> None:
+                if is_root:
+                    torch.cat([t.reshape(-1) for t in ts], out=flat)
+                self._coll.broadcast(flat, root=self.root, group=self._pg)
+                if not is_root:
+                    off = 0
+                    for t in ts:
+                        t.copy_(flat[off : off + t.numel()].view_as(t))
+                        off += t.numel()
+
+            what = "params+buffers" if params else "buffers"
+            self._comm.submit(f"broadcast {what} {dt} ({n * flat.element_size()} B)", run)
+        self._wait(None)
+        self._it.exposed_s += time.perf_counter() - t0
+
+    def _adopt_layer_order(self) -> None:
+        """After the first forward: learnable layers in call order, their parameters, the first plan."""
+        pre = self._it.pre
+        called = sorted(pre, key=pre.__getitem__)
+        order = called + [i for i in range(len(self._owners)) if i not in pre]
+        self._layers = [self._owners[i] for i in order]
+        self._layer_of_owner = [0] * len(order)
+        for layer, owner in enumerate(order):
+            self._layer_of_owner[owner] = layer
+        self._params_per_layer = layer_params(self.module, self._layers)
+        L = len(self._layers)
+        if self.plan is not None:
+            if self.plan.num_layers != L:
+                raise UserError(
+                    f"plan '{self.plan.schedule}' has {self.plan.num_layers} layers but the module has {L} "
+                    "learnable layers"
+                )
+            autoplan.check_same_plan(self.plan, self._pg)
+            self._emit(
+                f"plan {self.plan.schedule}: {len(self.plan.groups)} group(s) {self._sizes(self.plan)}"
+            )
+            self._buckets = self._make_buckets(self.plan)
+        else:  # planner name: measure with one all-reduce after backward first (MG-WFBP Alg. 1 lines 1-7)
+            self._buckets = self._make_buckets(Plan.from_sizes("single", [L], L))
+            self._emit(f"profiling {self.profile_iters} iteration(s) before planning '{self._schedule}'")
+
+    def _make_buckets(self, plan: Plan) -> GradBuckets:
+        self._buckets = None  # free the old buffers first: never two copies
+        return GradBuckets(plan, self._params_per_layer, self._names, self.reduce_dtype)
+
+    def _close_backward(self) -> None:
+        """Fold the last backward's span into the iteration (called at the next forward or at step)."""
+        it = self._it
+        if it.bwd_start is not None and it.bwd_last is not None and it.bwd_last >= it.bwd_start:
+            it.backward_s += it.bwd_last - it.bwd_start
+            self._span("backward", "compute", it.bwd_start, it.bwd_last)
+            if self.plan is None and it.ready and self._layers is not None:
+                pre = [it.pre.get(o) for o in self._order_owners()]
+                ready = [it.ready.get(layer) for layer in range(len(pre))]
+                self._samples.append(autoplan.layer_times(pre, it.fwd_end, ready, it.bwd_start))
+        it.bwd_start = it.bwd_last = None
+        it.ready = {}
+
+    def _order_owners(self) -> list[int]:
+        owners = [0] * len(self._layer_of_owner)
+        for owner, layer in enumerate(self._layer_of_owner):
+            owners[layer] = owner
+        return owners
+
+    def _finish_iteration(self, t_step: float) -> None:
+        it, now = self._it, time.perf_counter()
+        self._span("step", "compute", t_step, now)
+        comm_s = 0.0
+        for job in self._comm.take_finished():
+            comm_s += job.t_end - job.t_start
+            it.spans.append(
+                Span(
+                    name=job.label,
+                    row="comm",
+                    start=job.t_start + self._wall0,
+                    end=job.t_end + self._wall0,
+                    args={"bytes": job.nbytes},
+                )
+            )
+        self.records.append(
+            IterRecord(
+                iteration=self._steps,
+                forward_s=it.forward_s,
+                backward_s=it.backward_s,
+                exposed_comm_s=it.exposed_s,
+                step_s=now - t_step,
+                total_s=now - (it.t0 if it.t0 is not None else t_step),
+                comm_s=comm_s,
+                plan=self.plan.schedule if self.plan is not None else "profiling",
+            )
+        )
+        self._spans.append(it.spans)
+        self._steps += 1
+        self._it = _Iter()
+
+    def _decide_plan(self) -> None:
+        """Root plans from the measured trace and cost; every rank adopts it after the hash check."""
+        L = len(self._layers)
+        f = [statistics.median(s[0][l] for s in self._samples) for l in range(L)]
+        b = [statistics.median(s[1][l] for s in self._samples) for l in range(L)]
+        fb = autoplan.rank_mean(f + b, self._pg)
+        f, b = fb[:L], fb[L:]
+        flat = max((t for g in self._buckets.groups for t in g.flats.values()), key=torch.Tensor.numel)
+        dtype_bytes = flat.element_size()
+        if self.network is not None:
+            from dpcomm.costmodel import allreduce_cost
+            from dpcomm.costmodel.network import Network, resolve_network
+
+            net = self.network if isinstance(self.network, Network) else resolve_network(self.network)
+            self.cost = allreduce_cost(net, self.world_size, self.collective_name)
+        else:
+            allreduce = (
+                (lambda t: self._coll.allreduce(t, group=self._pg))
+                if self.world_size > 1
+                else (lambda t: None)
+            )
+            self.cost_points = autoplan.measure_allreduce(allreduce, flat, self._pg)
+            self.cost = autoplan.fit_linear(self.cost_points)
+        self.trace = autoplan.build_trace(
+            type(self.module).__name__,
+            [name for name, _ in self._layers],
+            [sum(p.numel() for p in ps) for ps in self._params_per_layer],
+            f,
+            b,
+            self._batch,
+            dtype_bytes,
+        )
+        del flat  # the scratch is the old buffer: free it before the new ones exist
+        plan = autoplan.plan_on_root(
+            self._schedule, self.trace, self.cost, self.world_size, self._pg, self.root
+        )
+        if DataParallel._tamper_plan is not None:
+            plan = DataParallel._tamper_plan(plan, self.rank)
+        autoplan.check_same_plan(plan, self._pg)
+        self.plan = plan
+        self._buckets = self._make_buckets(plan)
+        points = [(m, round(t * 1e6, 1)) for m, t in self.cost_points]
+        self._emit(
+            f"measured t_f={sum(f) * 1e3:.3f} ms t_b={sum(b) * 1e3:.3f} ms over {len(self._samples)} "
+            f"iteration(s); all-reduce cost {self.cost}; points (B, us) {points}"
+        )
+        sha = plan.sha256()[:12]
+        self._emit(f"plan {plan.schedule}: {len(plan.groups)} group(s) {self._sizes(plan)} sha256 {sha}")
+
+    @staticmethod
+    def _sizes(plan: Plan) -> str:
+        return "[" + ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in plan.groups) + "]"
+
+    def _span(self, name: str, row: str, start: float, end: float) -> None:
+        self._it.spans.append(Span(name=name, row=row, start=start + self._wall0, end=end + self._wall0))
+
+    def _emit(self, msg: str) -> None:
+        line = f"[rank {self.rank}] {msg}"
+        _log.info(line)
+        if self._user_log is not None:
+            self._user_log(line)

@@ -1,0 +1,197 @@
+"""Worker functions for tests/test_runtime.py (module level: the launcher spawns workers that import them).
+
+One launch runs many cases back to back on one process group. Every case trains a small model for a few
+iterations on a global batch split across ranks and reports, per rank, a hash of the final parameters and,
+on rank 0, the largest difference to single-process SGD on the whole batch (the reference).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dpcomm.errors import UserError
+from dpcomm.launch import init_worker
+from dpcomm.planner.plan import Plan
+from dpcomm.runtime.data_parallel import DataParallel
+
+IN, OUT = 8, 4
+
+
+class MLP(nn.Module):
+    """Four learnable layers; ``skip`` leaves one out of the forward (an unused layer)."""
+
+    def __init__(self, skip: bool = False):
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(IN, 32), nn.Linear(32, 32)
+        self.fc3, self.fc4 = nn.Linear(32, 16), nn.Linear(16, OUT)
+        self.skip = skip
+
+    def forward(self, x):
+        x = torch.relu(self.fc1(x))
+        if not self.skip:
+            x = torch.relu(self.fc2(x))
+        return self.fc4(torch.relu(self.fc3(x)))
+
+
+class Tied(nn.Module):
+    """``fc2`` reuses ``fc1``'s weight transposed-free (same shape): a shared parameter used twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.inp = nn.Linear(IN, 16)
+        self.fc1, self.fc2 = nn.Linear(16, 16), nn.Linear(16, 16)
+        self.fc2.weight = self.fc1.weight
+        self.out = nn.Linear(16, OUT)
+
+    def forward(self, x):
+        x = torch.relu(self.inp(x))
+        x = torch.relu(self.fc1(x))
+        x = torch.relu(self.fc2(x))
+        return self.out(x)
+
+
+class TorchCollective:
+    """torch.distributed's own collectives under the collective signature (a stand-in and a reference)."""
+
+    name = "torch"
+
+    def allreduce(self, tensor, *, group=None):
+        dist.all_reduce(tensor, group=group)
+
+    def broadcast(self, tensor, *, root=0, group=None):
+        dist.broadcast(tensor, dist.get_global_rank(group, root) if group else root, group=group)
+
+    def reduce(self, tensor, *, root=0, group=None):
+        dist.reduce(tensor, dist.get_global_rank(group, root) if group else root, group=group)
+
+
+def _collective(name: str) -> Any:
+    return TorchCollective() if name == "torch" else name
+
+
+MODELS = {"mlp": MLP, "mlp-skip": lambda: MLP(skip=True), "tied": Tied}
+
+
+def _batch(it: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1000 + it)
+    return torch.randn(n, IN, generator=g).to(dtype), torch.randint(0, OUT, (n,), generator=g)
+
+
+def _flat(module: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().float().reshape(-1) for p in module.parameters()])
+
+
+def _sha(t: torch.Tensor) -> str:
+    return hashlib.sha256(t.numpy().tobytes()).hexdigest()
+
+
+def _opt(params: Any) -> torch.optim.Optimizer:
+    return torch.optim.SGD(params, lr=0.05, momentum=0.9)
+
+
+def _reference(model: nn.Module, iters: int, n: int, dtype: torch.dtype, micro: int) -> torch.Tensor:
+    """Single-process SGD on the whole global batch, the same number of steps."""
+    opt = _opt(model.parameters())
+    for it in range(iters):
+        x, y = _batch(it, n, dtype)
+        opt.zero_grad()
+        nn.functional.cross_entropy(model(x).float(), y).backward()
+        opt.step()
+    return _flat(model)
+
+
+def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """Train one case; returns ``{"sha": [per rank], "diff": float (rank 0), "error": str | None, ...}``."""
+    iters, per_rank, micro = case.get("iters", 20), case.get("batch", 6), case.get("micro", 1)
+    dtype = case.get("dtype", torch.float32)
+    torch.manual_seed(rank)  # different initial weights per rank: the start-up broadcast must fix that
+    model = MODELS[case.get("model", "mlp")]().to(dtype)
+    plan = case["plan"]
+    if isinstance(plan, list):  # one plan per rank (mismatch test)
+        plan = plan[rank]
+    kw = {
+        k: case[k]
+        for k in ("mode", "allow_unused", "reduce_dtype", "profile_iters", "broadcast_every")
+        if k in case
+    }
+    out: dict[str, Any] = {"error": None}
+    try:
+        dp = DataParallel(model, plan=plan, collective=_collective(case.get("collective", "native")), **kw)
+        ref_model = copy.deepcopy(dp.module) if rank == 0 else None
+        opt = _opt(dp.parameters())
+        n = per_rank * world
+        for it in range(iters):
+            x, y = _batch(it, n, dtype)
+            x, y = x[rank * per_rank : (rank + 1) * per_rank], y[rank * per_rank : (rank + 1) * per_rank]
+            opt.zero_grad()
+            m = per_rank // micro
+            for k in range(micro):
+                xs, ys = x[k * m : (k + 1) * m], y[k * m : (k + 1) * m]
+                if k < micro - 1:
+                    with dp.no_sync():
+                        (nn.functional.cross_entropy(dp(xs).float(), ys) / micro).backward()
+                else:
+                    (nn.functional.cross_entropy(dp(xs).float(), ys) / micro).backward()
+            dp.step(opt)
+        if case.get("mode") == "lp-alg1":
+            dp.sync_params()
+        out["plan"] = dp.plan.to_dict() if dp.plan else None
+        out["records"] = len(dp.records)
+        out["buffer_bytes"] = dp.grad_buffer_bytes
+        out["grad_bytes"] = sum(p.numel() * p.element_size() for p in dp.module.parameters())
+        flat = _flat(dp.module)
+        shas: list[Any] = [None] * world
+        dist.all_gather_object(shas, _sha(flat))
+        out["sha"] = shas
+        if rank == 0:
+            ref = _reference(ref_model, iters, n, dtype, micro)
+            out["diff"] = float((flat - ref).abs().max())
+            out["scale"] = float(ref.abs().max())
+        dp.close()
+    except (UserError, RuntimeError) as exc:
+        out["error"] = f"{type(exc).__name__}: {exc}"
+    return out
+
+
+def run_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    rank, world = init_worker(timeout_s=30)
+    results = []
+    for case in cases:
+        t0 = time.perf_counter()
+        res = run_case(case, rank, world)
+        res["seconds"] = time.perf_counter() - t0
+        results.append(res)
+        dist.barrier()
+    dist.destroy_process_group()
+    return results
+
+
+def kill_worker(victim: int, result_dir: str, timeout_s: float) -> None:
+    """Train; ``victim`` dies abruptly at iteration 3; the others must fail with a clear error, not hang."""
+    rank, world = init_worker(timeout_s=timeout_s)
+    torch.manual_seed(0)
+    dp = DataParallel(MLP(), plan=Plan.from_sizes("wfbp", [1, 1, 1, 1], 4), collective="native")
+    opt = _opt(dp.parameters())
+    t0 = time.perf_counter()
+    try:
+        for it in range(1000):
+            if rank == victim and it == 3:
+                os._exit(17)
+            x, y = _batch(it, 4, torch.float32)
+            opt.zero_grad()
+            nn.functional.cross_entropy(dp(x), y).backward()
+            dp.step(opt)
+        msg = "finished without error"
+    except Exception as exc:  # noqa: BLE001 - reported to the test
+        msg = f"{type(exc).__name__}: {exc}"
+    with open(os.path.join(result_dir, f"rank{rank}.txt"), "w") as fh:
+        fh.write(f"{time.perf_counter() - t0:.3f}\n{msg}\n")
+    os._exit(0)
