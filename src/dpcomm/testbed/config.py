@@ -1,0 +1,106 @@
+"""What ``dpcomm testbed up`` builds: the topology, the link rate and the token-bucket (tbf) settings.
+
+Every link is capped by a tbf on both ends (server egress and switch-port egress), so each direction of a
+cable carries at most ``rate``. The tbf parameters and why:
+
+- ``burst``: the bucket, the bytes that may leave back-to-back above the rate. It must hold at least one
+  full frame (MTU + 14 B Ethernet header); beyond that a small bucket keeps the shaping close to a real wire.
+  We take ``max(1 ms of line rate, 64 KiB)``: 64 KiB is one TSO/GSO super-packet of the veth, so tbf never has
+  to split one (it would, at a CPU cost, with a smaller bucket), and the error it allows is one bucket per
+  transfer: 64 KiB at 100 Mbit/s is 5 ms, 0.3% of a 16 MB transfer (1.3 s).
+- ``latency`` (the queue): how long a frame may wait in the bucket's queue before tbf drops it; that is the
+  switch-port buffer. ``queue_ms = 20`` ms (250 KB at 100 Mbit/s) lets the 8-to-1 incast of a parameter
+  server on ``star:9`` queue instead of dropping most of a window, yet keeps queueing delay well below TCP's
+  200 ms minimum retransmission timeout.
+- ``mtu``: 1500 by default, like the Ethernet the papers used. TCP then carries 1448 payload bytes per
+  1514-byte frame that tbf counts, so application goodput tops out at 95.6% of ``rate``; ``--mtu 9000``
+  (jumbo frames) raises that to 99.3%.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dpcomm.errors import UserError
+from dpcomm.topology import DEFAULT_BASE, Topology, parse_topology
+
+__all__ = ["TestbedConfig", "parse_rate", "format_rate", "EMULATED_KINDS"]
+
+EMULATED_KINDS = ("star", "bcube")
+_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
+_UNIT = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
+_NAME = re.compile(r"^[a-z0-9]{1,8}$")
+
+
+def parse_rate(text: str) -> int:
+    """``"500mbit"`` -> 500_000_000 bits/s (tc's bit units; tc's ``bps`` is *bytes*/s: refused)."""
+    m = _RATE.match(text or "")
+    if not m:
+        raise UserError(f"bad rate '{text}' (expected e.g. 100mbit, 1.5gbit; units bit, kbit, mbit, gbit)")
+    bits = int(float(m.group(1)) * _UNIT[m.group(2).lower()])
+    if bits < 8_000:
+        raise UserError(f"rate '{text}' is too low (at least 8kbit)")
+    return bits
+
+
+def format_rate(bits: int) -> str:
+    for unit, scale in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
+        if bits >= scale and bits % (scale // 1000 or 1) == 0:
+            value = bits / scale
+            return f"{value:g}{unit}"
+    return f"{bits}bit"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TestbedConfig:
+    """One emulated cluster."""
+
+    __test__ = False  # not a pytest test class
+
+    name: str = "tb"
+    """Short name (1-8 of a-z, 0-9); every namespace it creates is called ``dpc-<name>-...``."""
+    topology: str = "star:4"
+    """``star:N`` or ``bcube:n,k`` (``fattree:k`` is data only: the BML paper emulated it as one switch)."""
+    rate_bps: int = 500_000_000
+    """Link rate in bits/s, each direction of each cable."""
+    mtu: int = 1500
+    """MTU of every NIC and switch port, bytes."""
+    queue_ms: float = 20.0
+    """tbf ``latency``: the longest a frame waits in a port's queue before it is dropped, ms."""
+    burst_bytes: int | None = None
+    """tbf bucket; None: ``max(1 ms of rate, 64 KiB)`` (see the module docstring)."""
+    base: str = DEFAULT_BASE
+    """The private network the per-NIC addresses come from (only used inside the namespaces)."""
+
+    def __post_init__(self) -> None:
+        if not _NAME.match(self.name):
+            raise UserError(f"bad testbed name '{self.name}' (1-8 characters of a-z and 0-9)")
+        topo = parse_topology(self.topology)
+        kind = self.topology.split(":")[0].strip()
+        if kind not in EMULATED_KINDS:
+            raise UserError(
+                f"the testbed builds star:N and bcube:n,k, not '{self.topology}' "
+                "(the BML paper emulated its Fat-Tree as one non-blocking switch: use star:N)"
+            )
+        if topo.servers > 64:
+            raise UserError(f"{self.topology} has {topo.servers} servers; the testbed builds at most 64")
+        if self.rate_bps < 8_000:
+            raise UserError(f"rate {self.rate_bps} bit/s is too low")
+        if not 576 <= self.mtu <= 65_000:
+            raise UserError(f"mtu {self.mtu} out of range 576..65000")
+        if not 0.1 <= self.queue_ms <= 10_000:
+            raise UserError(f"queue {self.queue_ms} ms out of range 0.1..10000")
+        if self.burst_bytes is not None and self.burst_bytes < self.mtu + 14:
+            raise UserError(f"burst {self.burst_bytes} B is smaller than one frame ({self.mtu + 14} B)")
+
+    @property
+    def topo(self) -> Topology:
+        return parse_topology(self.topology)
+
+    @property
+    def burst(self) -> int:
+        """tbf bucket in bytes."""
+        if self.burst_bytes is not None:
+            return self.burst_bytes
+        return max(self.rate_bps // 8 // 1000, 64 * 1024, self.mtu + 14)

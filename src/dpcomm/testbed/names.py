@@ -1,0 +1,40 @@
+"""Names of everything the testbed creates. All of them start with ``dpc-`` so ``down`` finds leftovers.
+
+- ``dpc-<name>-sw``: the switch namespace, holding one Linux bridge per switch and the switch-side veth ends;
+- ``dpc-<name>-h<i>``: the namespace of server ``i``;
+- ``dpc-l<l>``: NIC level ``l`` inside every server namespace (the same name on every server, so one
+  ``GLOO_SOCKET_IFNAME`` / ``DPCOMM_BCUBE_IFACES`` fits all of them);
+- ``dpc-b<j>``: the bridge of switch ``j``; ``dpc-s<i>l<l>``: its port facing NIC ``l`` of server ``i``.
+
+Nothing is created in the host's own namespace: the host's interfaces and routes are never touched.
+"""
+
+from __future__ import annotations
+
+__all__ = ["PREFIX", "prefix", "switch_ns", "host_ns", "nic", "bridge", "port"]
+
+PREFIX = "dpc-"
+
+
+def prefix(name: str) -> str:
+    return f"{PREFIX}{name}-"
+
+
+def switch_ns(name: str) -> str:
+    return f"{prefix(name)}sw"
+
+
+def host_ns(name: str, server: int) -> str:
+    return f"{prefix(name)}h{server}"
+
+
+def nic(level: int) -> str:
+    return f"{PREFIX}l{level}"
+
+
+def bridge(switch: int) -> str:
+    return f"{PREFIX}b{switch}"
+
+
+def port(server: int, level: int) -> str:
+    return f"{PREFIX}s{server}l{level}"

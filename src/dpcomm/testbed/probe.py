@@ -1,0 +1,131 @@
+"""A self-check that runs on the emulated cluster: allreduce correctness and per-level NIC binding.
+
+Started once per server by ``dpcomm testbed launch -- python -m dpcomm.testbed.probe`` (the launcher
+appends ``--nnodes/--node-rank/--master-addr/--master-port/--nproc``). Every worker prints one JSON line:
+
+- ``allreduce``: for each algorithm asked for (``native`` is ``torch.distributed.all_reduce``, any other name
+  comes from the collective registry), whether the sum of rank-valued tensors came out exact;
+- ``levels`` (BCube only, ``--level-bytes B``): for each level ``l``, the bytes each of this server's NICs
+  sent while the level-``l`` process groups (bound to NIC ``l`` by ``DPCOMM_BCUBE_IFACES``) allreduced ``B``
+  bytes, read from this namespace's tbf counters. The tests check that level-``l`` traffic leaves by
+  NIC ``l`` only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from typing import Any
+
+__all__ = ["main", "level_groups"]
+
+
+def _tx_bytes() -> dict[str, int]:
+    """tbf byte counters of this namespace's devices (the worker runs inside its server's namespace)."""
+    out = subprocess.run(
+        ["tc", "-s", "-j", "qdisc", "show"], capture_output=True, text=True, check=True
+    ).stdout
+    return {q["dev"]: int(q["bytes"]) for q in json.loads(out) if q.get("kind") == "tbf"}
+
+
+def level_groups(topology: Any, interfaces: list[str]) -> dict[int, Any]:
+    """``{level: this rank's level-l group}``, each gloo group bound to ``interfaces[level]``.
+
+    Uses :func:`dpcomm.collectives.bcube.make_level_groups` when it is there; otherwise builds the same
+    groups (one per level-l switch, the servers differing only in digit l) with ``new_group``.
+    """
+    import torch.distributed as dist
+    from torch.distributed import ProcessGroupGloo
+
+    rank = dist.get_rank()
+    mine = {}
+    for level in range(topology.nics_per_server):
+        opts = ProcessGroupGloo._Options()
+        opts._devices = [ProcessGroupGloo.create_device(interface=interfaces[level])]
+        for members in topology.level_groups(level):
+            g = dist.new_group(list(members), backend="gloo", pg_options=opts)
+            if rank in members:
+                mine[level] = g
+    return mine
+
+
+def _worker(algorithms: list[str], count: int, level_bytes: int) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from dpcomm.launch import init_worker
+    from dpcomm.topology import parse_topology
+
+    t0 = time.perf_counter()
+    rank, world = init_worker(timeout_s=60)
+    result: dict[str, Any] = {"rank": rank, "world": world, "allreduce": {}, "seconds": {}}
+    result["seconds"]["init"] = time.perf_counter() - t0
+    expected = world * (world + 1) / 2  # ranks contribute 1..world: exact in float32 for small worlds
+    for name in algorithms:
+        t = torch.full((count,), float(rank + 1))
+        if name == "native":
+            dist.all_reduce(t)
+        else:
+            from dpcomm.collectives import get
+
+            get(name).allreduce(t)
+        result["allreduce"][name] = bool(torch.equal(t, torch.full_like(t, expected)))
+    topo_spec = os.environ.get("DPCOMM_TOPOLOGY", "")
+    if level_bytes and topo_spec.startswith("bcube"):
+        topo = parse_topology(topo_spec)
+        ifaces = os.environ["DPCOMM_BCUBE_IFACES"].split(",")
+        t0 = time.perf_counter()
+        groups = level_groups(topo, ifaces)
+        result["seconds"]["level_groups"] = time.perf_counter() - t0
+        result["levels"] = {}
+        for level in range(topo.nics_per_server):
+            t = torch.ones(level_bytes // 4)
+            dist.all_reduce(torch.zeros(1), group=groups[level])  # connect first: setup isn't counted
+            dist.barrier()
+            before = _tx_bytes()
+            t0 = time.perf_counter()
+            dist.all_reduce(t, group=groups[level])
+            after = _tx_bytes()
+            result["seconds"][f"level{level}"] = time.perf_counter() - t0
+            dist.barrier()
+            ok = bool(torch.equal(t, torch.full_like(t, float(topo.level_groups(level)[0].__len__()))))
+            result["levels"][str(level)] = {
+                "ok": ok,
+                "tx": {dev: after[dev] - before.get(dev, 0) for dev in sorted(after)},
+            }
+    dist.destroy_process_group()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dpcomm.testbed.probe", description=__doc__.splitlines()[0])
+    p.add_argument("--nnodes", type=int, required=True)
+    p.add_argument("--node-rank", type=int, required=True)
+    p.add_argument("--master-addr", required=True)
+    p.add_argument("--master-port", type=int, required=True)
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--algorithms", default="native", help="comma list; native = torch.distributed")
+    p.add_argument("--count", type=int, default=1000, help="elements per allreduce check")
+    p.add_argument("--level-bytes", type=int, default=0, help="bytes per level-binding transfer (BCube)")
+    args = p.parse_args(argv)
+
+    from dpcomm.launch import LaunchOptions, launch
+
+    opts = LaunchOptions(
+        nproc=args.nproc,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+    )
+    for res in launch(_worker, opts, args.algorithms.split(","), args.count, args.level_bytes):
+        print(json.dumps(res), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

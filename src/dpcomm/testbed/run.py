@@ -1,0 +1,188 @@
+"""Run commands inside the emulated servers: ``exec`` one, or ``launch`` one worker per server.
+
+``launch_workers(state, argv)`` starts ``argv`` once per server, inside that server's namespace, as a
+multi-node job: server ``i`` is node ``i`` of ``N``, the rendezvous is server 0's level-0 address. The
+rendezvous reaches the command two ways:
+
+- appended flags ``--nnodes N --node-rank i --master-addr A --master-port P --nproc 1`` (what
+  ``dpcomm train``/``bench`` take), unless ``argv`` contains a placeholder (``{node_rank}``, ``{nnodes}``,
+  ``{master_addr}``, ``{master_port}``), in which case the placeholders are filled in instead;
+- environment: ``DPCOMM_NNODES``, ``DPCOMM_NODE_RANK``, ``DPCOMM_MASTER_ADDR``, ``DPCOMM_MASTER_PORT``,
+  ``DPCOMM_TOPOLOGY`` and the NIC bindings ``GLOO_SOCKET_IFNAME=dpc-l0`` (the default group) and
+  ``DPCOMM_BCUBE_IFACES=dpc-l0,..,dpc-l<k-1>`` (BML's level-``l`` group on NIC ``l``,
+  :func:`dpcomm.collectives.bcube.make_level_groups`).
+
+Each worker's stdout and stderr go to ``<out_dir>/rank<i>.out|.err``. When a worker fails, the others get
+``grace_s`` to finish before they are stopped (a lost peer would otherwise leave them waiting).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpcomm.testbed.shell import TestbedError, require
+
+__all__ = ["LaunchResult", "exec_in", "launch_workers", "host_netns", "worker_env"]
+
+_PLACEHOLDERS = ("{node_rank}", "{nnodes}", "{master_addr}", "{master_port}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LaunchResult:
+    """What came back from one launch."""
+
+    returncodes: list[int]
+    """Exit status per server (124: stopped at the timeout; -N: killed by signal N)."""
+    out_dir: Path
+    """Holds ``rank<i>.out`` and ``rank<i>.err``."""
+    seconds: float
+    """Wall time of the whole launch."""
+
+    @property
+    def ok(self) -> bool:
+        return all(rc == 0 for rc in self.returncodes)
+
+    def stdout(self, rank: int = 0) -> str:
+        return (self.out_dir / f"rank{rank}.out").read_text()
+
+    def stderr(self, rank: int = 0) -> str:
+        return (self.out_dir / f"rank{rank}.err").read_text()
+
+
+def host_netns(state: dict[str, Any], host: str | int) -> str:
+    """Namespace of a server given as its index (``3``), ``h3`` or the namespace name itself."""
+    text = str(host)
+    for srv in state["servers"]:
+        if text in (str(srv["server"]), f"h{srv['server']}", srv["netns"]):
+            return srv["netns"]
+    raise TestbedError(
+        f"no server '{host}' in testbed '{state['name']}' (servers 0..{len(state['servers']) - 1})"
+    )
+
+
+def _resolve(argv: list[str]) -> list[str]:
+    """``dpcomm`` runs as this interpreter's ``-m dpcomm`` unless a ``dpcomm`` is on PATH."""
+    if argv and argv[0] == "dpcomm" and shutil.which("dpcomm") is None:
+        return [sys.executable, "-m", "dpcomm", *argv[1:]]
+    if argv and argv[0] == "python":
+        return [sys.executable, *argv[1:]]
+    return argv
+
+
+def exec_in(state: dict[str, Any], host: str | int, argv: list[str]) -> int:
+    """Run ``argv`` in one server's namespace with the caller's stdin/stdout; returns its exit status."""
+    require()
+    if not argv:
+        raise TestbedError("nothing to run: give a command after --")
+    return subprocess.call(["ip", "netns", "exec", host_netns(state, host), *_resolve(argv)])
+
+
+def worker_env(state: dict[str, Any], node_rank: int, master_port: int) -> dict[str, str]:
+    """The environment variables a worker on server ``node_rank`` gets (see the module docstring)."""
+    return {
+        "DPCOMM_NNODES": str(len(state["servers"])),
+        "DPCOMM_NODE_RANK": str(node_rank),
+        "DPCOMM_MASTER_ADDR": state["master_addr"],
+        "DPCOMM_MASTER_PORT": str(master_port),
+        "DPCOMM_TOPOLOGY": state["topology"],
+        "DPCOMM_TESTBED": state["name"],
+        "GLOO_SOCKET_IFNAME": state["nic_names"][0],
+        "DPCOMM_BCUBE_IFACES": ",".join(state["nic_names"]),
+    }
+
+
+def _argv_for(argv: list[str], state: dict[str, Any], rank: int, port: int) -> list[str]:
+    values = {
+        "{node_rank}": str(rank),
+        "{nnodes}": str(len(state["servers"])),
+        "{master_addr}": state["master_addr"],
+        "{master_port}": str(port),
+    }
+    if any(ph in a for a in argv for ph in _PLACEHOLDERS):
+        out = []
+        for a in argv:
+            for ph, v in values.items():
+                a = a.replace(ph, v)
+            out.append(a)
+        return out
+    return [
+        *argv,
+        *("--nnodes", values["{nnodes}"], "--node-rank", str(rank)),
+        *("--master-addr", state["master_addr"], "--master-port", str(port), "--nproc", "1"),
+    ]
+
+
+def launch_workers(
+    state: dict[str, Any],
+    argv: list[str],
+    *,
+    master_port: int = 29400,
+    timeout_s: float = 600.0,
+    grace_s: float = 15.0,
+    out_dir: str | os.PathLike | None = None,
+    env: dict[str, str] | None = None,
+) -> LaunchResult:
+    """Start ``argv`` on every server (see the module docstring) and wait for all of them."""
+    require()
+    if not argv:
+        raise TestbedError("nothing to launch: give a command after --")
+    out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix=f"dpcomm-testbed-{state['name']}-"))
+    out.mkdir(parents=True, exist_ok=True)
+    procs: list[subprocess.Popen] = []
+    files = []
+    t0 = time.monotonic()
+    try:
+        for srv in state["servers"]:
+            rank = srv["server"]
+            wenv = {**os.environ, **(env or {}), **worker_env(state, rank, master_port)}
+            fo, fe = open(out / f"rank{rank}.out", "w"), open(out / f"rank{rank}.err", "w")
+            files += [fo, fe]
+            cmd = ["ip", "netns", "exec", srv["netns"], *_resolve(_argv_for(argv, state, rank, master_port))]
+            procs.append(subprocess.Popen(cmd, stdout=fo, stderr=fe, env=wenv, start_new_session=True))
+        codes = _wait(procs, t0 + timeout_s, grace_s)
+    finally:
+        for p in procs:
+            _stop(p)
+        for f in files:
+            f.close()
+    return LaunchResult(returncodes=codes, out_dir=out, seconds=time.monotonic() - t0)
+
+
+def _wait(procs: list[subprocess.Popen], deadline: float, grace_s: float) -> list[int]:
+    codes: list[int | None] = [None] * len(procs)
+    while True:
+        for i, p in enumerate(procs):
+            if codes[i] is None:
+                codes[i] = p.poll()
+        if all(c is not None for c in codes):
+            return [int(c) for c in codes]  # type: ignore[arg-type]
+        if any(c not in (None, 0) for c in codes):
+            deadline = min(deadline, time.monotonic() + grace_s)
+        if time.monotonic() > deadline:
+            return [124 if c is None else int(c) for c in codes]
+        time.sleep(0.05)
+
+
+def _stop(p: subprocess.Popen) -> None:
+    """Stop one worker we started, with its children (its own session, so its process group)."""
+    if p.poll() is not None:
+        return
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+        try:
+            os.killpg(p.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            p.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

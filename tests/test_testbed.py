@@ -1,0 +1,267 @@
+"""The emulated cluster: up/status/exec/down, cleanup after a killed run, NIC binding, end-to-end allreduce.
+
+Marked ``testbed``: needs root, iproute2 and network namespaces; skips with the reason otherwise (the check
+tries to create a namespace). Every test removes its testbed in a finalizer, also when it fails, and checks
+that no namespace or link of the project is left. Budget: ~40 s on the 2-core VM (two 4-server launches).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dpcomm.cli.main import main
+from dpcomm.testbed import build, names
+from dpcomm.testbed.counters import link_counters
+from dpcomm.testbed.run import launch_workers
+from dpcomm.testbed.state import load_state, state_path
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root (network namespaces, bridges, tc)"
+    if shutil.which("ip") is None or shutil.which("tc") is None:
+        return "needs iproute2 (ip, tc)"
+    probe = f"dpc-probe{os.getpid()}"
+    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
+    if made.returncode != 0:
+        return f"cannot create a network namespace: {made.stderr.strip()}"
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return None
+
+
+_SKIP = _why_not()
+
+
+def _ours() -> list[str]:
+    """Every namespace and host link whose name has the project's prefix."""
+    ns = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout
+    devs = [line.split(":")[1].strip() for line in links.splitlines()]
+    return [x for x in ns + devs if x.startswith(names.PREFIX)]
+
+
+@pytest.fixture
+def tb(tmp_path, monkeypatch):
+    """A fresh testbed name with its own state folder; removed afterwards whatever happened."""
+    monkeypatch.setenv("DPCOMM_TESTBED_DIR", str(tmp_path / "state"))
+    name = f"t{os.getpid() % 100000}"
+    build.down(name)
+    yield name
+    build.down(name)
+    assert not [x for x in _ours() if x.startswith(names.prefix(name))]
+
+
+def _algorithms(bcube: bool) -> list[str]:
+    """native plus every registered collective that computes a sum on this world size."""
+    try:
+        from dpcomm.collectives import names as registered
+
+        extra = [n for n in registered() if n != "noop" and (bcube or n != "bcube")]
+    except Exception:  # the collectives are tested on their own; here they are a bonus
+        extra = []
+    return ["native", *extra]
+
+
+def _run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = main(list(argv))
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_missing_privilege_or_tool_is_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    rc, _, err = _run_cli(capsys, "testbed", "up", "--topology", "star:2", "--name", "zz")
+    assert rc == 2 and err.count("\n") == 1 and "root" in err
+    monkeypatch.setattr(shutil, "which", lambda tool: None)
+    rc, _, err = _run_cli(capsys, "testbed", "down")
+    assert rc == 2 and err.count("\n") == 1 and "ip and tc" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--topology", "fattree:4"], "star:N"),
+        (["--topology", "star:2", "--rate", "5mbps"], "bad rate"),
+        (["--topology", "star:2", "--name", "Bad-Name"], "bad testbed name"),
+        (["--topology", "bcube:9,2"], "at most 64"),
+    ],
+)
+def test_bad_up_arguments_are_one_line(capsys, argv, words):
+    rc, _, err = _run_cli(capsys, "testbed", "up", *argv)
+    assert rc == 2 and err.count("\n") == 1 and words in err
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+def test_up_status_exec_down(tb, capsys):
+    rc, out, _ = _run_cli(capsys, "testbed", "up", "--topology", "star:3", "--rate", "200mbit", "--name", tb)
+    assert rc == 0 and "10.77.0.3/24" in out
+    assert sorted(build.leftovers(tb)) == sorted(
+        [names.switch_ns(tb)] + [names.host_ns(tb, i) for i in range(3)]
+    )
+    rc, _, err = _run_cli(capsys, "testbed", "up", "--topology", "star:3", "--name", tb)
+    assert rc == 2 and "already exists" in err
+
+    rc, out, _ = _run_cli(capsys, "testbed", "status", "--name", tb, "--json")
+    st = json.loads(out)
+    assert [n["address"] for s in st["servers"] for n in s["nics"]] == [
+        "10.77.0.1/24",
+        "10.77.0.2/24",
+        "10.77.0.3/24",
+    ]
+    assert len(st["links"]) == 3 and all(
+        x["rate_bps"] == x["rx_rate_bps"] == 200_000_000 for x in st["links"]
+    )
+    assert main(["testbed", "status", "--name", tb]) == 0 and "tx bytes" in capsys.readouterr().out
+
+    # server 1 reaches server 2 over the emulated switch, and the bytes show up on both ends' tbf counters
+    state = load_state(tb)
+    before = link_counters(state)
+    code = (
+        "import socket; s=socket.socket(); s.bind(('10.77.0.3', 5000)); s.listen(); c=s.accept()[0]; "
+        "n=0\nwhile (b := c.recv(65536)): n += len(b)\nprint(n)"
+    )
+    srv = subprocess.Popen(
+        ["ip", "netns", "exec", names.host_ns(tb, 2), sys.executable, "-c", code],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)
+    send = "import socket; c = socket.create_connection(('10.77.0.3', 5000)); c.sendall(bytes(2_000_000))"
+    assert main(["testbed", "exec", "--name", tb, "h1", "--", "python", "-c", send]) == 0
+    assert srv.communicate(timeout=20)[0].strip() == "2000000"
+    after = link_counters(state)
+    delta = {k: (after[k]["tx"] - before[k]["tx"], after[k]["rx"] - before[k]["rx"]) for k in after}
+    assert 2_000_000 < delta[(1, 0)][0] < 2_200_000  # payload + TCP/IP/Ethernet headers (~4.6%)
+    assert 2_000_000 < delta[(2, 0)][1] < 2_200_000
+    assert delta[(0, 0)][1] < 1_000  # the switch forwarded nothing to the bystander but ARP
+
+    rc, out, _ = _run_cli(capsys, "testbed", "down", "--name", tb)
+    assert rc == 0 and names.switch_ns(tb) in out
+    assert build.leftovers(tb) == [] and not state_path(tb).exists()
+    rc, out, _ = _run_cli(capsys, "testbed", "down", "--name", tb)
+    assert rc == 0 and "nothing to remove" in out
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+def test_down_after_a_killed_launch(tb):
+    """A launcher killed with SIGKILL leaves workers inside the namespaces; ``down`` removes all of it."""
+    assert main(["testbed", "up", "--topology", "bcube:2,2", "--rate", "1gbit", "--name", tb]) == 0
+    launcher = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "dpcomm",
+            "testbed",
+            "launch",
+            "--name",
+            tb,
+            "--",
+            "python",
+            "-c",
+            "import time; time.sleep(120)",
+            "{node_rank}",
+        ],
+        env=os.environ.copy(),
+        start_new_session=True,
+    )
+    ns0 = names.host_ns(tb, 0)
+    deadline = time.monotonic() + 30
+    while (
+        time.monotonic() < deadline
+        and not subprocess.run(["ip", "netns", "pids", ns0], capture_output=True, text=True).stdout.split()
+    ):
+        time.sleep(0.1)
+    workers = subprocess.run(["ip", "netns", "pids", ns0], capture_output=True, text=True).stdout.split()
+    assert workers, "the launch never started a worker"
+    os.kill(launcher.pid, signal.SIGKILL)
+    launcher.wait()
+    # a half-built testbed next to it: an extra namespace with a bridge, as a crashed `up` would leave
+    subprocess.run(["ip", "netns", "add", names.host_ns(tb, 99)], check=True)
+    subprocess.run(["ip", "-n", names.host_ns(tb, 99), "link", "add", "dpc-b9", "type", "bridge"], check=True)
+    removed = build.down(tb)
+    assert names.host_ns(tb, 99) in removed and names.switch_ns(tb) in removed
+    assert build.leftovers(tb) == []
+    time.sleep(0.2)
+    assert not any(
+        os.path.exists(f"/proc/{p}") and open(f"/proc/{p}/stat").read().split(") ")[1][0] != "Z"
+        for p in workers
+    )
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+def test_bcube_levels_use_their_own_nic_and_allreduce_is_exact(tb):
+    """On bcube:2,2 a level-l group's bytes leave through NIC l (tbf counters), and every algorithm sums."""
+    assert main(["testbed", "up", "--topology", "bcube:2,2", "--rate", "2gbit", "--name", tb]) == 0
+    state = load_state(tb)
+    nbytes = 1_000_000
+    algos = _algorithms(bcube=True)
+    res = launch_workers(
+        state,
+        [
+            "python",
+            "-m",
+            "dpcomm.testbed.probe",
+            "--algorithms",
+            ",".join(algos),
+            "--count",
+            "1001",
+            "--level-bytes",
+            str(nbytes),
+        ],
+        master_port=29411,
+        timeout_s=120,
+    )
+    assert res.ok, f"{res.returncodes}: {res.stderr(0)[-500:]}"
+    for rank in range(4):
+        out = json.loads(res.stdout(rank).strip().splitlines()[-1])
+        assert out["world"] == 4 and out["allreduce"] == {a: True for a in algos}
+        for level in (0, 1):
+            info = out["levels"][str(level)]
+            assert info["ok"]
+            mine, other = info["tx"][f"dpc-l{level}"], info["tx"][f"dpc-l{1 - level}"]
+            # a 2-rank allreduce sends the whole message once: >= nbytes on the level's NIC ...
+            assert mine >= nbytes, (rank, level, info)
+            # ... and nothing of it on the other NIC (a barrier's few packets at most)
+            assert other < nbytes // 100, (rank, level, info)
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+def test_star_allreduce_through_the_cli(tb, capsys):
+    assert main(["testbed", "up", "--topology", "star:3", "--rate", "2gbit", "--name", tb]) == 0
+    capsys.readouterr()
+    algos = _algorithms(bcube=False)
+    rc, out, err = _run_cli(
+        capsys,
+        "testbed",
+        "launch",
+        "--name",
+        tb,
+        "--master-port",
+        "29412",
+        "--timeout",
+        "120",
+        "--",
+        "python",
+        "-m",
+        "dpcomm.testbed.probe",
+        "--algorithms",
+        ",".join(algos),
+        "--count",
+        "7",
+    )
+    assert rc == 0, err
+    result = json.loads(out.strip().splitlines()[-1])  # rank 0's stdout comes back
+    assert result["rank"] == 0 and result["world"] == 3 and result["allreduce"] == {a: True for a in algos}
+    assert "exit codes [0, 0, 0]" in err
