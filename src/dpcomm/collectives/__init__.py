@@ -1,1 +1,26 @@
-"""(see package docstring)"""
+"""Collective algorithms built on torch.distributed point-to-point operations, one module each.
+
+Importing the package imports every algorithm module in it (each registers itself with
+:func:`~dpcomm.collectives.base.register`), so a new algorithm is added by creating its module. Modules whose
+name starts with ``_`` (helpers) and ``base`` are skipped. ``get(name, **options)`` builds an algorithm.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+from dpcomm.collectives._p2p import CollectiveError
+from dpcomm.collectives.base import OPS, Collective, get, names, register
+
+__all__ = ["OPS", "Collective", "CollectiveError", "get", "names", "register"]
+
+
+def _import_algorithms() -> None:
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.startswith("_") or info.name == "base":
+            continue
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+_import_algorithms()
