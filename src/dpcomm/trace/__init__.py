@@ -1,4 +1,4 @@
-"""Per-layer traces: the format (``dpcomm-trace/1``), loading/validation, and the profiler that measures them."""
+"""Per-layer traces: the format (``dpcomm-trace/1``), the profiler and analytic model that make them."""
 
 from dpcomm.trace.format import TRACE_FORMAT, Layer, Trace, load_trace, save_trace
 

@@ -1,0 +1,288 @@
+"""Layer-wise profiler: each learnable layer's forward and backward time, measured on a real device.
+
+The papers' traces (MG-WFBP Table I: t_f^(l), t_b^(l); section V-C replays "the measured layer-wise backward
+propagation time") list only learnable layers, yet the whole iteration has to add up: t_f = sum_l t_f^(l) and
+t_b = sum_l t_b^(l) (MG-WFBP Eq. 3). So the profiler *partitions* each pass's timeline among the learnable
+layers instead of timing layers in isolation:
+
+- **forward**: a forward pre-hook on every learnable layer marks when it starts; layer l owns the time from
+  its start to the next learnable layer's start, i.e. its own computation plus the parameter-free operations
+  that follow it (activation, pooling, residual add); the last layer also owns the loss. The time before the
+  first layer starts goes to the first layer.
+- **backward**: a post-accumulate-grad hook on every parameter marks when its gradient is in ``.grad``;
+  layer l owns the time from the previous such mark (or from the start of ``backward()``) to its own marks.
+  That is exactly the interval a wait-free scheduler sees: the gradient of layer l becomes ready
+  t_b^(L-1) + ... + t_b^(l) after the backward pass starts (MG-WFBP Eq. 6), and the backward of the
+  parameter-free operations between two layers is paid before the earlier layer's gradient is ready. The
+  tail after the last gradient (the engine finishing) goes to the last layer whose gradient arrived.
+
+Per-layer sums therefore equal the instrumented iteration. Each measured (hooked) iteration is followed by a
+plain one without hooks; the trace records the plain iterations' median forward and backward times
+(``iteration_forward_s``, ``iteration_backward_s``) so a reader can see the hooks' overhead. Warm-up
+iterations come first (after one forward that orders the layers and one that counts their FLOPs, see
+:mod:`dpcomm.trace.analytic`); times are medians.
+On CUDA, marks are CUDA events on the current stream, read after a synchronize.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpcomm.errors import UserError
+from dpcomm.models.layers import layer_params, learnable_layers
+from dpcomm.trace.analytic import layer_costs
+from dpcomm.trace.format import Layer, Trace
+
+__all__ = ["profile", "default_loss", "time_iteration", "TIMERS"]
+
+Progress = Callable[[int, int], None]
+"""``progress(done, total)`` after every iteration (warm-up included)."""
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """A loss touching every floating output: the sum of their means (so aux heads get gradients too)."""
+    tensors = [t for t in _tensors(output) if t.is_floating_point() and t.requires_grad]
+    if not tensors:
+        raise UserError("the model's output has no floating-point tensor that requires grad; pass loss_fn")
+    return sum(t.float().mean() for t in tensors)  # type: ignore[return-value]
+
+
+def _tensors(obj: Any) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, dict):
+        obj = list(obj.values())
+    if isinstance(obj, list | tuple):
+        return [t for item in obj for t in _tensors(item)]
+    return []
+
+
+TIMERS = ("wall", "thread")
+"""``wall``: elapsed time (``perf_counter``; CUDA events on a GPU). ``thread``: CPU time of the calling thread
+(``thread_time``), CPU only: on a shared machine it leaves out the time other processes hold the core, but it
+sees only this thread's work, so use it with ``torch.set_num_threads(1)``."""
+
+
+class _Clock:
+    """Marks on the host or on the CUDA stream (timing events); read ``seconds`` after ``sync``."""
+
+    def __init__(self, device: torch.device, timer: str = "wall") -> None:
+        if timer not in TIMERS:
+            raise UserError(f"unknown timer {timer!r}; choose one of: {', '.join(TIMERS)}")
+        if timer == "thread" and device.type != "cpu":
+            raise UserError("timer 'thread' measures CPU time and works only with device cpu")
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self._now = time.thread_time if timer == "thread" else time.perf_counter
+
+    def mark(self) -> Any:
+        if not self.cuda:
+            return self._now()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def sync(self) -> None:
+        if self.cuda:
+            torch.cuda.synchronize(self.device)
+
+    def seconds(self, a: Any, b: Any) -> float:
+        return max(0.0, a.elapsed_time(b) / 1e3 if self.cuda else b - a)
+
+
+def _partition(clock: _Clock, start: Any, marks: list[tuple[int, Any]], end: Any, n: int, *, opens: bool):
+    """Split ``[start, end]`` among layers at ``marks`` (in record order).
+
+    ``opens``: a mark opens its layer's interval (forward); otherwise it closes it (backward).
+    """
+    out = [0.0] * n
+    if not marks:
+        return out
+    points = [start, *(m for _, m in marks), end]
+    for k in range(len(points) - 1):
+        if opens:
+            owner = marks[max(k - 1, 0)][0]  # [start, m0) -> layer of m0; [m_i, m_i+1) -> layer of m_i
+        else:
+            owner = marks[min(k, len(marks) - 1)][0]  # (m_i-1, m_i] -> layer of m_i; tail -> last layer
+        out[owner] += clock.seconds(points[k], points[k + 1])
+    return out
+
+
+def _call(module: nn.Module, example: Any) -> Any:
+    return module(*example) if isinstance(example, tuple) else module(example)
+
+
+def _iteration(module, example, loss_fn, params, clock) -> tuple[Any, Any, Any]:
+    for p in params:
+        p.grad = None
+    t0 = clock.mark()
+    loss = loss_fn(_call(module, example))
+    t1 = clock.mark()
+    loss.backward()
+    t2 = clock.mark()
+    return t0, t1, t2
+
+
+def _resolve_device(device: str | torch.device) -> torch.device:
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise UserError(f"unknown device {device!r}; use cpu or cuda[:N]") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise UserError("device cuda requested but torch.cuda.is_available() is False on this machine")
+    if dev.type not in ("cpu", "cuda"):
+        raise UserError(f"device {device!r} is not supported; use cpu or cuda[:N]")
+    return dev
+
+
+def _to(example: Any, dev: torch.device) -> Any:
+    if isinstance(example, torch.Tensor):
+        return example.to(dev)
+    if isinstance(example, tuple | list):
+        return tuple(_to(x, dev) for x in example)
+    raise UserError(f"example batch must be a tensor or a tuple of tensors, got {type(example).__name__}")
+
+
+def _device_label(dev: torch.device) -> str:
+    return f"cuda:{torch.cuda.get_device_name(dev)}" if dev.type == "cuda" else "cpu"
+
+
+def time_iteration(
+    module: nn.Module,
+    example_batch: Any,
+    *,
+    iters: int = 10,
+    warmup: int = 3,
+    device: str | torch.device = "cpu",
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    timer: str = "wall",
+) -> tuple[float, float]:
+    """Median ``(forward_s, backward_s)`` of whole training iterations, no hooks (an independent check)."""
+    dev = _resolve_device(device)
+    module.to(dev).train()
+    example = _to(example_batch, dev)
+    params = [p for p in module.parameters() if p.requires_grad]
+    clock, fwd, bwd = _Clock(dev, timer), [], []
+    for i in range(warmup + iters):
+        t0, t1, t2 = _iteration(module, example, loss_fn or default_loss, params, clock)
+        clock.sync()
+        if i >= warmup:
+            fwd.append(clock.seconds(t0, t1))
+            bwd.append(clock.seconds(t1, t2))
+    return statistics.median(fwd), statistics.median(bwd)
+
+
+def profile(
+    module: nn.Module,
+    example_batch: Any,
+    *,
+    iters: int = 10,
+    warmup: int = 3,
+    device: str | torch.device = "cpu",
+    model_name: str | None = None,
+    loss_fn: Callable[[Any], torch.Tensor] | None = None,
+    timer: str = "wall",
+    progress: Progress | None = None,
+) -> Trace:
+    """Measure every learnable layer's forward and backward time (medians of ``iters`` after ``warmup``).
+
+    ``module`` is moved to ``device`` and put in training mode; ``example_batch`` is a tensor or a tuple of
+    tensors (its first dimension is the batch size). ``loss_fn(output) -> scalar`` defaults to
+    :func:`default_loss`. Layers are those of :func:`dpcomm.models.learnable_layers`, in forward order.
+    ``timer`` is one of :data:`TIMERS`.
+    """
+    if iters < 1 or warmup < 0:
+        raise UserError(f"iters must be >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    dev = _resolve_device(device)
+    clock = _Clock(dev, timer)
+    module.to(dev).train()
+    example = _to(example_batch, dev)
+    first = example[0] if isinstance(example, tuple) else example
+    batch_size = int(first.shape[0]) if first.dim() > 0 else 1
+    loss_fn = loss_fn or default_loss
+    try:
+        layers = learnable_layers(module, example)
+        flops = [c.fwd_flops for c in layer_costs(module, example)]
+    except (ValueError, RuntimeError) as exc:  # e.g. a shape mismatch or batch norm on a batch of 1
+        raise UserError(
+            f"model forward failed at batch size {batch_size}: {str(exc).splitlines()[0]}"
+        ) from None
+    if not layers:
+        raise UserError("the model has no learnable layer (no parameter requires grad)")
+    owned = layer_params(module, layers)
+    params = [p for ps in owned for p in ps]
+    index = {id(mod): i for i, (_, mod) in enumerate(layers)}
+    fwd_marks: list[tuple[int, Any]] = []
+    bwd_marks: list[tuple[int, Any]] = []
+
+    def _on_forward(mod: nn.Module, _inputs: Any) -> None:
+        fwd_marks.append((index[id(mod)], clock.mark()))
+
+    def _on_grad(i: int) -> Callable[[torch.Tensor], None]:
+        return lambda _p: bwd_marks.append((i, clock.mark()))
+
+    per_layer: list[tuple[list[float], list[float]]] = []
+    plain_f: list[float] = []
+    plain_b: list[float] = []
+    total = warmup + 2 * iters
+    for step in range(total):
+        hooked = step >= warmup and (step - warmup) % 2 == 0
+        handles = []
+        if hooked:
+            handles = [mod.register_forward_pre_hook(_on_forward) for _, mod in layers]
+            handles += [
+                p.register_post_accumulate_grad_hook(_on_grad(i)) for i, ps in enumerate(owned) for p in ps
+            ]
+        fwd_marks.clear()
+        bwd_marks.clear()
+        try:
+            t0, t1, t2 = _iteration(module, example, loss_fn, params, clock)
+        finally:
+            for h in handles:
+                h.remove()
+        clock.sync()
+        if hooked:
+            f = _partition(clock, t0, fwd_marks, t1, len(layers), opens=True)
+            b = _partition(clock, t1, bwd_marks, t2, len(layers), opens=False)
+            per_layer.append((f, b))
+        elif step >= warmup:
+            plain_f.append(clock.seconds(t0, t1))
+            plain_b.append(clock.seconds(t1, t2))
+        if progress is not None:
+            progress(step + 1, total)
+    for p in params:
+        p.grad = None
+
+    trace_layers = tuple(
+        Layer(
+            name=name,
+            params=sum(p.numel() for p in owned[i]),
+            forward_s=statistics.median(f[i] for f, _ in per_layer),
+            backward_s=statistics.median(b[i] for _, b in per_layer),
+            extra={"type": type(mod).__name__, "flops": flops[i]},
+        )
+        for i, (name, mod) in enumerate(layers)
+    )
+    return Trace(
+        model=model_name or type(module).__name__,
+        batch_size=batch_size,
+        device=_device_label(dev),
+        dtype_bytes=params[0].element_size() if params else 4,
+        layers=trace_layers,
+        extra={
+            "iteration_forward_s": statistics.median(plain_f),
+            "iteration_backward_s": statistics.median(plain_b),
+            "iters": iters,
+            "warmup": warmup,
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads() if dev.type == "cpu" else None,
+            "timer": timer,
+            "loss": "default (sum of output means)" if loss_fn is default_loss else "user",
+        },
+    )
