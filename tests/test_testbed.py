@@ -234,6 +234,10 @@ def test_bcube_levels_use_their_own_nic_and_allreduce_is_exact(tb):
             assert mine >= nbytes, (rank, level, info)
             # ... and nothing of it on the other NIC (a barrier's few packets at most)
             assert other < nbytes // 100, (rank, level, info)
+        # the binding itself: the level-1 group connects level-1 addresses (10.77.1.x) of level-1 neighbours
+        # (rank r's level-1 neighbour differs in digit 1: r ^ 2), which an unbound group never would
+        me, peer = f"10.77.1.{rank + 1}", f"10.77.1.{(rank ^ 2) + 1}"
+        assert [me, peer] in out["tcp"] or [peer, me] in out["tcp"], out["tcp"]
 
 
 @pytest.mark.testbed

@@ -8,7 +8,10 @@ appends ``--nnodes/--node-rank/--master-addr/--master-port/--nproc``). Every wor
 - ``levels`` (BCube only, ``--level-bytes B``): for each level ``l``, the bytes each of this server's NICs
   sent while the level-``l`` process groups (bound to NIC ``l`` by ``DPCOMM_BCUBE_IFACES``) allreduced ``B``
   bytes, read from this namespace's tbf counters. The tests check that level-``l`` traffic leaves by
-  NIC ``l`` only.
+  NIC ``l`` only;
+- ``tcp``: the established connections (local, remote address) once the level groups exist. The relay routes
+  would carry a level-``l`` neighbour's traffic over NIC ``l`` whichever address a group used, so the
+  binding itself shows here: a group bound to NIC ``l`` connects from and to level-``l`` addresses.
 """
 
 from __future__ import annotations
@@ -33,24 +36,48 @@ def _tx_bytes() -> dict[str, int]:
 
 
 def level_groups(topology: Any, interfaces: list[str]) -> dict[int, Any]:
-    """``{level: this rank's level-l group}``, each gloo group bound to ``interfaces[level]``.
+    """``{level: this rank's level-l group}``, each a gloo group bound to ``interfaces[level]``.
 
-    Uses :func:`dpcomm.collectives.bcube.make_level_groups` when it is there; otherwise builds the same
-    groups (one per level-l switch, the servers differing only in digit l) with ``new_group``.
+    Uses :func:`dpcomm.collectives.bcube.make_level_groups` (BML's own groups) when it is there; otherwise
+    builds the same groups the same way: a ``ProcessGroupGloo`` per switch domain, constructed directly
+    on a prefix of the default store with a device on the level's NIC.
     """
+    n, k = topology.n, topology.k
+    try:
+        from dpcomm.collectives.bcube import make_level_groups
+    except ImportError:
+        make_level_groups = None
+    if make_level_groups is not None:
+        return dict(enumerate(make_level_groups(n, k, interfaces).groups))
     import torch.distributed as dist
-    from torch.distributed import ProcessGroupGloo
+    from torch.distributed import PrefixStore, ProcessGroupGloo
+    from torch.distributed.distributed_c10d import _get_default_store
 
     rank = dist.get_rank()
     mine = {}
-    for level in range(topology.nics_per_server):
+    for level in range(k):
+        members = [m for m in topology.level_groups(level) if rank in m][0]
         opts = ProcessGroupGloo._Options()
         opts._devices = [ProcessGroupGloo.create_device(interface=interfaces[level])]
-        for members in topology.level_groups(level):
-            g = dist.new_group(list(members), backend="gloo", pg_options=opts)
-            if rank in members:
-                mine[level] = g
+        store = PrefixStore(f"dpcomm-probe/L{level}/{list(members)}/", _get_default_store())
+        mine[level] = ProcessGroupGloo(store, members.index(rank), len(members), opts)
     return mine
+
+
+def _tcp_peers() -> list[tuple[str, str]]:
+    """``(local address, remote address)`` of the established TCP connections in this namespace."""
+
+    def addr(hexport: str) -> str:
+        h = hexport.split(":")[0]
+        return ".".join(str(int(h[i : i + 2], 16)) for i in (6, 4, 2, 0))  # little-endian IPv4
+
+    out = []
+    with open("/proc/net/tcp") as fh:
+        for line in fh.readlines()[1:]:
+            f = line.split()
+            if f[3] == "01":  # ESTABLISHED
+                out.append((addr(f[1]), addr(f[2])))
+    return sorted(set(out))
 
 
 def _worker(algorithms: list[str], count: int, level_bytes: int) -> dict[str, Any]:
@@ -81,6 +108,7 @@ def _worker(algorithms: list[str], count: int, level_bytes: int) -> dict[str, An
         t0 = time.perf_counter()
         groups = level_groups(topo, ifaces)
         result["seconds"]["level_groups"] = time.perf_counter() - t0
+        result["tcp"] = _tcp_peers()
         result["levels"] = {}
         for level in range(topo.nics_per_server):
             t = torch.ones(level_bytes // 4)
@@ -92,7 +120,7 @@ def _worker(algorithms: list[str], count: int, level_bytes: int) -> dict[str, An
             after = _tx_bytes()
             result["seconds"][f"level{level}"] = time.perf_counter() - t0
             dist.barrier()
-            ok = bool(torch.equal(t, torch.full_like(t, float(topo.level_groups(level)[0].__len__()))))
+            ok = bool(torch.equal(t, torch.full_like(t, float(topo.n))))  # n members, each adds ones
             result["levels"][str(level)] = {
                 "ok": ok,
                 "tx": {dev: after[dev] - before.get(dev, 0) for dev in sorted(after)},
