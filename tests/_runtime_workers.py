@@ -108,6 +108,11 @@ def _reference(model: nn.Module, iters: int, n: int, dtype: torch.dtype, micro: 
     return _flat(model)
 
 
+def _tamper(plan: Plan, rank: int) -> Plan:
+    """Test hook: rank 1 pretends it received a one-group plan."""
+    return Plan.from_sizes("tampered", [plan.num_layers], plan.num_layers) if rank == 1 else plan
+
+
 def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """Train one case; returns ``{"sha": [per rank], "diff": float (rank 0), "error": str | None, ...}``."""
     iters, per_rank, micro = case.get("iters", 20), case.get("batch", 6), case.get("micro", 1)
@@ -123,6 +128,7 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         if k in case
     }
     out: dict[str, Any] = {"error": None}
+    DataParallel._tamper_plan = _tamper if case.get("tamper") else None
     try:
         dp = DataParallel(model, plan=plan, collective=_collective(case.get("collective", "native")), **kw)
         ref_model = copy.deepcopy(dp.module) if rank == 0 else None
@@ -143,6 +149,16 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             dp.step(opt)
         if case.get("mode") == "lp-alg1":
             dp.sync_params()
+        if case.get("inspect"):
+            last = list(dp._spans)[-1]
+            bwd_end = [s for s in last if s.name == "backward"][-1].end
+            comm = [s for s in last if s.row == "comm"]
+            out["comm_labels"] = [s.name for s in comm]
+            out["queued_in_backward"] = [s.args["queued"] < bwd_end for s in comm]
+            out["record"] = dp.records[-1].to_dict()
+            if case.get("trace"):
+                path = dp.write_chrome_trace(case["trace"])
+                out["trace"] = str(path) if path else None
         out["plan"] = dp.plan.to_dict() if dp.plan else None
         out["records"] = len(dp.records)
         out["buffer_bytes"] = dp.grad_buffer_bytes
@@ -163,6 +179,7 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
 
 def run_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     rank, world = init_worker(timeout_s=30)
+    torch.set_num_threads(1)  # several workers share few cores
     results = []
     for case in cases:
         t0 = time.perf_counter()

@@ -26,12 +26,13 @@ class CommFailure(RuntimeError):
 class CommJob:
     """One unit of communication: ``fn()`` run on the communication thread; ``wait()`` blocks until done."""
 
-    __slots__ = ("label", "nbytes", "fn", "t_start", "t_end", "error", "_done")
+    __slots__ = ("label", "nbytes", "fn", "t_submit", "t_start", "t_end", "error", "_done")
 
     def __init__(self, label: str, fn: Callable[[], None], nbytes: int = 0):
         self.label = label
         self.nbytes = nbytes
         self.fn = fn
+        self.t_submit = time.perf_counter()  # seconds; when the compute thread queued it
         self.t_start = 0.0  # time.perf_counter() when it started, seconds
         self.t_end = 0.0
         self.error: BaseException | None = None

@@ -134,6 +134,10 @@ class DataParallel(nn.Module):
             raise UserError(f"unknown DataParallel mode '{mode}' (choose from {', '.join(bsp.MODES)})")
         if not isinstance(plan, Plan | str) or (isinstance(plan, str) and not plan):
             raise UserError(f"plan must be a Plan or a planner name, got {plan!r}")
+        if isinstance(plan, str):
+            from dpcomm.planner import parse_schedules
+
+            parse_schedules(plan)  # an unknown name fails here, on every rank, before any communication
         if broadcast_every < 1 or profile_iters < 1:
             raise UserError("broadcast_every and profile_iters must be >= 1")
         if not dist.is_available() or not dist.is_initialized():
@@ -505,7 +509,7 @@ class DataParallel(nn.Module):
                     row="comm",
                     start=job.t_start + self._wall0,
                     end=job.t_end + self._wall0,
-                    args={"bytes": job.nbytes},
+                    args={"bytes": job.nbytes, "queued": job.t_submit + self._wall0},
                 )
             )
         self.records.append(
