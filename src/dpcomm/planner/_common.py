@@ -7,6 +7,7 @@ Timing model (issue 3; MG-WFBP Eq. 6-8 and 19-21, layers 0-indexed here, 1-index
 from __future__ import annotations
 
 import time
+from numbers import Integral
 from typing import Any
 
 import numpy as np
@@ -65,7 +66,7 @@ def cost_many(cost: CommCost, nbytes: np.ndarray) -> np.ndarray:
 
 
 def check_nodes(nodes: int) -> None:
-    if isinstance(nodes, bool) or not isinstance(nodes, int | np.integer) or nodes < 1:
+    if isinstance(nodes, bool) or not isinstance(nodes, Integral) or nodes < 1:
         raise UserError(f"nodes must be an integer >= 1, got {nodes!r}")
 
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from numbers import Integral
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
@@ -77,8 +78,9 @@ class SimResult:
 
 def simulate(trace: Trace, plan: Plan, cost: CommCost, nodes: int, update_s: float = 0.0) -> SimResult:
     """Time one iteration (see module docstring). ``cost`` is the all-reduce cost for ``nodes`` nodes."""
-    if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
+    if isinstance(nodes, bool) or not isinstance(nodes, Integral) or nodes < 1:
         raise UserError(f"nodes must be an integer >= 1, got {nodes!r}")
+    nodes = int(nodes)
     if plan.num_layers != trace.num_layers:
         raise UserError(f"plan has {plan.num_layers} layers but trace '{trace.model}' has {trace.num_layers}")
     if not math.isfinite(update_s) or update_s < 0:

@@ -14,8 +14,8 @@ from typing import Any
 
 from dpcomm.costmodel import Network, allreduce_cost
 from dpcomm.costmodel.base import CommCost
-from dpcomm.errors import UserError
 from dpcomm.planner import make_plan
+from dpcomm.planner._common import check_nodes
 from dpcomm.planner.plan import Plan
 from dpcomm.sim.simulator import SimResult, simulate
 from dpcomm.trace.format import Trace
@@ -36,6 +36,10 @@ class SweepRow:
     planning_s: float
     plan: Plan
     result: SimResult
+
+    def __post_init__(self) -> None:
+        if self.nodes < 1 or self.plan.schedule != self.result.schedule:
+            raise ValueError("a sweep row needs nodes >= 1 and a result of its own plan")
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON row of ``dpcomm simulate --json``."""
@@ -71,8 +75,8 @@ def sweep(
     factory = cost_factory(net_or_cost, algo)
     rows = []
     for nodes in nodes_list:
-        if isinstance(nodes, bool) or not isinstance(nodes, int) or nodes < 1:
-            raise UserError(f"nodes must be integers >= 1, got {nodes!r}")
+        check_nodes(nodes)
+        nodes = int(nodes)
         cost = factory(nodes)
         for schedule in schedules:
             plan = make_plan(schedule, trace, cost, nodes)
