@@ -83,7 +83,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     path = save_network(cal.network, args.output)
 
-    table = Table(title=f"all_reduce, {cal.nproc} workers: T(M) = a + b*M ({cal.fit} fit)")
+    table = Table(title=f"all_reduce on {cal.nproc} workers, {cal.fit} fit")
     for col in ("bytes", "measured us", "fit us", "residual"):
         table.add_column(col, justify="right")
     for m, t in cal.points:

@@ -2,6 +2,7 @@
 
 Every collective cost is a pure function of the message size M (bytes), the node count and a
 :class:`Network`; :func:`allreduce_linear` reduces an algorithm to ``T_ar(M) = a + b*M`` (MG-WFBP Eq. 9).
+Measuring a real allreduce: :mod:`dpcomm.costmodel.calibrate` (``calibrate(CalibrateOptions(nproc=P))``).
 """
 
 from dpcomm.costmodel.base import CommCost, LinearCost, MeasuredCost
