@@ -375,3 +375,11 @@ def test_bad_json_and_unknown_names(tmp_path):
         resolve_network(str(tmp_path / "missing.json"))
     with pytest.raises(UserError, match="unknown network 'ethernet'"):
         resolve_network("ethernet")
+
+
+def test_numpy_numbers_are_accepted():
+    # planners hand over numpy sizes and counts: the same cost as plain Python numbers
+    np = pytest.importorskip("numpy")
+    for name in ALGORITHMS:
+        assert cost("reduce", name, np.int64(6), nbytes=np.int64(1000)) == cost("reduce", name, 6)
+        assert allreduce_linear(name, np.int64(6), NET) == allreduce_linear(name, 6, NET)

@@ -144,7 +144,8 @@ def collective_cost(op: str, algo: str, nbytes: float, nodes: int, net: Network,
     if op not in COST_OPS:
         raise UserError(f"unknown collective '{op}' (choose from {', '.join(COST_OPS)})")
     alg = _lookup(algo, opts)
-    return getattr(alg, op)(nbytes, nodes, net, **opts)
+    check(nbytes, nodes)
+    return getattr(alg, op)(float(nbytes), int(nodes), net, **opts)
 
 
 def allreduce_linear(algo: str, nodes: int, net: Network, **opts) -> LinearCost:
@@ -158,7 +159,7 @@ def allreduce_linear(algo: str, nodes: int, net: Network, **opts) -> LinearCost:
     check(0, nodes)
     if nodes == 1:
         return LinearCost(a=0.0, b=0.0)
-    a, b = alg.allreduce_ab(nodes, net, **opts)
+    a, b = alg.allreduce_ab(int(nodes), net, **opts)
     return LinearCost(a=a, b=b)
 
 
@@ -176,7 +177,7 @@ def allreduce_cost(
     if nodes == 1:
         _lookup(algo, opts)
         return LinearCost(a=0.0, b=0.0)
-    if measured and nodes in net.allreduce_tables:
+    if measured and int(nodes) in net.allreduce_tables:
         _lookup(algo, opts)
-        return MeasuredCost(points=net.allreduce_tables[nodes])
+        return MeasuredCost(points=net.allreduce_tables[int(nodes)])
     return allreduce_linear(algo, nodes, net, **opts)
