@@ -1,0 +1,109 @@
+"""Train a zoo model on P workers with a communication plan (or PyTorch DDP) and report what it cost.
+
+Examples::
+
+    dpcomm train --nproc 4 --model lenet5 --data digits --epochs 8 --schedule mgwfbp
+    dpcomm train --nproc 2 --model resnet20 --schedule ddp --iters 30 --json
+    dpcomm train --nproc 2 --schedule wfbp --checkpoint ckpt --checkpoint-every 10 --iters 100 [--resume]
+    # on each of two machines (as torchrun):
+    dpcomm train --nproc 4 --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29500 ...
+
+The library behind it is :mod:`dpcomm.runtime.train` (``train(TrainConfig(...))``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+COMMAND = "train"
+HELP = "train on P local (or multi-node) workers with a schedule; DDP baseline; checkpoints; --json"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--nproc", type=int, default=1, help="workers on this machine (default 1)")
+    p.add_argument("--model", default="lenet5", help="zoo model (dpcomm models; default lenet5)")
+    p.add_argument(
+        "--schedule",
+        default="mgwfbp",
+        help="wfbp, single, bucket:SIZE, mgwfbp, optimal, or ddp (PyTorch DDP baseline); default mgwfbp",
+    )
+    p.add_argument("--collective", default="native", help="all-reduce algorithm (default native)")
+    p.add_argument(
+        "--mode", default="overlap", help="overlap (MG-WFBP), lp-alg1, lp-alg2, lp-alg3 (default overlap)"
+    )
+    n = p.add_mutually_exclusive_group()
+    n.add_argument("--iters", type=int, default=None, help="total iterations (default 20)")
+    n.add_argument("--epochs", type=int, default=None, help="total epochs (digits only)")
+    p.add_argument("--batch-size", type=int, default=32, help="samples per worker per iteration (default 32)")
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05, momentum 0.9)")
+    p.add_argument("--data", default="synthetic", help="synthetic (default) or digits (scikit-learn)")
+    p.add_argument("--seed", type=int, default=0, help="seed for model, data and dropout (default 0)")
+    p.add_argument("--checkpoint", metavar="DIR", default=None, help="write DIR/checkpoint.pt (rank 0)")
+    p.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="every K iterations")
+    p.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
+    p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+    p.add_argument("--chrome-trace", metavar="PATH", default=None, help="Chrome trace of the last iterations")
+    p.add_argument("--profile-iters", type=int, default=3, help="iterations profiled before planning")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective waits for a peer")
+    p.add_argument("--nnodes", type=int, default=1, help="machines (static rendezvous, as torchrun)")
+    p.add_argument("--node-rank", type=int, default=0, help="this machine's rank")
+    p.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (default 127.0.0.1)")
+    p.add_argument("--master-port", type=int, default=0, help="rendezvous port (0: pick one; one node)")
+
+
+def _config(args: argparse.Namespace):
+    from dpcomm.runtime.train import TrainConfig
+
+    return TrainConfig(
+        model=args.model,
+        nproc=args.nproc,
+        schedule=args.schedule,
+        collective=args.collective,
+        mode=args.mode,
+        iters=args.iters,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        data=args.data,
+        seed=args.seed,
+        checkpoint=args.checkpoint,
+        checkpoint_every=args.checkpoint_every,
+        resume=args.resume,
+        chrome_trace=args.chrome_trace,
+        profile_iters=args.profile_iters,
+        timeout_s=args.timeout,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from dpcomm.launch import WorkerFailure
+    from dpcomm.runtime.train import summary_table, train
+
+    cfg = _config(args)
+    try:
+        result = train(cfg)
+    except WorkerFailure as exc:  # a worker died or lost a peer: not a usage error, so status 1
+        print(f"dpcomm: error: training failed: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(result.to_json()))
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    if not console.is_terminal:
+        console = Console(width=160)  # piped output: room for the whole table
+    for line in result.log:
+        console.print(line, highlight=False, markup=False)
+    console.print(summary_table([result], title=f"dpcomm train: {cfg.model} on {cfg.data}"))
+    if result.chrome_trace:
+        console.print(f"Chrome trace: {result.chrome_trace}", highlight=False)
+    if cfg.checkpoint:
+        console.print(f"checkpoint: {cfg.checkpoint}/checkpoint.pt (iteration {result.iterations})")
+    return 0
