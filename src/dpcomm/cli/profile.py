@@ -19,7 +19,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="NAME", help="zoo model (see `dpcomm models`)")
     parser.add_argument("--batch-size", required=True, type=int, metavar="B", help="mini-batch size")
     parser.add_argument("--device", default="cpu", metavar="DEV", help="cpu (default) or cuda[:N]")
-    parser.add_argument("--iters", type=int, default=10, metavar="N", help="measured iterations (default 10)")
+    parser.add_argument(
+        "--iters", type=int, default=10, metavar="N",
+        help="measured iterations (default 10), each followed by one without hooks (whole-iteration time)",
+    )  # fmt: skip
     parser.add_argument("--warmup", type=int, default=3, metavar="N", help="warm-up iterations (default 3)")
     parser.add_argument("--threads", type=int, metavar="N", help="CPU threads for torch (default: torch's)")
     parser.add_argument(

@@ -85,7 +85,7 @@ class _Clock:
         if not self.cuda:
             return self._now()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))  # this thread's stream (autograd sets it)
         return event
 
     def sync(self) -> None:
