@@ -255,6 +255,7 @@ def test_buckets_layout_readiness_and_order():
         b.mark_ready(model.fc3.weight)
     b.fill_missing_with_zeros()
     assert [g.index for g in b.pop_launchable()] == [0, 1]
+    b.pack_grads(b.groups[0])
     b.unpack_grads(b.groups[0], 0.5)
     assert model.fc3.bias.grad.eq(0).all() and model.fc4.weight.grad.eq(1.0).all()
     # layer 3's parameters are one contiguous slice of group 0's buffer (LP Alg. 1 broadcasts it)

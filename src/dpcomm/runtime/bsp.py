@@ -43,6 +43,7 @@ def allreduce_job(
     """Sum the group's buffers over all ranks, then write the average back into ``.grad``."""
 
     def run() -> None:
+        b.pack_grads(g)
         if world > 1:
             for flat in g.flats.values():
                 coll.allreduce(flat, group=group)
@@ -57,6 +58,7 @@ def reduce_job(
     """Sum the group's buffers on the root; only the root gets averaged gradients in ``.grad``."""
 
     def run() -> None:
+        b.pack_grads(g)
         if world > 1:
             for flat in g.flats.values():
                 coll.reduce(flat, root=root, group=group)

@@ -12,7 +12,9 @@ upcast into the buffer, summed in float32 and rounded once when copied back).
 
 Readiness (MG-WFBP Alg. 2 lines 25-28): :meth:`GradBuckets.mark_ready` counts a parameter's gradient into
 its group; a group is complete when all its parameters were counted, and groups are released strictly in plan
-order by :meth:`GradBuckets.pop_launchable`.
+order by :meth:`GradBuckets.pop_launchable`. The copy into the buffer (:meth:`GradBuckets.pack_grads`) is
+left to the communication job, off the backward's critical path: a counted gradient is final for this
+backward, so nothing writes it until the job has run.
 """
 
 from __future__ import annotations
@@ -97,6 +99,7 @@ class GradBuckets:
             self.groups.append(group)
         self._next = 0
         self._seen: set[int] = set()
+        self._zeroed: set[int] = set()
         self.reset()
 
     @property
@@ -110,16 +113,20 @@ class GradBuckets:
             g.pending = len(g.slots)
         self._next = 0
         self._seen.clear()
+        self._zeroed.clear()
 
     def view(self, slot: Slot) -> torch.Tensor:
         flat = self.groups[slot.group].flats[slot.dtype]
         return flat.narrow(0, slot.offset, slot.param.numel()).view(slot.param.shape)
 
-    def pack_grad(self, slot: Slot) -> None:
-        self.view(slot).copy_(slot.param.grad)
+    def pack_grads(self, group: Group) -> None:
+        """Copy the group's gradients into its buffers (those filled with zeros stay zero)."""
+        for slot in group.slots:
+            if id(slot.param) not in self._zeroed:
+                self.view(slot).copy_(slot.param.grad)
 
     def mark_ready(self, param: nn.Parameter) -> Slot:
-        """Count ``param``'s gradient (already accumulated) into its group; copy it into the buffer."""
+        """Count ``param``'s gradient (already accumulated in ``.grad``) into its group."""
         slot = self.slot_of[id(param)]
         if id(param) in self._seen:
             raise RuntimeError(
@@ -127,7 +134,6 @@ class GradBuckets:
                 "(two backward passes before step? run the earlier ones inside no_sync())"
             )
         self._seen.add(id(param))
-        self.pack_grad(slot)
         self.groups[slot.group].pending -= 1
         return slot
 
@@ -147,6 +153,7 @@ class GradBuckets:
         """Treat parameters without a gradient as zero gradients (``allow_unused=True``)."""
         for slot in self.missing():
             self.view(slot).zero_()
+            self._zeroed.add(id(slot.param))
             self._seen.add(id(slot.param))
             self.groups[slot.group].pending -= 1
 
