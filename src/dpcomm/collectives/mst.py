@@ -1,0 +1,113 @@
+"""``mst``: minimum-spanning-tree (binomial tree) broadcast and reduce; allreduce = reduce + broadcast.
+
+Symbols: ``p`` ranks, relative rank ``v = (rank - root) mod p``, ``d = ceil(log2 p)`` rounds, ``S`` bytes;
+``alpha``, ``beta``, ``gamma``. ``low(v)`` is the lowest set bit of ``v`` (``low(0) = 2^d``). In the
+binomial tree rooted at ``v = 0`` the parent of ``v`` is ``v - low(v)`` and its children are ``v + m`` for
+``m = low(v)/2, low(v)/4, .., 1`` with ``v + m < p``; ``kids(v)`` counts them (``ceil(log2 p)`` at most,
+``p - 1`` in all).
+
+broadcast (MPICH's binomial broadcast):
+    1. ``v != 0`` receives the whole message in place from its parent;
+    2. it sends the whole message to its children, farthest (largest ``m``) first.
+    Per rank: ``kids(v)`` messages of ``S`` bytes. ``T = d (alpha + beta S)`` (LP paper Table 1).
+reduce (the mirror image):
+    1. ``v`` receives the partial sum of each child's subtree, nearest (``m = 1``) first, into one scratch
+       buffer and adds it in;
+    2. ``v != 0`` sends its subtree's sum to its parent.
+    Per rank: 1 message of ``S`` bytes (the root none). ``T = d (alpha + (beta + gamma) S)``.
+    Non-root tensors end as scratch.
+allreduce = reduce to rank 0, then broadcast from rank 0 (two calls, as the paper defines MST allreduce):
+    Per rank: ``[rank != 0] + kids(rank)`` messages of ``S`` bytes. ``T = d (2 alpha + 2 beta S + gamma S)``.
+
+Extra memory per call: one message-sized receive buffer in reduce (the thread's reused
+:func:`~dpcomm.collectives._p2p.scratch`); broadcast receives in place. ``p = 1`` or ``S = 0``: nothing sent.
+
+Source: LP paper (Wang et al. 2017) sec. 3.2 and Table 1, "Minimal Spanning Tree"; binomial trees as in
+Thakur, Rabenseifner & Gropp, "Optimization of collective communication operations in MPICH", IJHPCA 2005.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dpcomm.collectives._p2p import P2P, begin, reduce_into, scratch
+from dpcomm.collectives.base import register
+
+__all__ = ["BinomialTree", "tree_children", "tree_parent"]
+
+
+def _low(v: int, p: int) -> int:
+    if v == 0:
+        return 1 << max(p - 1, 0).bit_length()  # 2^ceil(log2 p)
+    return v & -v
+
+
+def tree_parent(v: int) -> int:
+    """Parent of relative rank ``v > 0`` in the binomial tree rooted at 0."""
+    return v - (v & -v)
+
+
+def tree_children(v: int, p: int) -> list[int]:
+    """Children of relative rank ``v`` in the binomial tree on ``p`` ranks, farthest first."""
+    out, m = [], _low(v, p) >> 1
+    while m:
+        if v + m < p:
+            out.append(v + m)
+        m >>= 1
+    return out
+
+
+def _round(m: int, p: int, down: bool) -> int:
+    """1-based round of an edge of span ``m``: broadcast sends the largest span first, reduce the smallest."""
+    d = max(p - 1, 0).bit_length()
+    return d - m.bit_length() + 1 if down else m.bit_length()
+
+
+def tree_broadcast(comm: P2P, flat: torch.Tensor, root: int) -> None:
+    p = comm.size
+    v = (comm.rank - root) % p
+    if v:
+        comm.recv(flat, (tree_parent(v) + root) % p, step=_round(v & -v, p, down=True))
+    kids = tree_children(v, p)
+    comm.wait(*[comm.isend(flat, (k + root) % p, step=_round(k - v, p, down=True)) for k in kids])
+
+
+def tree_reduce(comm: P2P, flat: torch.Tensor, root: int) -> None:
+    p = comm.size
+    v = (comm.rank - root) % p
+    kids = tree_children(v, p)[::-1]  # nearest first: their subtrees are smallest and finish first
+    if kids:
+        buf = scratch(flat.numel(), flat.dtype)
+        for k in kids:
+            comm.recv(buf, (k + root) % p, step=_round(k - v, p, down=False))
+            reduce_into(flat, buf)
+    if v:
+        comm.send(flat, (tree_parent(v) + root) % p, step=_round(v & -v, p, down=False))
+
+
+@register("mst")
+@dataclass(slots=True, kw_only=True)
+class BinomialTree:
+    """Binomial-tree broadcast and reduce; allreduce = reduce to rank 0 + broadcast from rank 0."""
+
+    name: str = "mst"
+
+    def broadcast(self, tensor: torch.Tensor, *, root: int = 0, group: Any = None) -> None:
+        call = begin(self.name, "broadcast", tensor, group, root)
+        if call is not None:
+            tree_broadcast(*call, root)
+
+    def reduce(self, tensor: torch.Tensor, *, root: int = 0, group: Any = None) -> None:
+        call = begin(self.name, "reduce", tensor, group, root)
+        if call is not None:
+            tree_reduce(*call, root)
+
+    def allreduce(self, tensor: torch.Tensor, *, group: Any = None) -> None:
+        call = begin(self.name, "allreduce", tensor, group)
+        if call is not None:
+            comm, flat = call
+            tree_reduce(comm, flat, 0)
+            tree_broadcast(comm, flat, 0)

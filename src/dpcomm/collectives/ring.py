@@ -1,0 +1,137 @@
+"""``ring``: reduce-scatter + allgather on a logical ring, built from point-to-point sends.
+
+Symbols: ``P`` ranks on a ring (relative rank ``v = (rank - root) mod P``, successor ``v + 1``), ``N``
+elements of ``e`` bytes, ``S = N e`` bytes; chunk ``j`` is the ``j``-th of ``P`` near-equal pieces
+(:func:`~dpcomm.collectives._p2p.chunk_bounds`, ``n_j`` elements, the first ``N mod P`` one longer);
+``alpha`` s per message, ``beta`` s/byte on the wire, ``gamma`` s/byte summed. Indices are mod ``P``.
+
+allreduce (Patarasuk & Yuan 2009; MG-WFBP Table II "Ring"):
+    1. reduce-scatter, steps ``s = 0..P-2``: send chunk ``v - s`` to ``v + 1``, receive chunk ``v - s - 1``
+       from ``v - 1`` into a scratch buffer and add it in; rank ``v`` ends with the sum of chunk ``v + 1``;
+    2. allgather, steps ``s = 0..P-2``: send chunk ``v + 1 - s``, receive chunk ``v - s`` in place.
+    Per rank: ``2(P-1)`` messages, ``e (2N - n_{v+1} - n_{v+2})`` bytes (``2(P-1)/P S`` when ``P | N``).
+    ``T = 2(P-1) alpha + 2(P-1)/P beta S + (P-1)/P gamma S``.
+broadcast (scatter + ring allgather, Thakur, Rabenseifner & Gropp 2005 sec. 4; :mod:`dpcomm.costmodel.ring`):
+    1. scatter: the root sends chunk ``v`` to each ``v = 1..P-1`` (``P - 1`` messages);
+    2. ring allgather as above but every rank starts with chunk ``v``, and rank ``P - 1`` does not send to
+       the root (the root has everything): steps ``s = 0..P-2``, send chunk ``v - s``, receive ``v - s - 1``.
+    Per rank: root ``2(P-1)`` messages, ``e (2N - n_0 - n_1)`` bytes; ``v = 1..P-2``: ``P - 1`` messages,
+    ``e (N - n_{v+1})`` bytes; ``v = P-1``: none. ``T = 2(P-1) alpha + 2(P-1)/P beta S``.
+reduce (ring reduce-scatter + gather at the root):
+    1. reduce-scatter as in allreduce (relative ranks); rank ``v`` ends with the sum of chunk ``v + 1``;
+    2. gather: every ``v != 0`` sends its chunk ``v + 1`` to the root (received in place).
+    Per rank: root ``P - 1`` messages, ``e (N - n_1)`` bytes; others ``P`` messages, ``e N`` bytes.
+    ``T = 2(P-1) alpha + 2(P-1)/P beta S + (P-1)/P gamma S``. Non-root tensors end as scratch.
+
+Extra memory per call: one receive buffer of ``ceil(N / P)`` elements (reduce-scatter; the thread's reused
+:func:`~dpcomm.collectives._p2p.scratch`); the allgather,
+scatter and gather receive in place. ``P = 1`` or ``N = 0``: nothing is sent.
+
+Source: P. Patarasuk and X. Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
+JPDC 2009; R. Thakur, R. Rabenseifner, W. Gropp, "Optimization of collective communication operations in
+MPICH", IJHPCA 2005.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from dpcomm.collectives._p2p import P2P, begin, chunk_bounds, reduce_into, scratch
+from dpcomm.collectives.base import register
+
+__all__ = ["Ring", "ring_allgather", "ring_reduce_scatter"]
+
+
+def ring_reduce_scatter(comm: P2P, flat: torch.Tensor, bounds: list[tuple[int, int]], root: int = 0) -> None:
+    """Steps ``0..P-2`` of the ring reduce-scatter on relative ranks; rank ``v`` ends owning chunk ``v+1``."""
+    p = comm.size
+    v = (comm.rank - root) % p
+    right, left = (comm.rank + 1) % p, (comm.rank - 1) % p
+    buf = scratch(max(b - a for a, b in bounds), flat.dtype)
+    for s in range(p - 1):
+        sa, sb = bounds[(v - s) % p]
+        ra, rb = bounds[(v - s - 1) % p]
+        got = buf[: rb - ra]
+        comm.sendrecv(flat[sa:sb], right, got, left, step=s)
+        reduce_into(flat[ra:rb], got)
+
+
+def ring_allgather(
+    comm: P2P,
+    flat: torch.Tensor,
+    bounds: list[tuple[int, int]],
+    *,
+    root: int = 0,
+    own: int = 0,
+    first_step: int = 0,
+    skip_root: bool = False,
+) -> None:
+    """Ring allgather on relative ranks where rank ``v`` starts with chunk ``v + own``; ``skip_root``: the
+    root already holds every chunk, so rank ``P - 1`` sends it nothing."""
+    p = comm.size
+    v = (comm.rank - root) % p
+    right, left = (comm.rank + 1) % p, (comm.rank - 1) % p
+    send_ok = not (skip_root and v == p - 1)
+    recv_ok = not (skip_root and v == 0)
+    for s in range(p - 1):
+        sa, sb = bounds[(v + own - s) % p]
+        ra, rb = bounds[(v + own - s - 1) % p]
+        r = comm.irecv(flat[ra:rb], left, first_step + s) if recv_ok else None
+        x = comm.isend(flat[sa:sb], right, first_step + s) if send_ok else None
+        comm.wait(r, x)
+
+
+@register("ring")
+@dataclass(slots=True, kw_only=True)
+class Ring:
+    """Ring allreduce (reduce-scatter + allgather); broadcast = scatter + ring allgather; reduce = ring
+    reduce-scatter + gather. See the module docstring for steps and bytes."""
+
+    name: str = "ring"
+
+    def allreduce(self, tensor: torch.Tensor, *, group: Any = None) -> None:
+        call = begin(self.name, "allreduce", tensor, group)
+        if call is None:
+            return
+        comm, flat = call
+        bounds = chunk_bounds(flat.numel(), comm.size)
+        ring_reduce_scatter(comm, flat, bounds)
+        ring_allgather(comm, flat, bounds, own=1, first_step=comm.size - 1)
+
+    def broadcast(self, tensor: torch.Tensor, *, root: int = 0, group: Any = None) -> None:
+        call = begin(self.name, "broadcast", tensor, group, root)
+        if call is None:
+            return
+        comm, flat = call
+        p = comm.size
+        bounds = chunk_bounds(flat.numel(), p)
+        v = (comm.rank - root) % p
+        if v == 0:  # scatter: chunk j to relative rank j
+            sends = [comm.isend(flat[a:b], (root + j) % p, "scatter") for j, (a, b) in enumerate(bounds) if j]
+            comm.wait(*sends)
+        else:
+            a, b = bounds[v]
+            comm.recv(flat[a:b], root, "scatter")
+        ring_allgather(comm, flat, bounds, root=root, first_step=1, skip_root=True)
+
+    def reduce(self, tensor: torch.Tensor, *, root: int = 0, group: Any = None) -> None:
+        call = begin(self.name, "reduce", tensor, group, root)
+        if call is None:
+            return
+        comm, flat = call
+        p = comm.size
+        bounds = chunk_bounds(flat.numel(), p)
+        ring_reduce_scatter(comm, flat, bounds, root)
+        v = (comm.rank - root) % p
+        if v == 0:  # gather chunk u + 1 from relative rank u
+            recvs = []
+            for u in range(1, p):
+                a, b = bounds[(u + 1) % p]
+                recvs.append(comm.irecv(flat[a:b], (root + u) % p, "gather"))
+            comm.wait(*recvs)
+        else:
+            a, b = bounds[(v + 1) % p]
+            comm.send(flat[a:b], root, "gather")
