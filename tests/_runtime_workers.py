@@ -127,7 +127,8 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         for k in ("mode", "allow_unused", "reduce_dtype", "profile_iters", "broadcast_every")
         if k in case
     }
-    out: dict[str, Any] = {"error": None}
+    out: dict[str, Any] = {"error": None, "log": [], "rank": rank}
+    kw["log"] = out["log"].append
     DataParallel._tamper_plan = _tamper if case.get("tamper") else None
     try:
         dp = DataParallel(model, plan=plan, collective=_collective(case.get("collective", "native")), **kw)
@@ -150,7 +151,7 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         if case.get("mode") == "lp-alg1":
             dp.sync_params()
         if case.get("inspect"):
-            last = list(dp._spans)[-1]
+            last = dp.spans[-1]
             bwd_end = [s for s in last if s.name == "backward"][-1].end
             comm = [s for s in last if s.row == "comm"]
             out["comm_labels"] = [s.name for s in comm]
@@ -160,6 +161,11 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                 path = dp.write_chrome_trace(case["trace"])
                 out["trace"] = str(path) if path else None
         out["plan"] = dp.plan.to_dict() if dp.plan else None
+        out["record_plans"] = [r.plan for r in dp.records]
+        if dp.trace is not None:
+            out["trace_layers"] = [(la.params, la.forward_s, la.backward_s) for la in dp.trace.layers]
+            out["cost"] = (dp.cost.a, dp.cost.b)
+            out["cost_points"] = dp.cost_points
         out["records"] = len(dp.records)
         out["buffer_bytes"] = dp.grad_buffer_bytes
         out["grad_bytes"] = sum(p.numel() * p.element_size() for p in dp.module.parameters())

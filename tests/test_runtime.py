@@ -64,6 +64,7 @@ def _cases(trace_path: str) -> dict[str, dict]:
     cases["tied"] = {"plan": WFBP, "collective": base, "model": "tied"}
     cases["no-sync"] = {"plan": Plan.from_sizes("x", [2, 2], L), "collective": base, "micro": 3}
     cases["bf16"] = {"plan": WFBP, "collective": base, "dtype": torch.bfloat16}
+    cases["fp16"] = {"plan": WFBP, "collective": base, "dtype": torch.float16}
     cases["bf16-f32"] = {
         "plan": WFBP,
         "collective": base,
@@ -104,7 +105,16 @@ def test_planner_names_train_like_one_process(results, schedule, collective):
     per_rank = _ok(res, f"{schedule}/{collective}")
     plan = per_rank[0]["plan"]
     assert plan["schedule"] == schedule and plan["num_layers"] == L
-    assert all(r["plan"] == plan for r in per_rank)
+    for r in per_rank:
+        assert r["plan"] == plan
+        # two profiled iterations with the safe plan, then the planner's plan
+        assert r["record_plans"] == ["profiling"] * 2 + [schedule] * 18
+        # the measured trace: the MLP's layer sizes in forward order, times > 0 on every layer
+        assert [p for p, _, _ in r["trace_layers"]] == [8 * 32 + 32, 32 * 32 + 32, 32 * 16 + 16, 16 * 4 + 4]
+        assert all(f > 0 and b > 0 for _, f, b in r["trace_layers"])
+        assert len(r["cost_points"]) >= 3 and r["cost"][0] >= 0 and r["cost"][1] >= 0
+        assert any(line.startswith(f"[rank {r['rank']}] plan {schedule}: ") for line in r["log"])
+        assert any("all-reduce cost LinearCost" in line for line in r["log"])
 
 
 @pytest.mark.slow
@@ -166,6 +176,7 @@ def test_tied_no_sync_and_bfloat16(results):
     _ok(res, "no-sync")
     r0 = _ok(res, "bf16", BF16_TOL)[0]
     assert r0["buffer_bytes"] == r0["grad_bytes"]
+    _ok(res, "fp16", BF16_TOL)
     r0 = _ok(res, "bf16-f32", BF16_TOL)[0]
     assert r0["buffer_bytes"] == 2 * r0["grad_bytes"]  # upcast buffers: float32 for bfloat16 gradients
 

@@ -348,6 +348,11 @@ class DataParallel(nn.Module):
         return self.module.load_state_dict(state_dict, strict=strict, assign=assign)
 
     @property
+    def spans(self) -> list[list[Span]]:
+        """This rank's timeline of the kept iterations: per iteration, its compute and comm spans."""
+        return [list(its) for its in self._spans]
+
+    @property
     def grad_buffer_bytes(self) -> int:
         """Bytes of the flat gradient buffers (the one extra copy of the gradients)."""
         return self._buckets.nbytes if self._buckets is not None else 0
