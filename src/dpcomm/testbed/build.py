@@ -7,7 +7,7 @@
 2. one Linux bridge per switch (STP off, so ports forward at once) in the switch namespace;
 3. one veth pair per server NIC: ``dpc-l<l>`` in the server, ``dpc-s<i>l<l>`` on the bridge of its switch;
 4. one address per NIC from the plan of :func:`dpcomm.topology.plan_addresses` (``10.77.<l>.<i+1>/24``);
-5. a tbf on both ends of every cable (see :mod:`dpcomm.testbed.config` for burst and queue);
+5. a tbf on both ends of every cable (see :mod:`dpcomm.testbed.config` for burst and queues);
 6. for BCube, IP forwarding in each server and one host route per non-adjacent address following
    :meth:`dpcomm.topology.BCube.route` (BCube is server-centric: servers relay, switches never meet), so any
    server reaches any address of any other, as a full-mesh gloo group and the rendezvous need.
@@ -47,10 +47,10 @@ def leftovers(name: str | None = None) -> list[str]:
     return sorted(ns for ns in netns_list() if ns.startswith(pre))
 
 
-def _tbf(dev: str, cfg: TestbedConfig) -> str:
-    return (
-        f"qdisc replace dev {dev} root tbf rate {cfg.rate_bps}bit burst {cfg.burst} latency {cfg.queue_ms}ms"
-    )
+def _tbf(dev: str, cfg: TestbedConfig, *, host: bool) -> str:
+    """The tbf of one link end: switch ports queue ``queue_ms``; server NICs queue ``host_queue_bytes``."""
+    queue = f"limit {cfg.host_queue_bytes}" if host else f"latency {cfg.queue_ms}ms"
+    return f"qdisc replace dev {dev} root tbf rate {cfg.rate_bps}bit burst {cfg.burst} {queue}"
 
 
 def _sysctl(ns: str, settings: list[str]) -> None:
@@ -92,7 +92,7 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
         for l in topo.server_links():
             p = names.port(l.server, l.nic)
             sw_lines += [f"link set {p} master {names.bridge(l.switch)}", f"link set {p} up"]
-            sw_tc.append(_tbf(p, cfg))
+            sw_tc.append(_tbf(p, cfg, host=False))
         batch("ip", sw_ns, sw_lines)
         batch("tc", sw_ns, sw_tc)
         for s, ns in enumerate(hosts):
@@ -100,7 +100,7 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
             for l in range(topo.nics_per_server):
                 dev = names.nic(l)
                 lines += [f"addr add {plan.address(s, l)} dev {dev}", f"link set {dev} up"]
-                tcs.append(_tbf(dev, cfg))
+                tcs.append(_tbf(dev, cfg, host=True))
             if relay:
                 lines += _routes(topo, plan, s)
             batch("ip", ns, lines)
@@ -152,6 +152,7 @@ def _state(cfg: TestbedConfig, plan: Any, sw_ns: str, hosts: list[str], relay: b
         "mtu": cfg.mtu,
         "burst_bytes": cfg.burst,
         "queue_ms": cfg.queue_ms,
+        "host_queue_bytes": cfg.host_queue_bytes,
         "base": cfg.base,
         "relay": relay,
         "switch_netns": sw_ns,

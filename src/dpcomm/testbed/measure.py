@@ -1,0 +1,106 @@
+"""Time allreduce algorithms across the emulated servers (one worker per server, started by ``launch``).
+
+``python -m dpcomm.testbed.measure --algorithms ring,native --sizes 1MB,16MB`` is what
+``benchmarks/testbed_allreduce.py`` launches on every server (the launcher adds the rendezvous flags). Per
+algorithm and size: one warm-up call (which also builds any process groups the algorithm needs), a check
+that rank-valued inputs sum exactly, then ``repeat`` timed calls, each started after a barrier and timed as
+the slowest rank's wall time. Rank 0 prints one JSON line per (algorithm, size) with every repeat's time.
+
+Bandwidths (NCCL-tests' definitions): ``algbw = S / t``; ``busbw = algbw * 2 (P-1) / P``, the bytes each rank
+must send per second in a bandwidth-optimal allreduce, so busbw is directly comparable with the link rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import time
+from typing import Any
+
+__all__ = ["main", "parse_size"]
+
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$", re.IGNORECASE)
+_SCALE = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
+
+
+def parse_size(text: str) -> int:
+    """``"12.5MB"`` -> 12_500_000 bytes (decimal units; KiB/MiB/GiB binary)."""
+    m = _SIZE.match(text)
+    if not m:
+        raise ValueError(f"bad size '{text}' (e.g. 4MB, 512KiB)")
+    return int(float(m.group(1)) * _SCALE[(m.group(2) or "b").lower()])
+
+
+def _worker(algorithms: list[str], sizes: list[int], repeat: int) -> list[dict[str, Any]]:
+    import torch
+    import torch.distributed as dist
+
+    from dpcomm.collectives import get
+    from dpcomm.launch import init_worker
+
+    rank, world = init_worker(timeout_s=600)
+    rows = []
+    for name in algorithms:
+        algo = None if name == "native-direct" else get(name)
+        for nbytes in sizes:
+            numel = max(1, nbytes // 4)
+            t = torch.full((numel,), float(rank + 1))
+            _call(algo, t)  # warm-up: connections, groups, allocations
+            exact = bool(torch.equal(t, torch.full_like(t, world * (world + 1) / 2)))
+            times = []
+            for _ in range(repeat):
+                t.fill_(1.0)
+                dist.barrier()
+                t0 = time.perf_counter()
+                _call(algo, t)
+                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                times.append(dt.item())
+            rows.append(
+                {"algorithm": name, "bytes": numel * 4, "world": world, "exact": exact, "seconds": times}
+            )
+    dist.destroy_process_group()
+    return rows if rank == 0 else []
+
+
+def _call(algo: Any, t: Any) -> None:
+    import torch.distributed as dist
+
+    if algo is None:
+        dist.all_reduce(t)
+    else:
+        algo.allreduce(t)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m dpcomm.testbed.measure", description=__doc__.splitlines()[0])
+    p.add_argument("--nnodes", type=int, required=True)
+    p.add_argument("--node-rank", type=int, required=True)
+    p.add_argument("--master-addr", required=True)
+    p.add_argument("--master-port", type=int, required=True)
+    p.add_argument("--nproc", type=int, default=1)
+    p.add_argument("--algorithms", default="native", help="comma list of registered collectives")
+    p.add_argument("--sizes", default="1MB,16MB", help="comma list of message sizes (e.g. 12.5MB)")
+    p.add_argument("--repeat", type=int, default=3)
+    args = p.parse_args(argv)
+
+    from dpcomm.launch import LaunchOptions, launch
+
+    opts = LaunchOptions(
+        nproc=args.nproc,
+        nnodes=args.nnodes,
+        node_rank=args.node_rank,
+        master_addr=args.master_addr,
+        master_port=args.master_port,
+    )
+    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    for rows in launch(_worker, opts, args.algorithms.split(","), sizes, args.repeat):
+        for row in rows:
+            print(json.dumps(row), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
