@@ -1,0 +1,86 @@
+"""Worker for tests/test_bcube.py: bcube against torch.distributed's own collectives on 4, 8 and 9 ranks.
+
+One launch of 9 ranks: BCube(3,2) on the default group, BCube(2,3) on ranks 0..7 and BCube(2,2) on ranks 0..3
+(sub-groups, so the level groups are built the local-synchronisation way), and a 6-rank group that must be
+refused. Inputs are small integers so every dtype sums exactly (``atol=0``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from dpcomm.collectives._p2p import count_traffic
+from dpcomm.collectives.base import get
+from dpcomm.errors import UserError
+from dpcomm.launch import init_worker
+
+DTYPES = (torch.float32, torch.float16, torch.int64)
+
+
+def _input(count: int, rank: int, dtype: torch.dtype) -> torch.Tensor:
+    # values 1..12 per rank: a 9-rank sum stays <= 108, exact in float16
+    return ((torch.arange(count) + 3 * rank) % 5 + rank % 8 + 1).to(dtype)
+
+
+def _cases(group, algo, me: int, size: int) -> list[str]:
+    bad = []
+    for dtype in DTYPES:
+        for count in (0, 1, size - 1, 1001, 2**20):
+            x = _input(count, me, dtype)
+            ref = x.clone()
+            dist.all_reduce(ref, group=group)
+            got = x.clone()
+            algo.allreduce(got, group=group)
+            if not torch.equal(got, ref):
+                bad.append(f"P={size} allreduce {dtype} n={count}")
+            for root in (0, size - 1) if count < 2**20 else (size - 1,):
+                groot = dist.get_global_rank(group, root) if group is not None else root
+                ref = x.clone()
+                dist.broadcast(ref, src=groot, group=group)
+                got = x.clone()
+                algo.broadcast(got, root=root, group=group)
+                if not torch.equal(got, ref):
+                    bad.append(f"P={size} broadcast root={root} {dtype} n={count}")
+                ref = x.clone()
+                dist.reduce(ref, dst=groot, group=group)
+                got = x.clone()
+                algo.reduce(got, root=root, group=group)
+                if me == root and not torch.equal(got, ref):
+                    bad.append(f"P={size} reduce root={root} {dtype} n={count}")
+    return bad
+
+
+def _traffic(group, algo, size: int) -> tuple[int, int, int]:
+    """(messages, bytes) this rank sent in one float32 allreduce of M bytes, M a multiple of k N pieces."""
+    x = torch.ones(size * 3 * 37, dtype=torch.float32)  # k N divides 3 * 37 * N for k in (2, 3)
+    with count_traffic() as t:
+        algo.allreduce(x, group=group)
+    return t.sends, t.bytes, x.numel() * x.element_size()
+
+
+def against_native() -> dict:
+    """``bad``: every mismatch (empty: all equal); ``refused``: the 6-rank group's UserError;
+    ``traffic``: world size -> (messages, bytes, M) of one allreduce."""
+    rank, world = init_worker(timeout_s=120)
+    assert world == 9
+    algo = get("bcube")
+    out = {"bad": _cases(None, algo, rank, world), "refused": None, "traffic": {9: _traffic(None, algo, 9)}}
+    sub8 = dist.new_group(list(range(8)))
+    sub4 = dist.new_group(list(range(4)))
+    sub6 = dist.new_group(list(range(6)))
+    if rank < 8:
+        out["bad"] += _cases(sub8, algo, dist.get_rank(sub8), 8)
+        out["traffic"][8] = _traffic(sub8, algo, 8)
+    if rank < 4:
+        out["bad"] += _cases(sub4, algo, dist.get_rank(sub4), 4)
+        out["traffic"][4] = _traffic(sub4, algo, 4)
+    if rank < 6:
+        try:
+            algo.allreduce(torch.ones(3), group=sub6)
+            out["bad"].append("P=6 was not refused")
+        except UserError as exc:
+            out["refused"] = str(exc)
+    dist.barrier()
+    dist.destroy_process_group()
+    return out
