@@ -97,13 +97,15 @@ def _opt(params: Any) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=0.05, momentum=0.9)
 
 
-def _reference(model: nn.Module, iters: int, n: int, dtype: torch.dtype, micro: int) -> torch.Tensor:
+def _reference(model: nn.Module, iters: int, n: int, dtype: torch.dtype, clip: float | None) -> torch.Tensor:
     """Single-process SGD on the whole global batch, the same number of steps."""
     opt = _opt(model.parameters())
     for it in range(iters):
         x, y = _batch(it, n, dtype)
         opt.zero_grad()
         nn.functional.cross_entropy(model(x).float(), y).backward()
+        if clip:
+            nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
     return _flat(model)
 
@@ -147,6 +149,9 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                         (nn.functional.cross_entropy(dp(xs).float(), ys) / micro).backward()
                 else:
                     (nn.functional.cross_entropy(dp(xs).float(), ys) / micro).backward()
+            if case.get("clip"):  # averaged gradients are visible after synchronize(), before step()
+                dp.synchronize()
+                nn.utils.clip_grad_norm_(dp.parameters(), case["clip"])
             dp.step(opt)
         if case.get("mode") == "lp-alg1":
             dp.sync_params()
@@ -174,7 +179,7 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         dist.all_gather_object(shas, _sha(flat))
         out["sha"] = shas
         if rank == 0:
-            ref = _reference(ref_model, iters, n, dtype, micro)
+            ref = _reference(ref_model, iters, n, dtype, case.get("clip"))
             out["diff"] = float((flat - ref).abs().max())
             out["scale"] = float(ref.abs().max())
         dp.close()

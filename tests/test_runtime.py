@@ -62,6 +62,7 @@ def _cases(trace_path: str) -> dict[str, dict]:
     cases["unused-error"] = {"plan": WFBP, "collective": base, "model": "mlp-skip"}
     cases["unused-allowed"] = {"plan": WFBP, "collective": base, "model": "mlp-skip", "allow_unused": True}
     cases["tied"] = {"plan": WFBP, "collective": base, "model": "tied"}
+    cases["clip"] = {"plan": WFBP, "collective": base, "clip": 0.05}
     cases["no-sync"] = {"plan": Plan.from_sizes("x", [2, 2], L), "collective": base, "micro": 3}
     cases["bf16"] = {"plan": WFBP, "collective": base, "dtype": torch.bfloat16}
     cases["fp16"] = {"plan": WFBP, "collective": base, "dtype": torch.float16}
@@ -170,10 +171,11 @@ def test_unused_parameters(results):
 
 
 @pytest.mark.slow
-def test_tied_no_sync_and_bfloat16(results):
+def test_tied_no_sync_clipping_and_low_precision(results):
     res, _ = results
     _ok(res, "tied")
     _ok(res, "no-sync")
+    _ok(res, "clip")
     r0 = _ok(res, "bf16", BF16_TOL)[0]
     assert r0["buffer_bytes"] == r0["grad_bytes"]
     _ok(res, "fp16", BF16_TOL)

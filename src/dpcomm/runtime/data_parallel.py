@@ -193,6 +193,7 @@ class DataParallel(nn.Module):
         self._batch = 0
         self._sync = True
         self._pending = False  # a synchronous backward happened and step() has not consumed it
+        self._synced = False  # synchronize() ran for this iteration, step() has not yet
         self._stale = False  # lp-alg1: non-root parameters lag the root's until the next forward
         self._prefetch: bsp.LayerwiseBroadcast | None = None
         self._steps = 0
@@ -217,6 +218,7 @@ class DataParallel(nn.Module):
             )
         it = self._it
         now = time.perf_counter()
+        self._synced = False  # a synchronize() not followed by step() is dropped (e.g. a skipped step)
         if it.t0 is None:
             it.t0 = now
         self._close_backward()
@@ -236,6 +238,7 @@ class DataParallel(nn.Module):
         finally:
             if self._prefetch is not None:
                 self._prefetch.finish(self._wait)
+                it.exposed_s += self._prefetch.waited_s
                 self._prefetch, self._stale = None, False
         if first:
             self._adopt_layer_order()
@@ -259,7 +262,10 @@ class DataParallel(nn.Module):
 
     def synchronize(self) -> None:
         """Wait for this iteration's communication; afterwards ``.grad`` holds the averaged gradients
-        (on the root only in ``lp-alg1``/``lp-alg2``)."""
+        (on the root only in ``lp-alg1``/``lp-alg2``). Call it before :meth:`step` to inspect or clip
+        the averaged gradients; ``step()`` then does not synchronize again."""
+        if self._synced:
+            return
         if not self._sync:
             raise UserError("DataParallel: step()/synchronize() called inside no_sync()")
         self._close_backward()
@@ -282,7 +288,7 @@ class DataParallel(nn.Module):
             self._launch(g, at_step=True)
         self._wait(None)
         b.reset()
-        self._pending = False
+        self._pending, self._synced = False, True
         self._it.exposed_s += time.perf_counter() - t0
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -503,6 +509,7 @@ class DataParallel(nn.Module):
         return owners
 
     def _finish_iteration(self, t_step: float) -> None:
+        self._synced = False
         it, now = self._it, time.perf_counter()
         self._span("step", "compute", t_step, now)
         comm_s = 0.0
