@@ -8,7 +8,7 @@ allreduce (push, then pull):
     1. push: send shard ``j`` to each server ``j != rank``; receive the ``p - 1`` other copies of the own
        shard (up to ``min(p - 1, N / n_rank)`` at once into a scratch buffer) and add them in;
     2. pull: send the summed own shard to every other rank; receive shard ``j`` from server ``j`` in place.
-    Per rank: ``2 (p-1)`` messages, ``e (N - n_rank) + e (p-1) n_rank`` bytes (``2 (p-1)/p S`` when ``p | N``).
+    Per rank: ``2 (p-1)`` messages, ``e (N - n_rank) + e (p-1) n_rank`` bytes (``2 (p-1)/p S`` if ``p | N``).
     ``T = 2 (p-1) alpha + 2 (p-1)/p beta S + (p-1)/p gamma S`` (BML sec. 2: ``2 (N-1)/N T_F``).
 broadcast (dpcomm's choice, as :mod:`dpcomm.costmodel.ps`: the root pushes each shard to its server, which
     then serves it to the others):
