@@ -169,6 +169,12 @@ def test_shipped_traces_cover_the_zoo():
         shipped = find_trace(f"{name}-k80-b{batch}")
         assert shipped.to_dict() == analytic_trace(name, batch, "k80").to_dict()  # regenerated = shipped
     assert find_trace("resnet50").model == "resnet50"
+    # The cpu preset was calibrated on resnet50-cpu-b8; the FLOP/byte model must carry over to the whole zoo.
+    for name in model_names():
+        measured = load_trace(trace_path(name))
+        modelled = analytic_trace(name, measured.batch_size, "cpu")
+        ratio = (modelled.t_f + modelled.t_b) / (measured.t_f + measured.t_b)
+        assert (0.85 < ratio < 1.15) if name == "resnet50" else (0.5 < ratio < 2), (name, ratio)
     with pytest.raises(UserError, match="shipped"):
         find_trace("resnet51")
 

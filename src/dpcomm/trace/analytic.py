@@ -125,12 +125,13 @@ DEVICE_PRESETS: dict[str, DevicePreset] = {
         ),
         DevicePreset(
             name="cpu",
-            peak_flops=60e9,  # the rate reached here, measured: efficiency 1
+            peak_flops=100e9,  # reached by convolutions here (1 thread): efficiency 1 by construction
             efficiency=1.0,
-            mem_bw=10e9,
+            mem_bw=4e9,  # reached by batch norm (+ its ReLU) here, in this module's bytes convention
             mem_efficiency=1.0,
-            source="measured: the shipped resnet50-cpu-b8 trace on the 2-core VM dpcomm was built on (torch "
-            "2.13.0 CPU); see docs for the command and load average",
+            source="measured, not a datasheet: one torch thread on the 2-core VM dpcomm was built on (torch "
+            "2.13.0 CPU), from the shipped resnet50-cpu-b8 trace (convolutions ~102 GFLOP/s, batch norm "
+            "~4 GB/s); see docs/traces.md",
         ),
     )
 }
