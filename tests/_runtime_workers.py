@@ -135,6 +135,11 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     try:
         dp = DataParallel(model, plan=plan, collective=_collective(case.get("collective", "native")), **kw)
         ref_model = copy.deepcopy(dp.module) if rank == 0 else None
+        if case.get("double_wrap"):
+            try:
+                DataParallel(model, plan=plan)
+            except UserError as exc:
+                out["double_wrap"] = str(exc)
         opt = _opt(dp.parameters())
         n = per_rank * world
         for it in range(iters):

@@ -29,6 +29,7 @@ import contextlib
 import logging
 import statistics
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -50,6 +51,8 @@ from dpcomm.runtime.records import IterRecord, Span, write_chrome_trace_file
 __all__ = ["DataParallel"]
 
 _log = logging.getLogger("dpcomm.runtime")
+_ACTIVE: weakref.WeakKeyDictionary[nn.Module, weakref.ref[DataParallel]] = weakref.WeakKeyDictionary()
+"""Module -> the open wrapper whose hooks are on it (two open wrappers would both communicate)."""
 
 
 @dataclass(slots=True)
@@ -142,6 +145,12 @@ class DataParallel(nn.Module):
             raise UserError("broadcast_every and profile_iters must be >= 1")
         if not dist.is_available() or not dist.is_initialized():
             raise UserError("DataParallel needs torch.distributed initialised (dpcomm.launch.init_worker())")
+        old = _ACTIVE.get(module)
+        if old is not None and old() is not None:
+            raise UserError(
+                "this module is already wrapped by an open DataParallel (its hooks would communicate too): "
+                "call .close() on the old wrapper first"
+            )
         self.module = module
         self.mode = mode
         self.broadcast_every = broadcast_every
@@ -208,6 +217,7 @@ class DataParallel(nn.Module):
         self._hooks += [
             mod.register_forward_pre_hook(self._pre_hook(i)) for i, (_, mod) in enumerate(self._owners)
         ]
+        _ACTIVE[module] = weakref.ref(self)
 
     # ----------------------------------------------------------------- public API
 
@@ -285,7 +295,7 @@ class DataParallel(nn.Module):
             )
         b.fill_missing_with_zeros()
         for g in b.pop_launchable():
-            self._launch(g, at_step=True)
+            self._launch(g)
         self._wait(None)
         b.reset()
         self._pending, self._synced = False, True
@@ -369,6 +379,9 @@ class DataParallel(nn.Module):
             h.remove()
         self._hooks = []
         self._comm.close()
+        ref = _ACTIVE.get(self.module)
+        if ref is not None and ref() is self:
+            del _ACTIVE[self.module]
 
     # ----------------------------------------------------------------- hooks
 
@@ -397,11 +410,11 @@ class DataParallel(nn.Module):
         self._pending = True
         if self.mode in ("overlap", "lp-alg1"):
             for g in self._buckets.pop_launchable():
-                self._launch(g, at_step=False)
+                self._launch(g)
 
     # ----------------------------------------------------------------- internals
 
-    def _launch(self, g: Group, at_step: bool) -> None:
+    def _launch(self, g: Group) -> None:
         """Queue group ``g``'s gradient communication for this mode."""
         b, coll, pg, world = self._buckets, self._coll, self._pg, self.world_size
         if self.mode in ("lp-alg1", "lp-alg2"):
