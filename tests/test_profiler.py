@@ -222,3 +222,11 @@ def test_models_cli_lists_the_zoo(capsys):
     assert [r["name"] for r in rows] == model_names()
     assert all(r["params"] == count_params(r["name"]) for r in rows)
     assert main(["models"]) == 0 and "resnet50" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_profile_uses_events_and_sums_to_the_iteration():
+    trace = profile(get_model("resnet20"), example_input("resnet20", 32), iters=10, warmup=3, device="cuda")
+    assert trace.device.startswith("cuda:") and all(layer.backward_s > 0 for layer in trace.layers)
+    whole = trace.extra["iteration_forward_s"] + trace.extra["iteration_backward_s"]
+    assert trace.t_f + trace.t_b == pytest.approx(whole, rel=0.3)
