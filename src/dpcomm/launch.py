@@ -95,6 +95,8 @@ def _message(failure: Any) -> str:
     if isinstance(msg, dict):
         msg = msg.get("message", "")
     msg = str(msg or f"exit code {failure.exitcode}")
+    if msg.startswith("To enable traceback"):  # torch's placeholder when the process left no error record
+        return f"exited with code {failure.exitcode} without a Python exception (killed or os._exit)"
     return msg.strip().splitlines()[-1] if msg.strip() else f"exit code {failure.exitcode}"
 
 

@@ -37,6 +37,7 @@ import hashlib
 import logging
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -60,6 +61,7 @@ SCHEDULE_DDP = "ddp"
 """Schedule name of the baseline: PyTorch's DistributedDataParallel with its default buckets."""
 DEFAULT_ITERS = 20
 _KILL_ENV = "DPCOMM_TEST_KILL"
+_SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\] ")
 _KILL_EXIT = 17
 _COMPAT_KEYS = ("model", "data", "seed", "batch_size", "world_size")  # must match to resume
 
@@ -280,7 +282,11 @@ def validate(cfg: TrainConfig, schedules: list[str] | None = None) -> dict[str, 
         raise UserError(f"unknown mode {cfg.mode!r}; choose one of: {', '.join(MODES)}")
     if cfg.data not in DATA_KINDS:
         raise UserError(f"unknown data {cfg.data!r}; choose one of: {', '.join(DATA_KINDS)}")
-    total = total_iterations(cfg)  # digits: also checks the batch fits the training set
+    if cfg.data == "digits":
+        from dpcomm.runtime.data import TrainData
+
+        TrainData(cfg.data, **_data_args(cfg, rank=0))  # the batch must fit the training set
+    total = total_iterations(cfg)
     if cfg.chrome_trace:
         check_writable(os.path.dirname(os.path.abspath(cfg.chrome_trace)))
     if not cfg.checkpoint:
@@ -377,12 +383,10 @@ def _worker(cfg: TrainConfig, schedules: list[str]) -> list[dict[str, Any]]:
 
 def _first_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())  # one line
-    # gloo's messages start with a source location in brackets; keep the readable part
-    if text.startswith("[") and "] " in text:
-        text = text.split("] ", 1)[1]
+    text = _SOURCE_LOCATION.sub("", text)  # gloo prefixes "[/path/pair.cc:553] "; keep the readable part
     cut = text.find(". This is typically")
     text = text[:cut] if cut > 0 else text
-    return f"{type(exc).__name__}: {text[:240]}"
+    return f"{type(exc).__name__}: {text[:300]}"
 
 
 class _Replica:
