@@ -214,7 +214,7 @@ class DataParallel(nn.Module):
             p.register_post_accumulate_grad_hook(self._on_grad)
             for p in dict.fromkeys(p for p in module.parameters() if p.requires_grad)
         ]
-        self._hooks += [
+        self._pre_hooks = [
             mod.register_forward_pre_hook(self._pre_hook(i)) for i, (_, mod) in enumerate(self._owners)
         ]
         _ACTIVE[module] = weakref.ref(self)
@@ -252,6 +252,7 @@ class DataParallel(nn.Module):
                 self._prefetch, self._stale = None, False
         if first:
             self._adopt_layer_order()
+            self._drop_pre_hooks_if_unused()
         if torch.is_grad_enabled():
             for t in _tensors(out):
                 if t.requires_grad:
@@ -326,6 +327,7 @@ class DataParallel(nn.Module):
         self._finish_iteration(t0)
         if self.plan is None and len(self._samples) >= self.profile_iters:
             self._decide_plan()
+            self._drop_pre_hooks_if_unused()
 
     def sync_params(self) -> None:
         """Broadcast the root's parameters and buffers now (e.g. at the end of ``lp-alg1`` training, whose
@@ -375,9 +377,9 @@ class DataParallel(nn.Module):
 
     def close(self) -> None:
         """Remove the hooks and stop the communication thread (the module stays usable on its own)."""
-        for h in self._hooks:
+        for h in self._hooks + self._pre_hooks:
             h.remove()
-        self._hooks = []
+        self._hooks, self._pre_hooks = [], []
         self._comm.close()
         ref = _ACTIVE.get(self.module)
         if ref is not None and ref() is self:
@@ -497,6 +499,13 @@ class DataParallel(nn.Module):
         else:  # planner name: measure with one all-reduce after backward first (MG-WFBP Alg. 1 lines 1-7)
             self._buckets = self._make_buckets(Plan.from_sizes("single", [L], L))
             self._emit(f"profiling {self.profile_iters} iteration(s) before planning '{self._schedule}'")
+
+    def _drop_pre_hooks_if_unused(self) -> None:
+        """Pre-hooks serve layer ordering, profiling and lp-alg1; once done, modules run hook-free."""
+        if self.plan is not None and self.mode != "lp-alg1":
+            for h in self._pre_hooks:
+                h.remove()
+            self._pre_hooks = []
 
     def _make_buckets(self, plan: Plan) -> GradBuckets:
         self._buckets = None  # free the old buffers first: never two copies
