@@ -55,6 +55,7 @@ __all__ = [
     "train",
     "compare_schedules",
     "summary_table",
+    "predict",
 ]
 
 SCHEDULE_DDP = "ddp"
@@ -176,6 +177,8 @@ class TrainResult:
     """Median communication time not hidden behind backward (MG-WFBP t_c^no)."""
     exposed_share: float
     """Exposed communication / iteration time, summed over the steady iterations."""
+    update_s: float
+    """Median time of the optimizer step (``step`` minus its communication wait)."""
     throughput_samples_s: float
     """``batch_size * P / t_iter``."""
     loss_final: float
@@ -441,7 +444,7 @@ class _Replica:
         self._last_ready = 0.0
         world = self.world
 
-        def hook(_state: Any, bucket: Any) -> Any:
+        def hook(_state, bucket):  # no annotations: DDP insists they be GradBucket/Future if present
             # PyTorch's default allreduce_hook (divide by P, all-reduce, return the buffer) plus a timestamp:
             # the last bucket handed over marks the end of backward computation.
             self._last_ready = time.perf_counter()
@@ -565,7 +568,7 @@ def _train_rank(
     finally:
         if bar is not None:
             bar.close()
-    return [_finish(cfg, rep, data, rank, world, start, total) for rep in replicas]
+    return [_finish(cfg, rep, data, rank, world, start, total, len(replicas) > 1) for rep in replicas]
 
 
 def _kill_point(rank: int) -> int | None:
@@ -600,7 +603,7 @@ def _save(cfg: TrainConfig, rep: _Replica, iteration: int, data: Any) -> None:
 
 
 def _finish(
-    cfg: TrainConfig, rep: _Replica, data: Any, rank: int, world: int, start: int, total: int
+    cfg: TrainConfig, rep: _Replica, data: Any, rank: int, world: int, start: int, total: int, multi: bool
 ) -> dict[str, Any]:
     import resource
 
@@ -619,7 +622,7 @@ def _finish(
         dist.broadcast_object_list(accuracy, src=0)
     trace_path = None
     if cfg.chrome_trace:
-        trace_path = _write_trace(cfg, rep, rank, world)
+        trace_path = _write_trace(_trace_path(cfg.chrome_trace, rep.schedule, multi), rep, rank, world)
     steady = _steady(rep.records)
     t_iter = statistics.median(r["total_s"] for r in steady)
     plan = rep.plan
@@ -645,6 +648,7 @@ def _finish(
         "backward_s": statistics.median(r["backward_s"] for r in steady),
         "exposed_comm_s": statistics.median(r["exposed_comm_s"] for r in steady),
         "exposed_share": _share(steady),
+        "update_s": statistics.median(max(0.0, r["step_s"] - r["exposed_comm_s"]) for r in steady),
         "throughput_samples_s": cfg.batch_size * world / t_iter,
         "loss_final": float(loss.item() / world),
         "params_sha256": shas,
@@ -686,12 +690,19 @@ def _test_accuracy(model: Any, data: Any) -> float:
     return correct / max(1, seen)
 
 
-def _write_trace(cfg: TrainConfig, rep: _Replica, rank: int, world: int) -> str | None:
+def _trace_path(path: str, schedule: str, multi: bool) -> str:
+    """``out.json`` for one schedule; ``out.<schedule>.json`` per schedule when several run together."""
+    if not multi:
+        return path
+    base, ext = os.path.splitext(path)
+    return f"{base}.{re.sub(r'[^A-Za-z0-9_-]+', '_', schedule)}{ext or '.json'}"
+
+
+def _write_trace(path: str, rep: _Replica, rank: int, world: int) -> str | None:
     import torch.distributed as dist
 
     from dpcomm.runtime.records import write_chrome_trace_file
 
-    path = cfg.chrome_trace
     if rep.schedule != SCHEDULE_DDP:
         out = rep.wrapper.write_chrome_trace(path)
     else:
@@ -743,6 +754,22 @@ class _Progress:
 
 
 # ----------------------------------------------------------------------------- summary
+
+
+def predict(result: TrainResult) -> Any:
+    """The simulator's :class:`~dpcomm.sim.SimResult` for the run's own profiled trace, plan and measured
+    all-reduce cost (``T(M) = a + b*M``), plus its measured optimizer time; None for DDP or when the plan
+    was given rather than profiled."""
+    if result.trace is None or result.plan is None or not result.cost or result.cost.get("a") is None:
+        return None
+    from dpcomm.costmodel.base import LinearCost
+    from dpcomm.planner.plan import Plan
+    from dpcomm.sim import simulate
+    from dpcomm.trace.format import trace_from_dict
+
+    cost = LinearCost(result.cost["a"], result.cost["b"])
+    trace = trace_from_dict(result.trace)
+    return simulate(trace, Plan.from_dict(result.plan), cost, result.nproc, update_s=result.update_s)
 
 
 def summary_table(results: list[TrainResult], title: str = "dpcomm train") -> Any:
