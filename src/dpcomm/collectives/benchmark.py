@@ -1,8 +1,10 @@
 """An nccl-tests-style benchmark of the registered collectives on P local workers (``dpcomm bench``).
 
 :func:`run_bench` starts ``P`` workers (:func:`dpcomm.launch.launch`: gloo on 127.0.0.1) and, for every
-(op, bytes, algo), times ``iters`` calls after ``warmup`` untimed ones. Each call starts from a barrier and
-a fresh copy of the input, so calls do not overlap and values stay small. Reported, as nccl-tests does:
+(op, bytes, algo), runs ``warmup`` untimed calls on fresh copies of the input (the first one checked), then
+a barrier, then ``iters`` calls run back to back on the same buffer (as nccl-tests times its loop: one
+barrier's skew is spread over the loop; a summed buffer grows, floats up to inf, which costs the same).
+Reported, as nccl-tests does:
 
 * ``time_s``: the maximum over ranks of each rank's mean call time (a collective ends when its slowest
   rank does);
@@ -251,17 +253,19 @@ def _worker(cfg: BenchConfig) -> list[tuple[str, str, int, float, bool | None]]:
             ref = _reference(op, src) if cfg.check else None
             buf = torch.empty_like(src)
             for name, algo in algos.items():
-                ok, times = None, []
-                for i in range(cfg.warmup + cfg.iters):
+                ok = None
+                for i in range(max(cfg.warmup, 1 if ref is not None else 0)):
                     buf.copy_(src)
-                    dist.barrier()
-                    t0 = time.perf_counter()
                     _call(algo, op, buf)
-                    times.append(time.perf_counter() - t0)
                     if i == 0 and ref is not None and name != "noop":  # reduce: only the root's counts
                         ok = bool(torch.equal(buf, ref)) if op != "reduce" or rank == 0 else True
-                total = sum(times[cfg.warmup :])
-                out.append((op, name, numel * esize, total / cfg.iters, ok))
+                buf.copy_(src)
+                dist.barrier()
+                t0 = time.perf_counter()
+                for _ in range(cfg.iters):  # back to back, as nccl-tests times its loop
+                    _call(algo, op, buf)
+                mean = (time.perf_counter() - t0) / cfg.iters
+                out.append((op, name, numel * esize, mean, ok))
                 if bar is not None:
                     bar.advance(f"{op} {name} {_human(numel * esize)}")
     if bar is not None:

@@ -1,0 +1,218 @@
+"""Collectives side by side on local workers: the numbers and figures of docs/collectives.md.
+
+    .venv/bin/python benchmarks/collectives.py [--quick] [--out docs]
+
+Four measurements, each one :func:`dpcomm.collectives.benchmark.run_bench` launch per worker count (gloo on
+127.0.0.1, every result checked against torch.distributed's own collective):
+
+1. time vs message size, every algorithm and op at P = 4 (the LP paper's Fig. 3 on 4 GPUs);
+2. ring vs native throughput for allreduce of >= 16 MB at P = 2 and 4 (goal: ring >= 0.9x native);
+3. time vs P = 2..8 at one large message, every algorithm and op (the LP paper's Fig. 4; bcube at 4 and 8):
+   LP's busbw should stay flat as P grows (Theorem 3.1) until the CPUs run out;
+4. extra resident memory of one call per algorithm and op (goal: at most one message, 1.0x).
+
+It prints each table and the ratios, fits alpha/beta/gamma to (1) and says how well each formula predicts
+its own rows, writes the raw rows to ``<out>/data/collectives_bench.json`` and the figures
+``<out>/collectives_size.png`` and ``<out>/collectives_scaling.png``. A 2-core machine shared with other
+jobs is CPU-bound on loopback: read the numbers as relative, and note the load average printed first.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+from dpcomm.collectives.benchmark import BenchConfig, fit_network, measure_memory, run_bench
+from dpcomm.utils.io import atomic_write_json
+
+ALGOS = ("ring", "lp", "mst", "be", "bcube", "ps", "native")
+OPS = ("allreduce", "broadcast", "reduce")
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "n/a"
+
+
+def _bench(nproc: int, algos, ops, sizes, iters: int, warmup: int = 1) -> list[dict]:
+    algos = tuple(a for a in algos if a != "bcube" or nproc in (4, 8, 9, 16))
+    t0 = time.time()
+    cfg = BenchConfig(
+        nproc=nproc, algos=algos, ops=tuple(ops), sizes=tuple(sizes), iters=iters, warmup=warmup
+    )
+    res = run_bench(BenchConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "check": True}))
+    print(f"  P={nproc}: {len(res.rows)} rows in {time.time() - t0:.0f} s, load {_loadavg()}", flush=True)
+    bad = [r for r in res.rows if r.check != "ok"]
+    if bad:
+        raise SystemExit(f"check failed: {[(r.op, r.algo, r.bytes) for r in bad]}")
+    return [r.to_dict() for r in res.rows]
+
+
+def _table(rows: list[dict], title: str) -> None:
+    print(f"\n{title}")
+    print(f"{'op':<10} {'algo':<7} {'P':>2} {'bytes':>10} {'time':>11} {'algbw GB/s':>11} {'busbw GB/s':>11}")
+    for r in rows:
+        print(
+            f"{r['op']:<10} {r['algo']:<7} {r['nproc']:>2} {r['bytes']:>10} {r['time_s'] * 1e3:>9.3f}ms "
+            f"{r['algbw_GBps']:>11.4f} {r['busbw_GBps']:>11.4f}"
+        )
+
+
+def _figures(size_rows: list[dict], scale_rows: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for rows, x, name, xlabel in (
+        (size_rows, "bytes", "collectives_size.png", "message size (bytes)"),
+        (scale_rows, "nproc", "collectives_scaling.png", "workers P"),
+    ):
+        fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), sharey=False)
+        for ax, op in zip(axes, OPS, strict=True):
+            for algo in ALGOS:
+                pts = sorted((r[x], r["time_s"]) for r in rows if r["op"] == op and r["algo"] == algo)
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), marker="o", ms=3, label=algo)
+            ax.set_title(op)
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel("time (s)")
+            ax.set_yscale("log")
+            if x == "bytes":
+                ax.set_xscale("log", base=2)
+            ax.grid(True, which="both", alpha=0.3)
+        axes[0].legend(fontsize=8)
+        what = "P = 4" if x == "bytes" else f"{rows[0]['bytes'] >> 20} MB" if rows else ""
+        fig.suptitle(f"dpcomm collectives on loopback (gloo, CPU), {what}", fontsize=10)
+        fig.tight_layout()
+        path = out / name
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="fewer sizes and worker counts (a smoke run)")
+    ap.add_argument("--out", default="docs", help="folder for the figures and data/ (default docs)")
+    ap.add_argument("--scale-bytes", default=str(4 << 20), help="message size of the P sweep (default 4 MiB)")
+    args = ap.parse_args()
+    out = Path(args.out)
+    quick = args.quick
+    print(
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, load {_loadavg()}"
+    )
+
+    sizes = (
+        (4, 1 << 10, 64 << 10, 1 << 20, 4 << 20)
+        if quick
+        else (4, 1 << 10, 16 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20)
+    )
+    print("\n1. time vs size, P = 4")
+    size_rows = _bench(4, ALGOS, OPS, sizes, iters=2 if quick else 3)
+    _table(size_rows, "time vs message size (P = 4)")
+
+    print("\n2. ring vs native, allreduce >= 16 MB")
+    ratio_rows = []
+    for p in (2,) if quick else (2, 4):
+        ratio_rows += _bench(
+            p,
+            ("ring", "native"),
+            ("allreduce",),
+            (16 << 20,) if quick else (16 << 20, 64 << 20),
+            iters=3 if quick else 5,
+        )
+    ratios = []
+    for r in ratio_rows:
+        if r["algo"] == "ring":
+            nat = next(
+                n
+                for n in ratio_rows
+                if n["algo"] == "native" and (n["nproc"], n["bytes"]) == (r["nproc"], r["bytes"])
+            )
+            ratios.append(
+                {"nproc": r["nproc"], "bytes": r["bytes"], "ring_over_native": nat["time_s"] / r["time_s"]}
+            )
+            print(
+                f"  P={r['nproc']} {r['bytes'] >> 20} MB: busbw ring {r['busbw_GBps']:.3f}, native "
+                f"{nat['busbw_GBps']:.3f} GB/s: ring/native {ratios[-1]['ring_over_native']:.2f}x (goal >= 0.9x)"
+            )
+
+    print("\n3. time vs P")
+    scale_bytes = int(args.scale_bytes)
+    scale_rows = []
+    for p in (2, 4) if quick else range(2, 9):
+        scale_rows += _bench(p, ALGOS, OPS, (scale_bytes,), iters=2 if quick else 3)
+    _table(scale_rows, f"time vs P ({scale_bytes} bytes)")
+    for op in OPS:
+        lp = {r["nproc"]: r["busbw_GBps"] for r in scale_rows if r["algo"] == "lp" and r["op"] == op}
+        first = lp[min(lp)]
+        print(
+            f"  lp {op} busbw vs P: "
+            + ", ".join(f"P={p}: {b:.3f} ({b / first:.2f}x)" for p, b in sorted(lp.items()))
+        )
+
+    print("\n4. extra memory per call (16 MB float32, P = 4)")
+    mem_rows = measure_memory(4, ALGOS + ("noop",), OPS, nbytes=(4 << 20) if quick else (16 << 20))
+    for r in mem_rows:
+        print(f"  {r['algo']:<7} {r['op']:<10} {r['extra_bytes'] / r['bytes']:.2f} x message")
+
+    print("\n5. the cost model fitted to (1)")
+    from dpcomm.collectives.benchmark import Row
+
+    net, reports = fit_network([Row(**r) for r in size_rows], name="loopback-fit")
+    gbps = 1 / net.beta / 1e9 if net.beta else float("inf")
+    print(
+        f"  alpha = {net.alpha * 1e6:.1f} us, beta = {net.beta * 1e9:.3f} ns/B ({gbps:.2f} GB/s), "
+        f"gamma = {net.gamma * 1e9:.3f} ns/B"
+    )
+    for rep in reports:
+        print(
+            f"  {rep.algo:<7} rows {rep.rows:>2} in fit {'yes' if rep.in_fit else 'no ':<3} "
+            f"median err {rep.median_rel_err:.0%} max {rep.max_rel_err:.0%} "
+            f"own-fit median {rep.own_median_rel_err:.0%}"
+        )
+
+    data = {
+        "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
+        "torch": torch.__version__,
+        "load_end": _loadavg(),
+        "size_rows": size_rows,
+        "ratio_rows": ratio_rows,
+        "ring_over_native": ratios,
+        "scale_rows": scale_rows,
+        "memory": mem_rows,
+        "fit": {
+            "alpha_s": net.alpha,
+            "beta_s_per_byte": net.beta,
+            "gamma_s_per_byte": net.gamma,
+            "reports": [
+                {
+                    "algo": r.algo,
+                    "median_rel_err": r.median_rel_err,
+                    "own_median_rel_err": r.own_median_rel_err,
+                    "in_fit": r.in_fit,
+                }
+                for r in reports
+            ],
+        },
+    }
+    atomic_write_json(out / "data" / "collectives_bench.json", data)
+    for path in _figures(size_rows, scale_rows, out):
+        print(f"wrote {path}")
+    median = statistics.median(x["ring_over_native"] for x in ratios)
+    print(f"median ring/native: {median:.2f}x; load at end {_loadavg()}")
+
+
+if __name__ == "__main__":
+    main()
