@@ -126,7 +126,7 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         plan = plan[rank]
     kw = {
         k: case[k]
-        for k in ("mode", "allow_unused", "reduce_dtype", "profile_iters", "broadcast_every")
+        for k in ("mode", "allow_unused", "reduce_dtype", "profile_iters", "broadcast_every", "network")
         if k in case
     }
     out: dict[str, Any] = {"error": None, "log": [], "rank": rank}

@@ -52,6 +52,7 @@ def _cases(trace_path: str) -> dict[str, dict]:
     for c in COLLECTIVES:
         for s in SCHEDULES:
             cases[f"{s}/{c}"] = {"plan": s, "collective": c, "profile_iters": 2}
+    cases["network-model"] = {"plan": "mgwfbp", "collective": base, "profile_iters": 2, "network": "10gbe"}
     cases["hand-wfbp"] = {"plan": WFBP, "collective": base, "inspect": True, "trace": trace_path}
     cases["hand-2x2"] = {"plan": Plan.from_sizes("x", [2, 2], L), "collective": base, "inspect": True}
     for mode in ("lp-alg1", "lp-alg2", "lp-alg3"):
@@ -120,6 +121,19 @@ def test_planner_names_train_like_one_process(results, schedule, collective):
         assert len(r["cost_points"]) >= 3 and r["cost"][0] >= 0 and r["cost"][1] >= 0
         assert any(line.startswith(f"[rank {r['rank']}] plan {schedule}: ") for line in r["log"])
         assert any("all-reduce cost LinearCost" in line for line in r["log"])
+
+
+@pytest.mark.slow
+def test_network_model_prices_the_plan_instead_of_timing(results):
+    from dpcomm.costmodel import allreduce_cost
+    from dpcomm.costmodel.network import PRESETS
+
+    res, _ = results
+    per_rank = _ok(res, "network-model")
+    want = allreduce_cost(PRESETS["10gbe"], WORLD, COLLECTIVES[0])
+    for r in per_rank:
+        assert r["cost_points"] == [] and tuple(r["cost"]) == (want.a, want.b)
+        assert r["plan"]["schedule"] == "mgwfbp"
 
 
 @pytest.mark.slow
