@@ -23,9 +23,11 @@ import json
 import os
 import statistics
 import sys
+import threading
+import time
 from pathlib import Path
 
-from dpcomm.testbed import TestbedConfig, down, launch_workers, parse_rate, up
+from dpcomm.testbed import TestbedConfig, down, launch_workers, names, parse_rate, qdiscs, up
 from dpcomm.testbed.measure import parse_size
 from dpcomm.topology import parse_topology
 
@@ -41,6 +43,18 @@ def _ceiling(mtu: int) -> float:
     return (mtu - 52) / (mtu + 14)  # TCP payload (MTU - 20 IP - 32 TCP with timestamps) per tbf-counted frame
 
 
+def _sample(netns: str, out: list, stop: threading.Event, period_s: float = 0.05) -> None:
+    """Every ``period_s``: (seconds, {NIC: tx bytes}) of server 0, to draw its links' use over time."""
+    t0 = time.monotonic()
+    while not stop.is_set():
+        try:
+            q = qdiscs(netns)
+        except Exception:  # the namespace is not there yet or any more
+            q = {}
+        out.append((round(time.monotonic() - t0, 3), {dev: v["bytes"] for dev, v in q.items()}))
+        time.sleep(period_s)
+
+
 def measure(
     topology: str,
     rate_bps: int,
@@ -54,6 +68,10 @@ def measure(
     down(NAME)
     up(TestbedConfig(name=NAME, topology=topology, rate_bps=rate_bps, mtu=mtu))
     load_before = _loadavg()
+    samples: list = []
+    stop = threading.Event()
+    sampler = threading.Thread(target=_sample, args=(names.host_ns(NAME, 0), samples, stop), daemon=True)
+    sampler.start()
     try:
         from dpcomm.testbed import load_state
 
@@ -74,12 +92,15 @@ def measure(
             timeout_s=1800,
         )
     finally:
+        stop.set()
+        sampler.join()
         down(NAME)
     if not res.ok:
         tail = [line for i in range(len(res.returncodes)) for line in res.stderr(i).splitlines()[-2:]]
         raise SystemExit(f"launch failed {res.returncodes}: {' | '.join(tail[-4:])}")
     rows = [json.loads(line) for line in res.stdout(0).splitlines() if line.startswith("{")]
     return {
+        "host0_tx_samples": samples,
         "topology": topology,
         "rate_bps": rate_bps,
         "mtu": mtu,

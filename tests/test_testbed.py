@@ -144,6 +144,10 @@ def test_up_status_exec_down(tb, capsys):
     assert 2_000_000 < delta[(2, 0)][1] < 2_200_000
     assert delta[(0, 0)][1] < 1_000  # the switch forwarded nothing to the bystander but ARP
 
+    # a dpcomm command without the multi-node flags is refused up front, not on every server
+    rc, _, err = _run_cli(capsys, "testbed", "launch", "--name", tb, "--", "dpcomm", "models")
+    assert rc == 2 and err.count("\n") == 1 and "--nnodes" in err
+
     rc, out, _ = _run_cli(capsys, "testbed", "down", "--name", tb)
     assert rc == 0 and names.switch_ns(tb) in out
     assert build.leftovers(tb) == [] and not state_path(tb).exists()

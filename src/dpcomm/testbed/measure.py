@@ -43,7 +43,8 @@ def _worker(algorithms: list[str], sizes: list[int], repeat: int) -> list[dict[s
     rank, world = init_worker(timeout_s=600)
     rows = []
     for name in algorithms:
-        algo = None if name == "native-direct" else get(name)
+        algo_name, options = _algorithm(name)
+        algo = get(algo_name, **options)
         for nbytes in sizes:
             numel = max(1, nbytes // 4)
             t = torch.full((numel,), float(rank + 1))
@@ -65,13 +66,18 @@ def _worker(algorithms: list[str], sizes: list[int], repeat: int) -> list[dict[s
     return rows if rank == 0 else []
 
 
-def _call(algo: Any, t: Any) -> None:
-    import torch.distributed as dist
+def _algorithm(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"lp:block_bytes=65536"`` -> ``("lp", {"block_bytes": 65536})``: options for the registry."""
+    name, *opts = spec.split(":")
+    options: dict[str, Any] = {}
+    for opt in opts:
+        key, _, value = opt.partition("=")
+        options[key] = int(value) if value.isdigit() else value
+    return name, options
 
-    if algo is None:
-        dist.all_reduce(t)
-    else:
-        algo.allreduce(t)
+
+def _call(algo: Any, t: Any) -> None:
+    algo.allreduce(t)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--master-addr", required=True)
     p.add_argument("--master-port", type=int, required=True)
     p.add_argument("--nproc", type=int, default=1)
-    p.add_argument("--algorithms", default="native", help="comma list of registered collectives")
+    p.add_argument(
+        "--algorithms",
+        default="native",
+        help="comma list of registered collectives, e.g. ring,lp:block_bytes=65536",
+    )
     p.add_argument("--sizes", default="1MB,16MB", help="comma list of message sizes (e.g. 12.5MB)")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
