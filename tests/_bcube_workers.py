@@ -1,17 +1,20 @@
 """Worker for tests/test_bcube.py: bcube against torch.distributed's own collectives on 4, 8 and 9 ranks.
 
-One launch of 9 ranks: BCube(3,2) on the default group, BCube(2,3) on ranks 0..7 and BCube(2,2) on ranks 0..3
-(sub-groups, so the level groups are built the local-synchronisation way), and a 6-rank group that must be
-refused. Inputs are small integers so every dtype sums exactly (``atol=0``).
+One launch of 9 ranks: BCube(3,2) on the default group (and once more with its level groups bound to the
+``lo`` interface), BCube(2,3) on ranks 0..7 and BCube(2,2) on ranks 0..3 (sub-groups: level groups built
+directly on the store), and a 6-rank group that must be refused. Inputs are small integers: exact sums.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.distributed as dist
 
 from dpcomm.collectives._p2p import count_traffic
 from dpcomm.collectives.base import get
+from dpcomm.collectives.bcube import make_level_groups
 from dpcomm.errors import UserError
 from dpcomm.launch import init_worker
 
@@ -62,16 +65,29 @@ def _traffic(group, algo, size: int) -> tuple[int, int, int]:
 def against_native() -> dict:
     """``bad``: every mismatch (empty: all equal); ``refused``: the 6-rank group's UserError;
     ``traffic``: world size -> (messages, bytes, M) of one allreduce."""
+    t0 = time.perf_counter()
     rank, world = init_worker(timeout_s=120)
     assert world == 9
+    marks = {"init": time.perf_counter() - t0}
     algo = get("bcube")
     out = {"bad": _cases(None, algo, rank, world), "refused": None, "traffic": {9: _traffic(None, algo, 9)}}
+    out["marks"] = marks
+    marks["P=9"] = time.perf_counter() - t0
+    # level groups bound to a named interface (loopback here; one NIC per level on the emulated cluster)
+    lg = make_level_groups(3, 2, ["lo", "lo"])
+    x = _input(1001, rank, torch.float32)
+    ref = x.clone()
+    dist.all_reduce(ref)
+    get("bcube", level_groups=lg).allreduce(x)
+    if lg.interfaces != ("lo", "lo") or not torch.equal(x, ref):
+        out["bad"].append("interface-bound level groups")
     sub8 = dist.new_group(list(range(8)))
     sub4 = dist.new_group(list(range(4)))
     sub6 = dist.new_group(list(range(6)))
     if rank < 8:
         out["bad"] += _cases(sub8, algo, dist.get_rank(sub8), 8)
         out["traffic"][8] = _traffic(sub8, algo, 8)
+    marks["P=8"] = time.perf_counter() - t0
     if rank < 4:
         out["bad"] += _cases(sub4, algo, dist.get_rank(sub4), 4)
         out["traffic"][4] = _traffic(sub4, algo, 4)
@@ -82,5 +98,6 @@ def against_native() -> dict:
         except UserError as exc:
             out["refused"] = str(exc)
     dist.barrier()
+    marks["end"] = time.perf_counter() - t0
     dist.destroy_process_group()
     return out

@@ -450,7 +450,8 @@ class Bcube:
         size = dist.get_world_size(group)
         n, k = bcube_shape(size, self.n, self.k)
         granks = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(size))
-        key = (granks, n, k, self.interfaces)
+        # keyed by the default group too: a job that re-initialises torch.distributed gets new groups
+        key = (id(dist.group.WORLD), granks, n, k, self.interfaces)
         if key not in _GROUP_CACHE:
             _GROUP_CACHE[key] = make_level_groups(n, k, self.interfaces, group=group)
         return _GROUP_CACHE[key]
@@ -470,6 +471,8 @@ class Bcube:
             return
         lg = self.level_groups(group)
         cube = lg.cube
+        if cube.size != size or lg.rank != dist.get_rank(group):
+            raise UserError(f"bcube level groups are for BCube({cube.n},{cube.k}), not this group of {size}")
         if flat.numel() == 0:
             return
         steps = _cached_plan(cube, op, lg.rank, root)
