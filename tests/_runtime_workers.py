@@ -117,6 +117,12 @@ def _tamper(plan: Plan, rank: int) -> Plan:
 
 def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """Train one case; returns ``{"sha": [per rank], "diff": float (rank 0), "error": str | None, ...}``."""
+    pg = None
+    if "group" in case:  # train on a sub-group of the world; the other ranks sit this case out
+        pg = dist.new_group(case["group"])
+        if rank not in case["group"]:
+            return {"error": None, "rank": rank, "outside": True}
+        rank, world = dist.get_rank(pg), len(case["group"])
     iters, per_rank, micro = case.get("iters", 20), case.get("batch", 6), case.get("micro", 1)
     dtype = case.get("dtype", torch.float32)
     torch.manual_seed(rank)  # different initial weights per rank: the start-up broadcast must fix that
@@ -126,14 +132,23 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         plan = plan[rank]
     kw = {
         k: case[k]
-        for k in ("mode", "allow_unused", "reduce_dtype", "profile_iters", "broadcast_every", "network")
+        for k in (
+            "mode",
+            "allow_unused",
+            "reduce_dtype",
+            "profile_iters",
+            "broadcast_every",
+            "network",
+            "root",
+        )
         if k in case
     }
     out: dict[str, Any] = {"error": None, "log": [], "rank": rank}
     kw["log"] = out["log"].append
     DataParallel._tamper_plan = _tamper if case.get("tamper") else None
     try:
-        dp = DataParallel(model, plan=plan, collective=_collective(case.get("collective", "native")), **kw)
+        coll = _collective(case.get("collective", "native"))
+        dp = DataParallel(model, plan=plan, collective=coll, process_group=pg, **kw)
         ref_model = copy.deepcopy(dp.module) if rank == 0 else None
         if case.get("double_wrap"):
             try:
@@ -181,7 +196,7 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         out["grad_bytes"] = sum(p.numel() * p.element_size() for p in dp.module.parameters())
         flat = _flat(dp.module)
         shas: list[Any] = [None] * world
-        dist.all_gather_object(shas, _sha(flat))
+        dist.all_gather_object(shas, _sha(flat), group=pg)
         out["sha"] = shas
         if rank == 0:
             ref = _reference(ref_model, iters, n, dtype, case.get("clip"))
