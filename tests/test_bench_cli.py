@@ -52,6 +52,7 @@ def test_tiny_real_run_json_check_and_fit(capsys, tmp_path):
         (["--nproc", "4", "--bcube", "3"], "--bcube must be n,k"),
         (["--nproc", "2", "--dtype", "float8"], "unknown dtype"),
         (["--nproc", "2", "--iters", "0"], "--iters"),
+        (["--nproc", "1", "--fit", "x.json"], "--fit needs"),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(capsys, argv, words):

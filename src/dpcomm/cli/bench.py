@@ -97,7 +97,15 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.costmodel.network import save_network
 
     cfg = config_from_args(args).resolved()
-    out, err = Console(), Console(stderr=True)
+    if args.fit:
+        from dpcomm.costmodel.collective import ALGORITHMS
+
+        cases = len(cfg.ops) * sum(s > 0 for s in cfg.sizes) * sum(a in ALGORITHMS for a in cfg.algos)
+        if cfg.nproc < 2 or cases < 2:
+            raise UserError(
+                "--fit needs --nproc >= 2 and two or more (op, size > 0, algo with a formula) cases"
+            )
+    out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
     for note in cfg.notes:
         err.print(f"note: {note}", highlight=False)
     if not args.json:
