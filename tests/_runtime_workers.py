@@ -77,7 +77,18 @@ def _collective(name: str) -> Any:
     return TorchCollective() if name == "torch" else name
 
 
-MODELS = {"mlp": MLP, "mlp-skip": lambda: MLP(skip=True), "tied": Tied}
+class BN(nn.Module):
+    """Batch norm: float32 running statistics and an int64 counter, broadcast from the root every forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1, self.bn, self.fc2 = nn.Linear(IN, 16), nn.BatchNorm1d(16), nn.Linear(16, OUT)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.bn(self.fc1(x))))
+
+
+MODELS = {"mlp": MLP, "mlp-skip": lambda: MLP(skip=True), "tied": Tied, "bn": BN}
 
 
 def _batch(it: int, n: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -150,6 +161,11 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         coll = _collective(case.get("collective", "native"))
         dp = DataParallel(model, plan=plan, collective=coll, process_group=pg, **kw)
         ref_model = copy.deepcopy(dp.module) if rank == 0 else None
+        seen: list[str] = []  # the running mean batch norm starts each forward from (root's, after broadcast)
+        if isinstance(model, BN):
+            model.bn.register_forward_pre_hook(
+                lambda m, _i: seen.append(_sha(m.running_mean.detach().clone()))
+            )
         if case.get("double_wrap"):
             try:
                 DataParallel(model, plan=plan)
@@ -173,8 +189,9 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                 dp.synchronize()
                 nn.utils.clip_grad_norm_(dp.parameters(), case["clip"])
             dp.step(opt)
-        if case.get("mode") == "lp-alg1":
+        if case.get("mode") == "lp-alg1" or seen:
             dp.sync_params()
+        out["bn_seen"] = seen[-1] if seen else None
         if case.get("inspect"):
             last = dp.spans[-1]
             bwd_end = [s for s in last if s.name == "backward"][-1].end
@@ -195,10 +212,12 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
         out["buffer_bytes"] = dp.grad_buffer_bytes
         out["grad_bytes"] = sum(p.numel() * p.element_size() for p in dp.module.parameters())
         flat = _flat(dp.module)
+        state = torch.cat([t.detach().double().reshape(-1) for t in dp.state_dict().values()])
         shas: list[Any] = [None] * world
-        dist.all_gather_object(shas, _sha(flat), group=pg)
-        out["sha"] = shas
-        if rank == 0:
+        dist.all_gather_object(shas, (_sha(flat), _sha(state)), group=pg)
+        out["sha"], out["state_sha"] = [a for a, _ in shas], [b for _, b in shas]
+        out["state_keys"] = sorted(dp.state_dict())
+        if rank == 0 and not case.get("no_reference"):
             ref = _reference(ref_model, iters, n, dtype, case.get("clip"))
             out["diff"] = float((flat - ref).abs().max())
             out["scale"] = float(ref.abs().max())

@@ -63,6 +63,13 @@ def _cases(trace_path: str) -> dict[str, dict]:
             cases[f"{mode}/{c}"] = {"plan": Plan.from_sizes("x", [1, 3], L), "collective": c, "mode": mode}
     cases["lp-alg2-inspect"] = {"plan": WFBP, "collective": base, "mode": "lp-alg2", "inspect": True}
     cases["lp-alg3-k3"] = {"plan": WFBP, "collective": base, "mode": "lp-alg3", "broadcast_every": 3}
+    for c in COLLECTIVES:
+        cases[f"bn/{c}"] = {
+            "plan": Plan.from_sizes("x", [2, 1], 3),
+            "collective": c,
+            "model": "bn",
+            "no_reference": True,
+        }
     cases["unused-error"] = {"plan": WFBP, "collective": base, "model": "mlp-skip"}
     cases["unused-allowed"] = {"plan": WFBP, "collective": base, "model": "mlp-skip", "allow_unused": True}
     cases["tied"] = {"plan": WFBP, "collective": base, "model": "tied"}
@@ -191,6 +198,20 @@ def test_fork_join_modes_communicate_after_backward(results):
     ]
     assert not any(r0["queued_in_backward"])
     _ok(res, "lp-alg3-k3")
+
+
+@pytest.mark.slow
+def test_buffers_follow_the_root(results):
+    # batch norm statistics drift apart with each rank's batch; the root's are broadcast at every training
+    # forward (so every rank's last forward started from the same running mean), and sync_params() makes the
+    # whole state (parameters, running mean/var, the int64 counter) identical, with every collective
+    res, _ = results
+    for c in COLLECTIVES:
+        per_rank = res[f"bn/{c}"]
+        assert [r["error"] for r in per_rank] == [None] * WORLD, per_rank[0]["error"]
+        assert len({r["bn_seen"] for r in per_rank}) == 1
+        assert len(set(per_rank[0]["state_sha"])) == 1 and len(set(per_rank[0]["sha"])) == 1
+        assert "bn.num_batches_tracked" in per_rank[0]["state_keys"]
 
 
 @pytest.mark.slow
