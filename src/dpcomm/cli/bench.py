@@ -105,7 +105,8 @@ def run(args: argparse.Namespace) -> int:
             raise UserError(
                 "--fit needs --nproc >= 2 and two or more (op, size > 0, algo with a formula) cases"
             )
-    out, err = Console(soft_wrap=True), Console(stderr=True, soft_wrap=True)
+    width = None if sys.stdout.isatty() else 120  # a pipe or file: do not squeeze the table into 80 columns
+    out, err = Console(soft_wrap=True, width=width), Console(stderr=True, soft_wrap=True)
     for note in cfg.notes:
         err.print(f"note: {note}", highlight=False)
     if not args.json:
