@@ -1,0 +1,311 @@
+"""Worker functions for tests/test_collectives.py (module level: launched workers import them).
+
+``matrix`` runs every registered algorithm (but ``noop``) x op x element count x dtype back to back on one
+process group, checks each result against ``native`` (exact: rank-valued inputs), counts every algorithm's
+sends and bytes and compares them with the formula in its module docstring (:func:`expected_traffic`,
+written out here independently of the algorithms' code). It returns a compact list of failures.
+
+``dead_peer`` runs one algorithm's allreduce in freshly forked workers where one worker exits at its first
+send (after its receives are posted); every other worker must raise ``CollectiveError`` naming the algorithm
+and the step in time.
+"""
+
+from __future__ import annotations
+
+import datetime
+import multiprocessing as mp
+import os
+import queue
+import time
+
+import torch
+import torch.distributed as dist
+
+from dpcomm.collectives import OPS, CollectiveError, _p2p, get, names
+from dpcomm.errors import UserError
+from dpcomm.launch import init_worker
+
+MAIN_DTYPES = (torch.float32, torch.float16, torch.int64)
+EXTRA_DTYPES = (torch.bfloat16, torch.float64, torch.int32)
+BIG = 1 << 20
+
+
+def counts(p: int) -> list[int]:
+    return sorted({0, 1, p - 1, 1001, BIG})
+
+
+def dtypes_for(n: int, p: int) -> tuple[torch.dtype, ...]:
+    if n == BIG:
+        return (torch.float32,)  # the large case moves megabytes: one dtype keeps the test fast
+    if n in (p - 1, 1001):
+        return MAIN_DTYPES + EXTRA_DTYPES
+    return MAIN_DTYPES
+
+
+def pattern(n: int, dtype: torch.dtype) -> torch.Tensor:
+    # Values 1..7: sums over <= 8 ranks stay <= 252, exact in every dtype tested (bfloat16: integers <= 256).
+    return (torch.arange(n) % 7 + 1).to(dtype)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The docstrings' send/byte formulas, per rank. Returns (messages, bytes) or None when not stated.
+
+
+def _sizes(n: int, k: int) -> list[int]:
+    q, r = divmod(n, k)
+    return [q + (1 if i < r else 0) for i in range(k)]
+
+
+def _low(v: int, p: int) -> int:
+    return 1 << (p - 1).bit_length() if v == 0 else v & -v
+
+
+def _tree_kids(v: int, p: int) -> list[tuple[int, int]]:
+    """(child, span) pairs of relative rank v in the binomial tree on p ranks."""
+    out, m = [], 1
+    while m < _low(v, p):
+        if v + m < p:
+            out.append((v + m, m))
+        m <<= 1
+    return out
+
+
+def expected_traffic(algo, op: str, n: int, e: int, p: int, rank: int, root: int) -> tuple[int, int] | None:
+    name = algo.name
+    if name not in ("ring", "lp", "mst", "be", "ps"):
+        return None  # native: the backend's choice; bcube, auto: their own tests (tests/test_bcube.py, ...)
+    if p == 1 or n == 0:
+        return (0, 0)
+    S = n * e
+    v = rank if op == "allreduce" else (rank - root) % p  # allreduce: relative to rank 0
+    if name == "ring":
+        c = _sizes(n, p)
+        if op == "allreduce":
+            return 2 * (p - 1), e * (2 * n - c[(rank + 1) % p] - c[(rank + 2) % p])
+        if op == "broadcast":
+            if v == 0:
+                return 2 * (p - 1), e * (2 * n - c[0] - c[1])
+            return (0, 0) if v == p - 1 else (p - 1, e * (n - c[(v + 1) % p]))
+        return (p - 1, e * (n - c[1])) if v == 0 else (p, S)
+    if name == "lp":
+        per = max(1, algo.block_size(S, p, op) // e)
+        nblocks = -(-n // per)
+        if op == "broadcast":
+            return (nblocks, S) if v < p - 1 else (0, 0)
+        if op == "reduce":
+            return (nblocks, S) if v != 0 else (0, 0)  # the chain ends at the root
+        return (nblocks, S) if rank in (0, p - 1) else (2 * nblocks, 2 * S)
+    if name == "mst":
+        if op == "broadcast":
+            k = len(_tree_kids(v, p))
+            return k, k * S
+        if op == "reduce":
+            return (1, S) if v else (0, 0)
+        k = len(_tree_kids(rank, p)) + (rank != 0)
+        return k, k * S
+    if name == "be":
+        if op == "broadcast":
+            c = _sizes(n, p)
+            sends = [sum(c[k : min(k + m, p)]) for k, m in _tree_kids(v, p)]
+            msgs, nbytes = len(sends), e * sum(sends)
+            if v != p - 1:
+                msgs, nbytes = msgs + p - 1, nbytes + e * (n - c[(v + 1) % p])
+            return msgs, nbytes
+        q = 1 << (p.bit_length() - 1)
+        r = p - q
+        L = q.bit_length() - 1
+        if v < 2 * r and v % 2:
+            return (1, S)
+        u = v // 2 if v < 2 * r else v - r
+        c = _sizes(n, q)
+        fold = v < 2 * r
+        if op == "allreduce":
+            gather = sum(sum(c[u & ~(m - 1) : (u & ~(m - 1)) + m]) for m in (1 << j for j in range(L)))
+            return 2 * L + fold, e * (n - c[u]) + e * gather + fold * S
+        if u == 0:
+            return L, e * (n - c[0])
+        return L + 1, e * (n - c[u]) + e * sum(c[u : u + (u & -u)])
+    if name == "ps":
+        c = _sizes(n, p)
+        if op == "allreduce":
+            return 2 * (p - 1), e * (n - c[rank]) + e * (p - 1) * c[rank]
+        if op == "broadcast":
+            if rank == root:
+                return 2 * (p - 1), e * (n - c[root]) + e * (p - 1) * c[root]
+            return p - 2, e * (p - 2) * c[rank]
+        return (p - 1, e * (n - c[root])) if rank == root else (p, S)
+    raise AssertionError(f"no traffic formula for algorithm {name!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _algorithms(p: int) -> tuple[dict, list[str]]:
+    """Every registered algorithm but noop; bcube only where P is n^k (it rejects other P by design)."""
+    algos, skipped = {}, []
+    for name in sorted(names()):
+        if name == "noop":
+            continue
+        try:
+            algos[name] = get(name)
+            if name == "bcube" and p > 1:  # the shape is checked against the group on the first call
+                algos[name].allreduce(torch.zeros(1))
+        except UserError:
+            skipped.append(name)
+            algos.pop(name, None)
+    return algos, skipped
+
+
+def _run(algo, op: str, x: torch.Tensor, root: int, group=None) -> None:
+    if op == "allreduce":
+        algo.allreduce(x, group=group)
+    else:
+        getattr(algo, op)(x, root=root, group=group)
+
+
+def matrix() -> dict:
+    """Every algorithm x op x count x dtype against native on the default group (+ a sub-group check)."""
+    torch.set_num_threads(1)
+    rank, p = init_worker(timeout_s=60)
+    algos, skipped = _algorithms(p)
+    fails: list[str] = []
+    ran = 0
+    for n in counts(p):
+        for dtype in dtypes_for(n, p):
+            f = pattern(n, dtype)
+            for i, op in enumerate(OPS):
+                root = (n + i) % p
+                ref = (rank + 1) * f
+                _run(algos["native"], op, ref, root)
+                exact = (root + 1) * f if op == "broadcast" else p * (p + 1) // 2 * f
+                check = op != "reduce" or rank == root
+                if check and not torch.equal(ref, exact):
+                    fails.append(f"native {op} n={n} {dtype} root={root}: differs from the exact sum")
+                for name, algo in algos.items():
+                    if name == "native":
+                        continue  # the reference itself, checked against the exact sum above
+                    x = (rank + 1) * f
+                    try:
+                        with _p2p.count_traffic() as t:
+                            _run(algo, op, x, root)
+                    except Exception as exc:  # keep going: one failure should not hide the others
+                        fails.append(f"{name} {op} n={n} {dtype} root={root}: {type(exc).__name__}: {exc}")
+                        continue
+                    ran += 1
+                    where = f"{name} {op} n={n} {dtype} p={p} rank={rank} root={root}"
+                    if check and not torch.equal(x, ref):
+                        bad = (x != ref).nonzero().flatten()[:3].tolist()
+                        fails.append(f"{where}: wrong at {bad}: {x[bad].tolist()} != {ref[bad].tolist()}")
+                    want = expected_traffic(algo, op, n, f.element_size(), p, rank, root)
+                    if want is not None and (t.sends, t.bytes) != want:
+                        fails.append(f"{where}: sent {t.sends} msgs/{t.bytes} B, docstring says {want}")
+    fails += _subgroup(algos, rank, p)
+    dist.destroy_process_group()
+    return {"rank": rank, "fails": fails, "ran": ran, "algos": sorted(algos), "skipped": skipped}
+
+
+def _subgroup(algos: dict, rank: int, p: int) -> list[str]:
+    """Ranks 1..P-1 as their own group (group rank = global rank - 1): peers and roots are group ranks."""
+    if p < 3:
+        return []
+    members = list(range(1, p))
+    group = dist.new_group(members)
+    if rank == 0:
+        return []
+    g, q = rank - 1, p - 1
+    f = pattern(1001, torch.float32)
+    fails = []
+    for name, algo in algos.items():
+        if name == "bcube":
+            continue  # bcube needs q = n^k; its own tests cover groups
+        for i, op in enumerate(OPS):
+            root = (i + 1) % q
+            x = (g + 1) * f
+            try:
+                _run(algo, op, x, root, group)
+            except Exception as exc:
+                fails.append(f"{name} {op} on a sub-group: {type(exc).__name__}: {exc}")
+                continue
+            want = (root + 1) * f if op == "broadcast" else q * (q + 1) // 2 * f
+            if (op != "reduce" or g == root) and not torch.equal(x, want):
+                fails.append(f"{name} {op} on a sub-group of {q} (group rank {g}, root {root}): wrong result")
+    return fails
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Dead peer: forked workers, a TCPStore held by the parent, the victim exits at its first send.
+
+
+def _dead_peer_worker(
+    port: int, rank: int, world: int, algo: str, victim: int, timeout_s: float, absent: bool, q
+) -> None:
+    torch.set_num_threads(1)
+    store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
+    )
+    x = torch.ones(4096)
+    impl = get(algo)
+    impl.allreduce(x)  # one good call first: connections are up and the schedule works
+    dist.barrier()
+    if rank == victim and absent:  # never arrives: the others must give up after the group's timeout
+        time.sleep(3 * timeout_s)
+        os._exit(0)
+    if rank == victim:
+        if algo == "native":
+            os._exit(1)  # native has no p2p hook: die before the call
+
+        def die(*args, **kwargs):
+            os._exit(1)
+
+        # Dies mid-call at its first send, before that send is posted (p2p ops through torch.distributed's
+        # functions), or right after it is posted (ops on a group object directly, counted by _p2p._count):
+        # either way most of its vector never leaves, so no peer can finish an allreduce.
+        dist.isend = dist.send = die
+        _p2p._count = die
+    t0 = time.monotonic()
+    try:
+        impl.allreduce(x)
+        q.put((rank, "returned", "", time.monotonic() - t0))
+    except CollectiveError as exc:
+        q.put((rank, "CollectiveError", str(exc), time.monotonic() - t0))
+    except Exception as exc:
+        q.put((rank, type(exc).__name__, str(exc), time.monotonic() - t0))
+    q.close()
+    q.join_thread()
+    os._exit(0)
+
+
+def dead_peer(
+    algo: str, world: int, victim: int, timeout_s: float, deadline_s: float, absent: bool = False
+) -> dict[int, tuple]:
+    """Run the dead-peer scenario (``absent``: the victim stays alive but never calls); returns
+    {rank: (kind, message, seconds)} for the ranks that reported."""
+    # forkserver: children fork from a single-threaded server that imported torch once (cheap per child, and
+    # unlike a plain fork of the test process no thread's lock is copied mid-use).
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "dpcomm.collectives", __name__])
+    store = dist.TCPStore("127.0.0.1", 0, world + 1, is_master=True, wait_for_workers=False)
+    q = ctx.Queue()
+    procs = [
+        ctx.Process(target=_dead_peer_worker, args=(store.port, r, world, algo, victim, timeout_s, absent, q))
+        for r in range(world)
+    ]
+    for pr in procs:
+        pr.start()
+    out: dict[int, tuple] = {}
+    end = time.monotonic() + deadline_s
+    try:
+        while len(out) < world - 1 and time.monotonic() < end:
+            try:
+                rank, kind, msg, secs = q.get(timeout=max(0.1, end - time.monotonic()))
+            except queue.Empty:
+                break
+            out[rank] = (kind, msg, secs)
+    finally:
+        for pr in procs:
+            pr.join(timeout=max(0.1, end - time.monotonic()))
+            if pr.is_alive():
+                pr.kill()  # only processes this function started
+                pr.join()
+    return out

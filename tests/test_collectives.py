@@ -1,0 +1,69 @@
+"""Every collective algorithm against torch.distributed's own, its traffic against its docstring, and no hang
+when a peer dies.
+
+Budget (quiet 2-core machine): ~100 s -- one launch per world size 1..8 runs the whole matrix back to back
+on one group (tests/_collective_workers.py), plus a few seconds per algorithm for the dead-peer cases.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dpcomm.collectives import get, names
+from dpcomm.collectives._p2p import block_bounds, chunk_bounds
+from dpcomm.errors import UserError
+from dpcomm.launch import launch
+from tests import _collective_workers as W
+
+MINE = {"ring", "lp", "mst", "be", "ps", "native"}
+
+
+def test_registry_lists_every_algorithm():
+    assert MINE | {"noop"} <= set(names())
+    with pytest.raises(UserError, match="unknown collective algorithm 'nope'"):
+        get("nope")
+
+
+def test_chunks_and_blocks_cover_the_range():
+    for n in (0, 1, 7, 1001):
+        for k in (1, 3, 8):
+            b = chunk_bounds(n, k)
+            sizes = [hi - lo for lo, hi in b]
+            assert len(b) == k and b[0][0] == 0 and b[-1][1] == n and max(sizes) - min(sizes) <= 1
+            assert all(b[i][1] == b[i + 1][0] for i in range(k - 1))
+    assert block_bounds(10, 4, 12) == [(0, 3), (3, 6), (6, 9), (9, 10)]
+    assert block_bounds(3, 8, 1) == [(0, 1), (1, 2), (2, 3)]  # at least one element per block
+    assert block_bounds(0, 4, 64) == [(0, 0)]
+
+
+@pytest.mark.parametrize("world", range(1, 9))
+def test_every_algorithm_matches_native(world):
+    results = launch(W.matrix, world)
+    fails = sorted({f for r in results for f in r["fails"]})
+    assert not fails, f"{len(fails)} failures on P={world}, first ones:\n" + "\n".join(fails[:15])
+    for r in results:
+        assert MINE <= set(r["algos"]), r
+        assert r["ran"] > 0
+        if world in (4, 8):  # BCube(2,2), BCube(2,3): bcube must have run, not been skipped
+            assert "bcube" in r["algos"], r
+
+
+@pytest.mark.parametrize("algo", sorted(MINE | {"bcube"}))
+def test_dead_peer_becomes_a_named_error(algo):
+    world, victim, timeout_s = 4, 2, 5.0
+    out = W.dead_peer(algo, world, victim, timeout_s, deadline_s=4 * timeout_s + 30)
+    survivors = set(range(world)) - {victim}
+    assert set(out) == survivors, f"ranks that never reported (hang?): {sorted(survivors - set(out))}"
+    for rank, (kind, msg, secs) in out.items():
+        assert kind == "CollectiveError", (rank, kind, msg)
+        assert msg.startswith(f"{algo} allreduce: step "), msg
+        assert secs < timeout_s + 10, (rank, secs, msg)  # within the group's timeout (+ slack for load)
+
+
+def test_absent_peer_times_out_with_a_named_error():
+    world, victim, timeout_s = 3, 1, 2.0
+    out = W.dead_peer("lp", world, victim, timeout_s, deadline_s=4 * timeout_s + 30, absent=True)
+    assert set(out) == {0, 2}, f"ranks that never reported (hang?): {sorted({0, 2} - set(out))}"
+    for rank, (kind, msg, secs) in out.items():
+        assert kind == "CollectiveError" and msg.startswith("lp allreduce: step "), (rank, kind, msg)
+        assert timeout_s - 0.5 < secs < timeout_s + 10, (rank, secs, msg)  # it was the group's timeout
