@@ -66,6 +66,65 @@ def _table(rows: list[dict], title: str) -> None:
         )
 
 
+def _ms(t: float) -> str:
+    return f"{t * 1e3:.2f}" if t < 1 else f"{t * 1e3:.0f}"
+
+
+def markdown(data: dict) -> str:
+    """The tables of docs/collectives.md from the rows this script writes."""
+    lines = []
+    size_rows, scale_rows = data["size_rows"], data["scale_rows"]
+    sizes = sorted({r["bytes"] for r in size_rows})
+    for op in OPS:
+        lines += [f"\n**{op}, P = 4: time in ms (busbw GB/s for the largest size)**\n"]
+        lines.append("| algo | " + " | ".join(_size_label(b) for b in sizes) + " |")
+        lines.append("| --- |" + " ---: |" * len(sizes))
+        for algo in ALGOS:
+            got = {r["bytes"]: r for r in size_rows if r["op"] == op and r["algo"] == algo}
+            if got:
+                cells = [_ms(got[b]["time_s"]) if b in got else "" for b in sizes]
+                cells[-1] += f" ({got[sizes[-1]]['busbw_GBps']:.3f})" if sizes[-1] in got else ""
+                lines.append(f"| {algo} | " + " | ".join(cells) + " |")
+    procs = sorted({r["nproc"] for r in scale_rows})
+    nbytes = scale_rows[0]["bytes"] if scale_rows else 0
+    for op in OPS:
+        lines += [f"\n**{op}, {_size_label(nbytes)}: busbw in GB/s vs P**\n"]
+        lines.append("| algo | " + " | ".join(f"P={p}" for p in procs) + " |")
+        lines.append("| --- |" + " ---: |" * len(procs))
+        for algo in ALGOS:
+            got = {r["nproc"]: r for r in scale_rows if r["op"] == op and r["algo"] == algo}
+            if got:
+                lines.append(
+                    f"| {algo} | "
+                    + " | ".join(f"{got[p]['busbw_GBps']:.3f}" if p in got else "" for p in procs)
+                    + " |"
+                )
+    lines += [
+        "\n**ring vs native, allreduce**\n",
+        "| P | bytes | ring / native throughput |",
+        "| ---: | ---: | ---: |",
+    ]
+    lines += [
+        f"| {x['nproc']} | {_size_label(x['bytes'])} | {x['ring_over_native']:.2f}x |"
+        for x in data["ring_over_native"]
+    ]
+    mem = data["memory"]
+    lines += [f"\n**extra memory of one call, {_size_label(mem[0]['bytes'])} float32, P = 4 (x message)**\n"]
+    lines.append("| algo | " + " | ".join(OPS) + " |")
+    lines.append("| --- |" + " ---: |" * len(OPS))
+    for algo in dict.fromkeys(r["algo"] for r in mem):
+        got = {r["op"]: r["extra_bytes"] / r["bytes"] for r in mem if r["algo"] == algo}
+        lines.append(f"| {algo} | " + " | ".join(f"{got[op]:.2f}" for op in OPS) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _size_label(b: int) -> str:
+    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if b >= scale and b % scale == 0:
+            return f"{b // scale} {unit}B"
+    return f"{b} B"
+
+
 def _figures(size_rows: list[dict], scale_rows: list[dict], out: Path) -> list[Path]:
     import matplotlib
 
@@ -210,6 +269,8 @@ def main() -> None:
         },
     }
     atomic_write_json(out / "data" / "collectives_bench.json", data)
+    md = markdown(data)
+    print(md)
     for path in _figures(size_rows, scale_rows, out):
         print(f"wrote {path}")
     median = statistics.median(x["ring_over_native"] for x in ratios)

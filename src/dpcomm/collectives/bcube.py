@@ -77,8 +77,10 @@ __all__ = [
     "Transfer",
     "bcube_shape",
     "make_level_groups",
-    "plan",
+    "PHASES",
     "piece_bounds",
+    "plan",
+    "transfers",
 ]
 
 PHASES = ("aggregate", "broadcast", "scatter", "gather")
