@@ -28,7 +28,7 @@ from pathlib import Path
 
 import torch
 
-from dpcomm.collectives.benchmark import BenchConfig, fit_network, measure_memory, run_bench
+from dpcomm.collectives.benchmark import BenchConfig, _features, fit_network, measure_memory, run_bench
 from dpcomm.utils.io import atomic_write_json
 
 ALGOS = ("ring", "lp", "mst", "be", "bcube", "ps", "native")
@@ -108,6 +108,22 @@ def markdown(data: dict) -> str:
         f"| {x['nproc']} | {_size_label(x['bytes'])} | {x['ring_over_native']:.2f}x |"
         for x in data["ring_over_native"]
     ]
+    fit = data["fit"]
+    coef = (fit["alpha_s"], fit["beta_s_per_byte"], fit["gamma_s_per_byte"])
+    big = max(sizes)
+    lines += [
+        f"\n**measured vs the cost model with the fitted network, {_size_label(big)}, P = 4 (ms)**\n",
+        "| algo | " + " | ".join(f"{op} measured | predicted" for op in OPS) + " |",
+        "| --- |" + " ---: |" * (2 * len(OPS)),
+    ]
+    for algo in ALGOS:
+        cells = []
+        for op in OPS:
+            r = next((r for r in size_rows if (r["op"], r["algo"], r["bytes"]) == (op, algo, big)), None)
+            f = _features(op, algo, big, 4, None) if r else None
+            pred = sum(c * x for c, x in zip(coef, f, strict=True)) if f is not None else None
+            cells += [_ms(r["time_s"]) if r else "", _ms(pred) if pred is not None else ""]
+        lines.append(f"| {algo} | " + " | ".join(cells) + " |")
     mem = data["memory"]
     lines += [f"\n**extra memory of one call, {_size_label(mem[0]['bytes'])} float32, P = 4 (x message)**\n"]
     lines.append("| algo | " + " | ".join(OPS) + " |")
