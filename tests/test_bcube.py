@@ -148,6 +148,15 @@ def test_shapes():
         get("bcube", n=1)
 
 
+def test_interfaces_are_one_per_level(monkeypatch):
+    with pytest.raises(UserError, match="needs 2 interfaces"):
+        bc.make_level_groups(3, 2, ["eth0"])
+    monkeypatch.setenv("DPCOMM_BCUBE_IFACES", "eth0,eth1,eth2")
+    with pytest.raises(UserError, match="needs 2 interfaces"):
+        bc.make_level_groups(3, 2)
+    assert get("bcube").interfaces == ("eth0", "eth1", "eth2")  # read from the environment
+
+
 def test_piece_bounds_cover_the_tensor():
     cube = bc.BCube(n=3, k=2)
     for numel in (0, 1, 17, 18, 1001):

@@ -338,12 +338,12 @@ def make_level_groups(
     default backend (gloo on CPU, NCCL on GPU).
     """
     cube = BCube(n=n, k=k)
-    size = dist.get_world_size(group)
-    if cube.size != size:
-        raise UserError(f"BCube({n},{k}) has {cube.size} ranks but the group has {size}")
     ifaces = _parse_interfaces(interfaces)
     if ifaces is not None and len(ifaces) != k:
         raise UserError(f"BCube({n},{k}) needs {k} interfaces (one per level), got {len(ifaces)}: {ifaces}")
+    size = dist.get_world_size(group)
+    if cube.size != size:
+        raise UserError(f"BCube({n},{k}) has {cube.size} ranks but the group has {size}")
     me = dist.get_rank(group)
     granks = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(size))
     timeout = _timedelta(timeout_s) if timeout_s is not None else _group_timeout(group)
