@@ -756,10 +756,15 @@ class _Progress:
 # ----------------------------------------------------------------------------- summary
 
 
-def predict(result: TrainResult) -> Any:
+def predict(result: TrainResult, steady_compute: bool = False) -> Any:
     """The simulator's :class:`~dpcomm.sim.SimResult` for the run's own profiled trace, plan and measured
     all-reduce cost (``T(M) = a + b*M``), plus its measured optimizer time; None for DDP or when the plan
-    was given rather than profiled."""
+    was given rather than profiled.
+
+    ``steady_compute=True`` first scales the trace's forward and backward layer times so that their sums
+    equal the run's steady-state medians ``t_f`` and ``t_b`` (the profiled iterations may have run under a
+    different machine load): the remaining error is then the communication model's and the overlap's.
+    """
     if result.trace is None or result.plan is None or not result.cost or result.cost.get("a") is None:
         return None
     from dpcomm.costmodel.base import LinearCost
@@ -767,9 +772,18 @@ def predict(result: TrainResult) -> Any:
     from dpcomm.sim import simulate
     from dpcomm.trace.format import trace_from_dict
 
+    obj = result.trace
+    if steady_compute:
+        t_f = sum(layer["forward_s"] for layer in obj["layers"]) or 1.0
+        t_b = sum(layer["backward_s"] for layer in obj["layers"]) or 1.0
+        sf, sb = result.forward_s / t_f, result.backward_s / t_b
+        layers = [{**layer, "forward_s": layer["forward_s"] * sf, "backward_s": layer["backward_s"] * sb}
+                  for layer in obj["layers"]]  # fmt: skip
+        obj = {**obj, "layers": layers}
     cost = LinearCost(result.cost["a"], result.cost["b"])
-    trace = trace_from_dict(result.trace)
-    return simulate(trace, Plan.from_dict(result.plan), cost, result.nproc, update_s=result.update_s)
+    return simulate(
+        trace_from_dict(obj), Plan.from_dict(result.plan), cost, result.nproc, update_s=result.update_s
+    )
 
 
 def summary_table(results: list[TrainResult], title: str = "dpcomm train") -> Any:
