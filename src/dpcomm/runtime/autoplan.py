@@ -28,10 +28,13 @@ from dpcomm.trace.format import Layer, Trace
 
 __all__ = [
     "PlanMismatchError",
+    "build_trace",
     "check_same_plan",
     "fit_linear",
     "layer_times",
     "measure_allreduce",
+    "median_layer_times",
+    "network_cost",
     "plan_on_root",
     "rank_mean",
 ]
@@ -69,6 +72,26 @@ def rank_mean(values: list[float], group: Any) -> list[float]:
     t = torch.tensor(values, dtype=torch.float64)
     dist.all_reduce(t, group=group)
     return (t / dist.get_world_size(group)).tolist()
+
+
+def median_layer_times(
+    samples: list[tuple[list[float], list[float]]], group: Any
+) -> tuple[list[float], list[float]]:
+    """``(f, b)``: per layer, the median over profiled iterations, then the mean over ranks."""
+    n = len(samples[0][0])
+    f = [statistics.median(s[0][l] for s in samples) for l in range(n)]
+    b = [statistics.median(s[1][l] for s in samples) for l in range(n)]
+    fb = rank_mean(f + b, group)
+    return fb[:n], fb[n:]
+
+
+def network_cost(network: Any, nodes: int, collective: str) -> CommCost:
+    """The all-reduce cost of ``collective`` on a modelled network (a Network, preset name or JSON file)."""
+    from dpcomm.costmodel import allreduce_cost
+    from dpcomm.costmodel.network import Network, resolve_network
+
+    net = network if isinstance(network, Network) else resolve_network(network)
+    return allreduce_cost(net, nodes, collective)
 
 
 def measure_allreduce(

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import statistics
 import time
 import weakref
 from collections import deque
@@ -564,19 +563,11 @@ class DataParallel(nn.Module):
 
     def _decide_plan(self) -> None:
         """Root plans from the measured trace and cost; every rank adopts it after the hash check."""
-        L = len(self._layers)
-        f = [statistics.median(s[0][l] for s in self._samples) for l in range(L)]
-        b = [statistics.median(s[1][l] for s in self._samples) for l in range(L)]
-        fb = autoplan.rank_mean(f + b, self._pg)
-        f, b = fb[:L], fb[L:]
+        f, b = autoplan.median_layer_times(self._samples, self._pg)
         flat = max((t for g in self._buckets.groups for t in g.flats.values()), key=torch.Tensor.numel)
         dtype_bytes = flat.element_size()
         if self.network is not None:
-            from dpcomm.costmodel import allreduce_cost
-            from dpcomm.costmodel.network import Network, resolve_network
-
-            net = self.network if isinstance(self.network, Network) else resolve_network(self.network)
-            self.cost = allreduce_cost(net, self.world_size, self.collective_name)
+            self.cost = autoplan.network_cost(self.network, self.world_size, self.collective_name)
         else:
             allreduce = (
                 (lambda t: self._coll.allreduce(t, group=self._pg))
