@@ -62,6 +62,7 @@ def _cases(trace_path: str) -> dict[str, dict]:
     for mode in ("lp-alg1", "lp-alg2", "lp-alg3"):
         for c in MODE_COLLECTIVES:
             cases[f"{mode}/{c}"] = {"plan": Plan.from_sizes("x", [1, 3], L), "collective": c, "mode": mode}
+    cases["lp-alg1-planned"] = {"plan": "mgwfbp", "collective": base, "mode": "lp-alg1", "profile_iters": 2}
     cases["lp-alg2-inspect"] = {"plan": WFBP, "collective": base, "mode": "lp-alg2", "inspect": True}
     cases["lp-alg3-k3"] = {"plan": WFBP, "collective": base, "mode": "lp-alg3", "broadcast_every": 3}
     for c in COLLECTIVES:
@@ -74,6 +75,7 @@ def _cases(trace_path: str) -> dict[str, dict]:
     cases["unused-error"] = {"plan": WFBP, "collective": base, "model": "mlp-skip"}
     cases["unused-allowed"] = {"plan": WFBP, "collective": base, "model": "mlp-skip", "allow_unused": True}
     cases["tied"] = {"plan": WFBP, "collective": base, "model": "tied"}
+    cases["no-sync-planned"] = {"plan": "optimal", "collective": base, "micro": 2, "profile_iters": 2}
     cases["clip"] = {"plan": WFBP, "collective": base, "clip": 0.05}
     cases["no-sync"] = {"plan": Plan.from_sizes("x", [2, 2], L), "collective": base, "micro": 3}
     cases["bf16"] = {"plan": WFBP, "collective": base, "dtype": torch.bfloat16}
@@ -187,6 +189,10 @@ def test_lp_bsp_modes_train_like_one_process(results, mode):
     res, _ = results
     for c in MODE_COLLECTIVES:
         _ok(res, f"{mode}/{c}")
+    if (
+        mode == "lp-alg1"
+    ):  # a planner name: profiled with one reduce after backward, then the planner's groups
+        assert _ok(res, "lp-alg1-planned")[0]["record_plans"] == ["profiling"] * 2 + ["mgwfbp"] * 18
 
 
 @pytest.mark.slow
@@ -230,6 +236,7 @@ def test_tied_no_sync_clipping_and_low_precision(results):
     res, _ = results
     _ok(res, "tied")
     _ok(res, "no-sync")
+    assert _ok(res, "no-sync-planned")[0]["record_plans"] == ["profiling"] * 2 + ["optimal"] * 18
     _ok(res, "clip")
     r0 = _ok(res, "bf16", BF16_TOL)[0]
     assert r0["buffer_bytes"] == r0["grad_bytes"]
