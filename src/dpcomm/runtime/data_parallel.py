@@ -161,6 +161,8 @@ class DataParallel(nn.Module):
         self.timeout_s = timeout_s
         self._pg = process_group
         self.rank = dist.get_rank(process_group)
+        if self.rank < 0:
+            raise UserError(f"rank {dist.get_rank()} is not a member of the process group it was given")
         self.world_size = dist.get_world_size(process_group)
         if not 0 <= root < self.world_size:
             raise UserError(f"root must be a rank of the group (0..{self.world_size - 1}), got {root}")
