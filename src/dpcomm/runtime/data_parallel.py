@@ -9,15 +9,23 @@ DistributedDataParallel::
 
 1. At start, the root's parameters and buffers are broadcast (Alg. 2 line 5, "initialize W in all workers").
 2. Every trainable parameter has a post-accumulate-grad hook; when its gradient is final for this backward it
-   is copied into its plan group's flat buffer (:mod:`dpcomm.runtime.buckets`); a complete group is pushed
-   to the communication thread's queue (line 21 ``Q.push``), strictly in plan order, and all-reduced there
-   while backward computes the earlier layers (lines 22-30, :mod:`dpcomm.runtime.comm_thread`).
+   counts towards its plan group (:mod:`dpcomm.runtime.buckets`); a complete group is pushed to the
+   communication thread's queue (line 21 ``Q.push``), strictly in plan order, and there packed into the
+   group's flat buffer, all-reduced and unpacked while backward computes the earlier layers (lines 22-30,
+   :mod:`dpcomm.runtime.comm_thread`).
 3. ``step()`` waits for the last group (line 12), the averaged gradients are already back in ``.grad``,
    and the optimizer steps (line 13). The LP paper's BSP modes are in :mod:`dpcomm.runtime.bsp`.
 
 A planner *name* is resolved on the workers themselves (:mod:`dpcomm.runtime.autoplan`): the first
 ``profile_iters`` iterations run one all-reduce after backward (a safe ``single`` plan) while every layer is
 timed, the collective's cost is measured, and the root's plan is broadcast and checked by hash on every rank.
+
+Edge cases: a parameter without a gradient in an iteration is an error naming it (``allow_unused=True``:
+a zero gradient); a shared (tied) parameter is one slot, in the first layer that uses it; ``no_sync()``
+accumulates locally; float16/bfloat16 gradients travel in their own dtype (one buffer per dtype and group),
+or in ``reduce_dtype`` (e.g. float32: upcast buffers, twice the bytes). The flat buffers are the only extra
+copy of the gradients and are reused every iteration. In ``lp-alg1`` non-root replicas get the root's
+update during the next forward; :meth:`DataParallel.sync_params` makes them current (e.g. before saving).
 
 Layers are the papers' learnable layers (:func:`dpcomm.models.learnable_layers`) in the order the first
 forward calls them, the same order a profiled trace uses, so plan layer ``l`` is trace layer ``l``.
