@@ -178,7 +178,7 @@ class TrainResult:
     exposed_share: float
     """Exposed communication / iteration time, summed over the steady iterations."""
     update_s: float
-    """Median time of the optimizer step (``step`` minus its communication wait)."""
+    """Median time of ``optimizer.step()`` (the model update), seconds."""
     throughput_samples_s: float
     """``batch_size * P / t_iter``."""
     loss_final: float
@@ -404,6 +404,11 @@ class _Replica:
         torch.manual_seed(cfg.seed)
         self.model = get_model(cfg.model, 10 if cfg.data == "digits" else None)
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
+        self._update = [0.0, 0.0]  # optimizer.step() start and duration (s): the model update time
+        self.optimizer.register_step_pre_hook(lambda *_: self._update.__setitem__(0, time.perf_counter()))
+        self.optimizer.register_step_post_hook(
+            lambda *_: self._update.__setitem__(1, time.perf_counter() - self._update[0])
+        )
         self.log: list[str] = []
         self.records: list[dict[str, Any]] = []
         self.spans: list[Any] = []  # DDP only: our own Chrome trace spans
@@ -460,11 +465,12 @@ class _Replica:
         import torch.nn.functional as F
 
         self.optimizer.zero_grad(set_to_none=True)
+        self._update[1] = 0.0  # stays 0 where this rank does not step (lp-alg1/2 non-roots)
         if self.schedule != SCHEDULE_DDP:
             loss = F.cross_entropy(self.wrapper(x), y)
             loss.backward()
             self.wrapper.step(self.optimizer)
-            self.records.append(self.wrapper.records[-1].to_dict())
+            self.records.append({**self.wrapper.records[-1].to_dict(), "update_s": self._update[1]})
         else:
             t0 = time.perf_counter()
             out = self.wrapper(x)
@@ -478,7 +484,7 @@ class _Replica:
             self.records.append(
                 {"iteration": len(self.records), "forward_s": t1 - t0, "backward_s": ready - t1,
                  "exposed_comm_s": t2 - ready, "step_s": t3 - t2, "total_s": t3 - t0, "comm_s": None,
-                 "plan": SCHEDULE_DDP}
+                 "plan": SCHEDULE_DDP, "update_s": self._update[1]}
             )  # fmt: skip
             self._ddp_spans(t0, t1, ready, t2, t3)
         self.loss = float(loss.detach())
@@ -648,7 +654,7 @@ def _finish(
         "backward_s": statistics.median(r["backward_s"] for r in steady),
         "exposed_comm_s": statistics.median(r["exposed_comm_s"] for r in steady),
         "exposed_share": _share(steady),
-        "update_s": statistics.median(max(0.0, r["step_s"] - r["exposed_comm_s"]) for r in steady),
+        "update_s": statistics.median(r["update_s"] for r in steady),
         "throughput_samples_s": cfg.batch_size * world / t_iter,
         "loss_final": float(loss.item() / world),
         "params_sha256": shas,
