@@ -80,13 +80,17 @@ def expected_traffic(algo, op: str, n: int, e: int, p: int, rank: int, root: int
     v = rank if op == "allreduce" else (rank - root) % p  # allreduce: relative to rank 0
     if name == "ring":
         c = _sizes(n, p)
+        rs = p - 1  # reduce-scatter messages; with segments, chunk j of the step goes as ceil(n_j / g) ones
+        if algo.segment_bytes is not None:
+            g = max(1, min(max(c), algo.segment_bytes // e))
+            rs = sum(max(1, -(-c[(v - s) % p] // g)) for s in range(p - 1))
         if op == "allreduce":
-            return 2 * (p - 1), e * (2 * n - c[(rank + 1) % p] - c[(rank + 2) % p])
+            return rs + p - 1, e * (2 * n - c[(rank + 1) % p] - c[(rank + 2) % p])
         if op == "broadcast":
             if v == 0:
                 return 2 * (p - 1), e * (2 * n - c[0] - c[1])
             return (0, 0) if v == p - 1 else (p - 1, e * (n - c[(v + 1) % p]))
-        return (p - 1, e * (n - c[1])) if v == 0 else (p, S)
+        return (rs, e * (n - c[1])) if v == 0 else (rs + 1, S)
     if name == "lp":
         per = max(1, algo.block_size(S, p, op) // e)
         nblocks = -(-n // per)
@@ -153,6 +157,7 @@ def _algorithms(p: int) -> tuple[dict, list[str]]:
         except UserError:
             skipped.append(name)
             algos.pop(name, None)
+    algos["ring(segment_bytes=64)"] = get("ring", segment_bytes=64)  # the segmented reduce-scatter too
     return algos, skipped
 
 

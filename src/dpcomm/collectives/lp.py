@@ -3,9 +3,8 @@
 Symbols (paper's names): ``p`` ranks in a chain, ``n = S`` bytes (``N`` elements of ``e`` bytes) cut into
 ``B = ceil(N / (b / e))`` blocks of ``b`` bytes (the last one shorter; at least one element per block);
 ``alpha`` s per message, ``beta`` s/byte, ``gamma`` s/byte summed. Each rank receives block ``i + 1`` from
-its predecessor while it sends block ``i`` to its successor (non-blocking sends and receives, at most two
-sends and one receive in flight per direction), so once the pipeline is filled every link of the chain is
-busy.
+its predecessor while it sends block ``i`` to its successor (non-blocking sends and receives, two of each
+in flight per direction), so once the pipeline is filled every link of the chain is busy.
 
 broadcast (Fig. 2a; chain ``root, root+1, .., root-1``, position ``c = (rank - root) mod p``):
     1. position 0 sends blocks ``0..B-1`` to position 1;
@@ -112,12 +111,14 @@ class LinearPipeline:
         prev, nxt = (comm.rank - 1) % p, (comm.rank + 1) % p
         blocks = self._blocks(comm, flat, "broadcast")
         sends = _Sends(comm)
-        recv = comm.irecv(flat[slice(*blocks[0])], prev, 0) if c > 0 else None
+        recvs = (
+            {i: comm.irecv(flat[slice(*blocks[i])], prev, i) for i in range(min(2, len(blocks)))} if c else {}
+        )
         for i, (a, b) in enumerate(blocks):
-            if c > 0:
-                comm.wait(recv)
-                if i + 1 < len(blocks):
-                    recv = comm.irecv(flat[slice(*blocks[i + 1])], prev, i + 1)
+            if c > 0:  # block i arrives while block i + 1 is already posted
+                comm.wait(recvs.pop(i))
+                if i + 2 < len(blocks):
+                    recvs[i + 2] = comm.irecv(flat[slice(*blocks[i + 2])], prev, i + 2)
             if c < p - 1:
                 sends.post(flat[a:b], nxt, i)
         sends.drain()
@@ -146,21 +147,32 @@ class LinearPipeline:
         up = _Up(comm, flat, self._blocks(comm, flat, "allreduce"), first=c == 0)
         nblocks = len(up.blocks)
         lag = 2 * (p - 1 - c)  # up-steps between sending block i up and its sum coming back (filled pipe)
-        sent_up: dict[int, Pending] = {}
+        sent_up: deque[tuple[int, Pending]] = deque()
+        down_recv: dict[int, Pending] = {}
         down = _Sends(comm)
+
+        def post_down(upto: int) -> None:
+            # Block j's memory was the up-message: once that send is done, post j's receive from above.
+            while sent_up and sent_up[0][0] <= upto:
+                j, work = sent_up.popleft()
+                comm.wait(work)
+                a, b = up.blocks[j]
+                down_recv[j] = comm.irecv(flat[a:b], c + 1, nblocks + j)
+
         for t in range(nblocks + lag):
             if t < nblocks:
                 up.reduce(t)
                 a, b = up.blocks[t]
                 if c < p - 1:
-                    sent_up[t] = comm.isend(flat[a:b], c + 1, t)
+                    sent_up.append((t, comm.isend(flat[a:b], c + 1, t)))
+                    post_down(t - 1)  # keeps two up-sends in flight
                 else:  # the chain's end holds the final block t: start it down at once
                     down.post(flat[a:b], c - 1, nblocks + t)
             j = t - lag
             if c < p - 1 and 0 <= j < nblocks:
+                post_down(j)
                 a, b = up.blocks[j]
-                comm.wait(sent_up.pop(j))  # block j's buffer was the up-message: done before overwriting
-                comm.recv(flat[a:b], c + 1, nblocks + j)
+                comm.wait(down_recv.pop(j))
                 if c > 0:
                     down.post(flat[a:b], c - 1, nblocks + j)
         down.drain()
@@ -168,7 +180,7 @@ class LinearPipeline:
 
 class _Up:
     """The receiving side of a reduce pipeline: block ``i`` from the predecessor is added into ``flat``'s
-    block ``i``; block ``i + 1`` is already being received into the other of two block buffers."""
+    block ``i`` while block ``i + 1`` is being received into the other of two block buffers."""
 
     def __init__(self, comm: P2P, flat: torch.Tensor, blocks: list[tuple[int, int]], *, first: bool):
         self.comm, self.flat, self.blocks, self.first = comm, flat, blocks, first
@@ -176,7 +188,7 @@ class _Up:
         per = blocks[0][1] - blocks[0][0]
         self.buf = None if first else scratch(min(2 * per, flat.numel()), flat.dtype)
         self.per = per
-        self.pending = None if first else self._post(0)
+        self.pending = {} if first else {i: self._post(i) for i in range(min(2, len(blocks)))}
 
     def _post(self, i: int) -> Pending:
         a, b = self.blocks[i]
@@ -186,9 +198,9 @@ class _Up:
     def reduce(self, i: int) -> None:
         if self.first:
             return
-        self.comm.wait(self.pending)
-        if i + 1 < len(self.blocks):
-            self.pending = self._post(i + 1)
+        self.comm.wait(self.pending.pop(i))
         a, b = self.blocks[i]
         off = (i % 2) * self.per
         reduce_into(self.flat[a:b], self.buf[off : off + b - a])
+        if i + 2 < len(self.blocks):  # the slot just summed takes block i + 2; block i + 1 is in flight
+            self.pending[i + 2] = self._post(i + 2)

@@ -23,8 +23,13 @@ reduce (ring reduce-scatter + gather at the root):
     Per rank: root ``P - 1`` messages, ``e (N - n_1)`` bytes; others ``P`` messages, ``e N`` bytes.
     ``T = 2(P-1) alpha + 2(P-1)/P beta S + (P-1)/P gamma S``. Non-root tensors end as scratch.
 
-Extra memory per call: one receive buffer of ``ceil(N / P)`` elements (reduce-scatter; the thread's reused
-:func:`~dpcomm.collectives._p2p.scratch`); the allgather,
+Option ``segment_bytes`` (default None): the reduce-scatter sends chunk ``j`` as ``ceil(n_j e / g)``
+segments of ``g = segment_bytes`` bytes (at least one message, ``g`` capped at the largest chunk) and adds
+segment ``k`` while ``k + 1`` arrives; the allreduce and reduce message counts grow by that (the
+``P - 1`` reduce-scatter messages become ``sum_s ceil(n_{v-s} e / g)``), the bytes do not.
+
+Extra memory per call: one receive buffer of ``ceil(N / P)`` elements (reduce-scatter; two
+segments with ``segment_bytes``; the thread's reused :func:`~dpcomm.collectives._p2p.scratch`); the allgather,
 scatter and gather receive in place. ``P = 1`` or ``N = 0``: nothing is sent.
 
 Source: P. Patarasuk and X. Yuan, "Bandwidth optimal all-reduce algorithms for clusters of workstations",
@@ -39,24 +44,48 @@ from typing import Any
 
 import torch
 
-from dpcomm.collectives._p2p import P2P, begin, chunk_bounds, reduce_into, scratch
+from dpcomm.collectives._p2p import P2P, begin, block_bounds, chunk_bounds, reduce_into, scratch
 from dpcomm.collectives.base import register
 
 __all__ = ["Ring", "ring_allgather", "ring_reduce_scatter"]
 
 
-def ring_reduce_scatter(comm: P2P, flat: torch.Tensor, bounds: list[tuple[int, int]], root: int = 0) -> None:
-    """Steps ``0..P-2`` of the ring reduce-scatter on relative ranks; rank ``v`` ends owning chunk ``v+1``."""
+def ring_reduce_scatter(
+    comm: P2P,
+    flat: torch.Tensor,
+    bounds: list[tuple[int, int]],
+    root: int = 0,
+    segment_bytes: int | None = None,
+) -> None:
+    """Steps ``0..P-2`` of the ring reduce-scatter on relative ranks; rank ``v`` ends owning chunk ``v+1``.
+
+    Each step's chunk moves as segments of ``segment_bytes`` (None: one message per chunk); segment ``k + 1``
+    is received while segment ``k`` is added in, into two segment-sized buffers."""
     p = comm.size
     v = (comm.rank - root) % p
     right, left = (comm.rank + 1) % p, (comm.rank - 1) % p
-    buf = scratch(max(b - a for a, b in bounds), flat.dtype)
+    e = flat.element_size()
+    most = max(b - a for a, b in bounds)
+    seg = most if segment_bytes is None else max(1, min(most, segment_bytes // e))
+    buf = scratch(min(2 * seg, most) if seg < most else most, flat.dtype)
+
+    def segments(j: int) -> list[tuple[int, int]]:
+        a, b = bounds[j]
+        return [(a + x, a + y) for x, y in block_bounds(b - a, 1, max(seg, 1))]
+
+    def slot(k: int, a: int, b: int) -> torch.Tensor:
+        return buf[(k % 2) * seg : (k % 2) * seg + b - a]
+
     for s in range(p - 1):
-        sa, sb = bounds[(v - s) % p]
-        ra, rb = bounds[(v - s - 1) % p]
-        got = buf[: rb - ra]
-        comm.sendrecv(flat[sa:sb], right, got, left, step=s)
-        reduce_into(flat[ra:rb], got)
+        sends = [comm.isend(flat[a:b], right, s) for a, b in segments((v - s) % p)]
+        got = segments((v - s - 1) % p)
+        pending = [comm.irecv(slot(k, *got[k]), left, s) for k in range(min(2, len(got)))]
+        for k, (a, b) in enumerate(got):
+            comm.wait(pending[k])
+            reduce_into(flat[a:b], slot(k, a, b))
+            if k + 2 < len(got):  # the slot just summed takes segment k + 2; k + 1 is in flight
+                pending.append(comm.irecv(slot(k + 2, *got[k + 2]), left, s))
+        comm.wait(*sends)
 
 
 def ring_allgather(
@@ -90,6 +119,9 @@ class Ring:
     """Ring allreduce (reduce-scatter + allgather); broadcast = scatter + ring allgather; reduce = ring
     reduce-scatter + gather. See the module docstring for steps and bytes."""
 
+    segment_bytes: int | None = None
+    """Reduce-scatter messages are cut into segments of this many bytes so the sum of one overlaps the
+    transfer of the next; None: one message per chunk."""
     name: str = "ring"
 
     def allreduce(self, tensor: torch.Tensor, *, group: Any = None) -> None:
@@ -98,7 +130,7 @@ class Ring:
             return
         comm, flat = call
         bounds = chunk_bounds(flat.numel(), comm.size)
-        ring_reduce_scatter(comm, flat, bounds)
+        ring_reduce_scatter(comm, flat, bounds, segment_bytes=self.segment_bytes)
         ring_allgather(comm, flat, bounds, own=1, first_step=comm.size - 1)
 
     def broadcast(self, tensor: torch.Tensor, *, root: int = 0, group: Any = None) -> None:
@@ -124,7 +156,7 @@ class Ring:
         comm, flat = call
         p = comm.size
         bounds = chunk_bounds(flat.numel(), p)
-        ring_reduce_scatter(comm, flat, bounds, root)
+        ring_reduce_scatter(comm, flat, bounds, root, self.segment_bytes)
         v = (comm.rank - root) % p
         if v == 0:  # gather chunk u + 1 from relative rank u
             recvs = []
