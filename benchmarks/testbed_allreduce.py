@@ -55,6 +55,29 @@ def _sample(netns: str, out: list, stop: threading.Event, period_s: float = 0.05
         time.sleep(period_s)
 
 
+def _losses(state: dict) -> dict:
+    """Frames the switch ports and NICs dropped and segments TCP retransmitted, over the whole run."""
+    import subprocess
+
+    from dpcomm.testbed import link_counters
+
+    links = link_counters(state).values()
+    retrans = 0
+    for srv in state["servers"]:
+        out = subprocess.run(
+            ["ip", "netns", "exec", srv["netns"], "nstat", "-az", "TcpRetransSegs"],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        retrans += int(out[out.index("TcpRetransSegs") + 1]) if "TcpRetransSegs" in out else 0
+    return {
+        "switch_port_drops": sum(c["rx_drops"] for c in links),
+        "nic_drops": sum(c["tx_drops"] for c in links),
+        "frames_sent": sum(c["tx"] for c in links) // 1514,
+        "tcp_retransmitted_segments": retrans,
+    }
+
+
 def measure(
     topology: str,
     rate_bps: int,
@@ -91,6 +114,7 @@ def measure(
             master_port=port,
             timeout_s=1800,
         )
+        losses = _losses(load_state(NAME))
     finally:
         stop.set()
         sampler.join()
@@ -101,6 +125,7 @@ def measure(
     rows = [json.loads(line) for line in res.stdout(0).splitlines() if line.startswith("{")]
     return {
         "host0_tx_samples": samples,
+        "losses": losses,
         "topology": topology,
         "rate_bps": rate_bps,
         "mtu": mtu,

@@ -111,16 +111,22 @@ def train(d: Path) -> None:
         fig.tight_layout()
         fig.savefig(d / "train_bml.png", dpi=110)
         print(d / "train_bml.png")
-    data = _load(d / "train_schedules.json")
-    if data:
-        rows = [r for r in data["rows"] if r.get("t_iter_s")]
-        fig, ax = plt.subplots(figsize=(6, 4))
-        ax.bar(range(len(rows)), [r["t_iter_s"] for r in rows], label="t_iter")
-        ax.bar(range(len(rows)), [r.get("exposed_comm_s") or 0 for r in rows], label="exposed communication")
-        ax.set_xticks(range(len(rows)), [r["schedule"] for r in rows])
-        ax.set_ylabel("seconds per iteration")
-        ax.set_title(f"{rows[0]['model']} on {rows[0]['topology']}, batch {rows[0]['batch']}" if rows else "")
-        ax.legend()
+    runs = [(f, _load(d / f)) for f in ("train_schedules.json", "train_schedules_resnet20.json")]
+    runs = [(f, x) for f, x in runs if x]
+    if runs:
+        fig, axes = plt.subplots(1, len(runs), figsize=(5.5 * len(runs), 4), squeeze=False)
+        for ax, (_, data) in zip(axes[0], runs, strict=True):
+            rows = [r for r in data["rows"] if r.get("t_iter_s")]
+            ax.bar(range(len(rows)), [r["t_iter_s"] for r in rows], label="t_iter")
+            ax.bar(
+                range(len(rows)), [r.get("exposed_comm_s") or 0 for r in rows], label="exposed communication"
+            )
+            ax.set_xticks(range(len(rows)), [r["schedule"] for r in rows])
+            ax.set_ylabel("seconds per iteration")
+            ax.set_title(
+                f"{rows[0]['model']} on {rows[0]['topology']}, batch {rows[0]['batch']}" if rows else ""
+            )
+            ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(d / "train_schedules.png", dpi=110)
         print(d / "train_schedules.png")
