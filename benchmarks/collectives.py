@@ -11,8 +11,9 @@ Four measurements, each one :func:`dpcomm.collectives.benchmark.run_bench` launc
    LP's busbw should stay flat as P grows (Theorem 3.1) until the CPUs run out;
 4. extra resident memory of one call per algorithm and op (goal: at most one message, 1.0x).
 
-It prints each table and the ratios, fits alpha/beta/gamma to (1) and says how well each formula predicts
-its own rows, writes the raw rows to ``<out>/data/collectives_bench.json`` and the figures
+Every case runs ``repeat`` = 3 sweeps in its launch and keeps its best (the machine is shared: load comes
+in bursts). It prints each table and the ratios, fits alpha/beta/gamma to (1) and says how well each
+formula predicts its own rows, writes the raw rows to ``<out>/data/collectives_bench.json`` and the figures
 ``<out>/collectives_size.png`` and ``<out>/collectives_scaling.png``. A 2-core machine shared with other
 jobs is CPU-bound on loopback: read the numbers as relative, and note the load average printed first.
 """
@@ -42,13 +43,20 @@ def _loadavg() -> str:
         return "n/a"
 
 
-def _bench(nproc: int, algos, ops, sizes, iters: int, warmup: int = 1) -> list[dict]:
+def _bench(nproc: int, algos, ops, sizes, iters: int, warmup: int = 1, repeat: int = 3) -> list[dict]:
     algos = tuple(a for a in algos if a != "bcube" or nproc in (4, 8, 9, 16))
     t0 = time.time()
     cfg = BenchConfig(
-        nproc=nproc, algos=algos, ops=tuple(ops), sizes=tuple(sizes), iters=iters, warmup=warmup
+        nproc=nproc,
+        algos=algos,
+        ops=tuple(ops),
+        sizes=tuple(sizes),
+        iters=iters,
+        warmup=warmup,
+        repeat=repeat,
+        check=True,
     )
-    res = run_bench(BenchConfig(**{**{f: getattr(cfg, f) for f in cfg.__dataclass_fields__}, "check": True}))
+    res = run_bench(cfg)
     print(f"  P={nproc}: {len(res.rows)} rows in {time.time() - t0:.0f} s, load {_loadavg()}", flush=True)
     bad = [r for r in res.rows if r.check != "ok"]
     if bad:

@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--iters", default="5", metavar="N", help="timed calls per case, mean kept (default 5)"
     )
     parser.add_argument("--warmup", default="1", metavar="W", help="untimed calls per case first (default 1)")
+    parser.add_argument(
+        "--repeat", default="1", metavar="R", help="sweeps in one launch, best kept per case (default 1)"
+    )
     parser.add_argument("--check", action="store_true", help="compare every result with torch.distributed's")
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
     parser.add_argument(
@@ -81,6 +84,7 @@ def config_from_args(args: argparse.Namespace):
         dtype=args.dtype,
         iters=_int("--iters", args.iters),
         warmup=_int("--warmup", args.warmup),
+        repeat=_int("--repeat", args.repeat),
         check=args.check,
         bcube=bcube,
         block_bytes=None if args.block_bytes is None else _int("--block-bytes", args.block_bytes),

@@ -7,7 +7,8 @@ barrier's skew is spread over the loop; a summed buffer grows, floats up to inf,
 Reported, as nccl-tests does:
 
 * ``time_s``: the maximum over ranks of each rank's mean call time (a collective ends when its slowest
-  rank does);
+  rank does); with ``repeat > 1`` the whole sweep runs that many times and each case keeps its best sweep
+  (on a machine shared with other jobs, load comes in bursts);
 * ``algbw = bytes / time_s``; ``busbw = algbw * factor`` with nccl-tests' factors: allreduce ``2(P-1)/P``
   (the bytes each rank's link must carry), broadcast and reduce ``1``;
 * ``check`` (with ``check=True``): every rank's result compared with ``torch.distributed``'s own collective
@@ -100,6 +101,9 @@ class BenchConfig:
     warmup: int = 1
     """Untimed calls first (the check, when on, is one of them)."""
     check: bool = False
+    repeat: int = 1
+    """Sweeps over all cases in one launch; each case reports its best sweep (a shared machine's load
+    comes in bursts). 1: exactly nccl-tests' max over ranks of the mean."""
     bcube: tuple[int, int] | None = None
     """``(n, k)`` for bcube; None: from P."""
     block_bytes: int | None = None
@@ -131,8 +135,11 @@ class BenchConfig:
             raise UserError("--sizes: give sizes >= 0 bytes")
         if self.dtype not in _DTYPES:
             raise UserError(f"--dtype: unknown dtype '{self.dtype}' (choose from {', '.join(_DTYPES)})")
-        if self.iters < 1 or self.warmup < 0:
-            raise UserError(f"need --iters >= 1 and --warmup >= 0, got {self.iters} and {self.warmup}")
+        if self.iters < 1 or self.warmup < 0 or self.repeat < 1:
+            raise UserError(
+                f"need --iters >= 1, --warmup >= 0, --repeat >= 1, "
+                f"got {self.iters}, {self.warmup}, {self.repeat}"
+            )
         if self.block_bytes is not None and self.block_bytes < 1:
             raise UserError(f"--block-bytes must be >= 1, got {self.block_bytes}")
         if self.bcube is not None and self.nproc != self.bcube[0] ** self.bcube[1]:
@@ -231,8 +238,8 @@ def _call(algo: Any, op: str, t: Any) -> None:
         algo.reduce(t, root=0)
 
 
-def _worker(cfg: BenchConfig) -> list[tuple[str, str, int, float, bool | None]]:
-    """One rank: ``(op, algo, bytes, mean seconds, ok or None)`` per case, in order."""
+def _worker(cfg: BenchConfig) -> list[tuple[str, str, int, list[float], bool | None]]:
+    """One rank: ``(op, algo, bytes, [mean seconds per sweep], ok or None)`` per case, in order."""
     import torch
     import torch.distributed as dist
 
@@ -244,30 +251,36 @@ def _worker(cfg: BenchConfig) -> list[tuple[str, str, int, float, bool | None]]:
     esize = torch.empty((), dtype=dtype).element_size()
     algos = {a: get(a, **cfg.options(a)) for a in cfg.algos}
     cases = [(op, s, a) for op in cfg.ops for s in cfg.sizes for a in cfg.algos]
-    bar = _progress(len(cases)) if cfg.progress and rank == 0 else None
-    out = []
-    for op in cfg.ops:
-        for size in cfg.sizes:
-            numel = max(1, round(size / esize)) if size else 0
-            src = _input(numel, rank, dtype)
-            ref = _reference(op, src) if cfg.check else None
-            buf = torch.empty_like(src)
-            for name, algo in algos.items():
-                ok = None
-                for i in range(max(cfg.warmup, 1 if ref is not None else 0)):
+    bar = _progress(len(cases) * cfg.repeat) if cfg.progress and rank == 0 else None
+    out: list = []
+    for sweep in range(cfg.repeat):  # whole sweeps repeated: a burst of load hits one sweep, not one algo
+        i = 0
+        for op in cfg.ops:
+            for size in cfg.sizes:
+                numel = max(1, round(size / esize)) if size else 0
+                src = _input(numel, rank, dtype)
+                ref = _reference(op, src) if cfg.check and sweep == 0 else None
+                buf = torch.empty_like(src)
+                for name, algo in algos.items():
+                    ok = None
+                    for w in range(max(cfg.warmup, 1 if ref is not None else 0)):
+                        buf.copy_(src)
+                        _call(algo, op, buf)
+                        if w == 0 and ref is not None and name != "noop":  # reduce: only the root's counts
+                            ok = bool(torch.equal(buf, ref)) if op != "reduce" or rank == 0 else True
                     buf.copy_(src)
-                    _call(algo, op, buf)
-                    if i == 0 and ref is not None and name != "noop":  # reduce: only the root's counts
-                        ok = bool(torch.equal(buf, ref)) if op != "reduce" or rank == 0 else True
-                buf.copy_(src)
-                dist.barrier()
-                t0 = time.perf_counter()
-                for _ in range(cfg.iters):  # back to back, as nccl-tests times its loop
-                    _call(algo, op, buf)
-                mean = (time.perf_counter() - t0) / cfg.iters
-                out.append((op, name, numel * esize, mean, ok))
-                if bar is not None:
-                    bar.advance(f"{op} {name} {_human(numel * esize)}")
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for _ in range(cfg.iters):  # back to back, as nccl-tests times its loop
+                        _call(algo, op, buf)
+                    mean = (time.perf_counter() - t0) / cfg.iters
+                    if sweep == 0:
+                        out.append((op, name, numel * esize, [mean], ok))
+                    else:
+                        out[i][3].append(mean)
+                    i += 1
+                    if bar is not None:
+                        bar.advance(f"{op} {name} {_human(numel * esize)}")
     if bar is not None:
         bar.close()
     dist.barrier()
@@ -304,7 +317,8 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
         raise UserError(f"bench: {exc}") from None
     rows = []
     for i, (op, algo, nbytes, _, _) in enumerate(per_rank[0]):
-        t = max(r[i][3] for r in per_rank)
+        # per sweep the slowest rank's mean; over sweeps the best (repeat = 1: max over ranks of the mean)
+        t = min(max(r[i][3][sweep] for r in per_rank) for sweep in range(cfg.repeat))
         oks = [r[i][4] for r in per_rank]
         check = "skipped" if any(o is None for o in oks) else "ok" if all(oks) else "FAIL"
         algbw = nbytes / t / 1e9 if t > 0 else 0.0
