@@ -7,13 +7,13 @@ Four measurements, each one :func:`dpcomm.collectives.benchmark.run_bench` launc
 
 1. time vs message size, every algorithm and op at P = 4 (the LP paper's Fig. 3 on 4 GPUs);
 2. ring vs native throughput for allreduce of >= 16 MB at P = 2 and 4 (goal: ring >= 0.9x native);
-3. time vs P = 2, 3, 4, 6, 8 at one large message, every algorithm and op (the LP paper's Fig. 4):
+3. time vs P = 2, 3, 4, 6, 8 at 4 MB, every algorithm and op (the LP paper's Fig. 4):
    LP's busbw should stay flat as P grows (Theorem 3.1) until the CPUs run out;
 4. extra resident memory of one call per algorithm and op (goal: at most one message, 1.0x).
 
-Every case runs ``repeat`` = 3 sweeps in its launch and keeps its best (the machine is shared: load comes
-in bursts). It prints each table and the ratios, fits alpha/beta/gamma to (1) and says how well each
-formula predicts its own rows, writes the raw rows to ``<out>/data/collectives_bench.json`` and the figures
+Every case runs 3 sweeps in its launch (2 in the P sweep) and keeps its best (the machine is shared: load
+comes in bursts). It prints each table and the ratios, fits alpha/beta/gamma to (1) and says how well
+each formula predicts its own rows, writes the raw rows to ``<out>/data/collectives_bench.json`` and the figures
 ``<out>/collectives_size.png`` and ``<out>/collectives_scaling.png``. A 2-core machine shared with other
 jobs is CPU-bound on loopback: read the numbers as relative, and note the load average printed first.
 """
