@@ -14,8 +14,8 @@ Four measurements, each one :func:`dpcomm.collectives.benchmark.run_bench` launc
 Every case runs 3 sweeps in its launch (2 in the P sweep) and keeps its best (the machine is shared: load
 comes in bursts). It prints each table and the ratios, fits alpha/beta/gamma to (1) and says how well
 each formula predicts its own rows, writes the raw rows to ``<out>/data/collectives_bench.json`` and the
-figures ``<out>/collectives_size.png`` and ``<out>/collectives_scaling.png``. A 2-core machine shared with other
-jobs is CPU-bound on loopback: read the numbers as relative, and note the load average printed first.
+figures ``<out>/collectives_size.png`` and ``<out>/collectives_scaling.png``. A 2-core machine shared with
+other jobs is CPU-bound on loopback: read the numbers as relative, and note the load average printed first.
 """
 
 from __future__ import annotations
