@@ -76,16 +76,17 @@ def ring_reduce_scatter(
     def slot(k: int, a: int, b: int) -> torch.Tensor:
         return buf[(k % 2) * seg : (k % 2) * seg + b - a]
 
-    for s in range(p - 1):
-        sends = [comm.isend(flat[a:b], right, s) for a, b in segments((v - s) % p)]
+    sends = []  # a sent chunk is not written again in this phase: wait for the sends only at its end, so a
+    for s in range(p - 1):  # rank moves on as soon as its step's data is in (less lock-step on a busy CPU)
         got = segments((v - s - 1) % p)
         pending = [comm.irecv(slot(k, *got[k]), left, s) for k in range(min(2, len(got)))]
+        sends += [comm.isend(flat[a:b], right, s) for a, b in segments((v - s) % p)]
         for k, (a, b) in enumerate(got):
             comm.wait(pending[k])
             reduce_into(flat[a:b], slot(k, a, b))
             if k + 2 < len(got):  # the slot just summed takes segment k + 2; k + 1 is in flight
                 pending.append(comm.irecv(slot(k + 2, *got[k + 2]), left, s))
-        comm.wait(*sends)
+    comm.wait(*sends)
 
 
 def ring_allgather(
@@ -105,12 +106,15 @@ def ring_allgather(
     right, left = (comm.rank + 1) % p, (comm.rank - 1) % p
     send_ok = not (skip_root and v == p - 1)
     recv_ok = not (skip_root and v == 0)
+    sends = []  # chunks sent here are never written again: wait for the sends at the end
     for s in range(p - 1):
         sa, sb = bounds[(v + own - s) % p]
         ra, rb = bounds[(v + own - s - 1) % p]
         r = comm.irecv(flat[ra:rb], left, first_step + s) if recv_ok else None
-        x = comm.isend(flat[sa:sb], right, first_step + s) if send_ok else None
-        comm.wait(r, x)
+        if send_ok:
+            sends.append(comm.isend(flat[sa:sb], right, first_step + s))
+        comm.wait(r)
+    comm.wait(*sends)
 
 
 @register("ring")
