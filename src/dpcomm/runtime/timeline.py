@@ -68,9 +68,8 @@ def measured_timeline_figure(
         end = max((s["end_ms"] for s in spans), default=0.0)
         ax.set_yticks([0.5, 1.5], ["comm", "compute"])
         ax.set_ylim(0, 2)
-        ax.set_title(
-            f"{label}: last {iterations} iterations on rank 0 ({end:.0f} ms)", fontsize=9, loc="left"
-        )
+        what = "last iteration" if iterations == 1 else f"last {iterations} iterations"
+        ax.set_title(f"{label}: {what} on rank 0 ({end:.0f} ms)", fontsize=9, loc="left")
     axes[-1].set_xlabel(
         "time (ms) - compute: forward (blue), backward (green), step incl. waiting for comm (grey); "
         "comm: all-reduces (red)"
