@@ -134,8 +134,11 @@ def test_up_status_exec_down(tb, capsys):
         stdout=subprocess.PIPE,
         text=True,
     )
-    time.sleep(0.5)
-    send = "import socket; c = socket.create_connection(('10.77.0.3', 5000)); c.sendall(bytes(2_000_000))"
+    send = (  # retry until the receiver listens (its interpreter may start slowly on a loaded machine)
+        "import socket, time\nfor _ in range(200):\n    try:\n"
+        "        c = socket.create_connection(('10.77.0.3', 5000)); break\n"
+        "    except ConnectionRefusedError:\n        time.sleep(0.1)\nc.sendall(bytes(2_000_000))"
+    )
     assert main(["testbed", "exec", "--name", tb, "h1", "--", "python", "-c", send]) == 0
     assert srv.communicate(timeout=20)[0].strip() == "2000000"
     after = link_counters(state)
