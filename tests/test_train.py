@@ -70,6 +70,7 @@ def no_launch(monkeypatch):
         (["--epochs", "2"], "synthetic data has no epochs"),
         (["--resume"], "--resume needs --checkpoint"),
         (["--schedule", "ddp", "--mode", "lp-alg2"], "needs a dpcomm schedule"),
+        (["--schedule", "ddp", "--collective", "ring"], "needs a dpcomm schedule"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_before_any_worker(capsys, no_launch, flags, needle):

@@ -145,6 +145,10 @@ class TrainConfig:
             self.schedule != SCHEDULE_DDP or self.mode == "overlap",
             f"--schedule ddp runs PyTorch's DDP; --mode {self.mode} needs a dpcomm schedule",
         )
+        need(
+            self.schedule != SCHEDULE_DDP or self.collective == "native",
+            f"--schedule ddp is PyTorch's all-reduce; --collective {self.collective} needs a dpcomm schedule",
+        )
 
     @property
     def world_size(self) -> int:
@@ -642,7 +646,7 @@ def _finish(
     return {
         "nproc": world,
         "schedule": rep.schedule,
-        "collective": "gloo-ddp" if rep.schedule == SCHEDULE_DDP else cfg.collective,
+        "collective": "native" if rep.schedule == SCHEDULE_DDP else cfg.collective,  # DDP: torch's own
         "mode": cfg.mode,
         "model": cfg.model,
         "data": cfg.data,
