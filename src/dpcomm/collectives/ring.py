@@ -24,7 +24,7 @@ reduce (ring reduce-scatter + gather at the root):
     ``T = 2(P-1) alpha + 2(P-1)/P beta S + (P-1)/P gamma S``. Non-root tensors end as scratch.
 
 Option ``segment_bytes`` (default None): the reduce-scatter sends chunk ``j`` as ``ceil(n_j e / g)``
-segments of ``g = segment_bytes`` bytes (at least one message, ``g`` capped at the largest chunk) and adds
+segments of ``g = segment_bytes`` bytes (whole elements, capped at the largest chunk; at least one) and adds
 segment ``k`` while ``k + 1`` arrives; the allreduce and reduce message counts grow by that (the
 ``P - 1`` reduce-scatter messages become ``sum_s ceil(n_{v-s} e / g)``), the bytes do not.
 
