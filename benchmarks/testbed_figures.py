@@ -92,22 +92,38 @@ def gst(d: Path) -> None:
 
 
 def train(d: Path) -> None:
-    data = _load(d / "train_bml.json")
-    if data:
-        t = [e for e in data["table"] if e["t_iter_bml_s"] and e["t_iter_ps_s"]]
-        fig, ax = plt.subplots(figsize=(6, 4))
-        xs = range(len(t))
-        ax.bar([x - 0.2 for x in xs], [e["t_iter_ps_s"] for e in t], 0.4, label="PS on star:9")
-        ax.bar([x + 0.2 for x in xs], [e["t_iter_bml_s"] for e in t], 0.4, label="BML on bcube:3,2")
-        for x, e in zip(xs, t, strict=True):
-            ax.text(
-                x, max(e["t_iter_ps_s"], e["t_iter_bml_s"]) * 1.02, f"-{e['jct_reduction']:.0%}", ha="center"
-            )
-        ax.set_xticks(list(xs), [str(e["batch"]) for e in t])
+    runs = [x for x in (_load(p) for p in sorted(d.glob("train_bml*.json"))) if x]
+    if runs:
+        # one bar per network and sub-minibatch: the mean over runs, the whiskers span the runs
+        batches = sorted({e["batch"] for r in runs for e in r["table"]})
+        fig, ax = plt.subplots(figsize=(6.5, 4))
+        for shift, key, label in (
+            (-0.2, "t_iter_ps_s", "PS on star:9"),
+            (0.2, "t_iter_bml_s", "BML on bcube:3,2"),
+        ):
+            vals = [[e[key] for r in runs for e in r["table"] if e["batch"] == b and e[key]] for b in batches]
+            means = [statistics.mean(v) if v else 0 for v in vals]
+            err = [
+                [m - min(v) if v else 0 for m, v in zip(means, vals, strict=True)],
+                [max(v) - m if v else 0 for m, v in zip(means, vals, strict=True)],
+            ]
+            ax.bar([x + shift for x in range(len(batches))], means, 0.4, yerr=err, capsize=3, label=label)
+        top = max(e[k] for r in runs for e in r["table"] for k in ("t_iter_ps_s", "t_iter_bml_s") if e[k])
+        ax.set_ylim(0, top * 1.15)
+        for x, b in enumerate(batches):
+            reds = [
+                e["jct_reduction"] for r in runs for e in r["table"] if e["batch"] == b and e["jct_reduction"]
+            ]
+            if reds:
+                ax.text(x, top * 1.05, " / ".join(f"{-v:+.0%}" for v in reds), ha="center", fontsize=8)
+        ax.set_xticks(range(len(batches)), [str(b) for b in batches])
         ax.set_xlabel("sub-minibatch per server")
         ax.set_ylabel("t_iter (s); JCT = 1000 t_iter")
-        ax.set_title("LeNet-5 on 9 emulated servers (paper: JCT -18.7% .. -56.4%)", fontsize=10)
-        ax.legend()
+        ax.set_title(
+            f"LeNet-5, 9 emulated servers, {len(runs)} run(s); JCT change per run (paper: -18.7%..-56.4%)",
+            fontsize=9,
+        )
+        ax.legend(loc="lower right", fontsize=8)
         fig.tight_layout()
         fig.savefig(d / "train_bml.png", dpi=110)
         print(d / "train_bml.png")
