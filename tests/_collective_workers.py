@@ -246,12 +246,13 @@ def _dead_peer_worker(
 ) -> None:
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=60))
-    dist.init_process_group(
-        "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=timeout_s)
-    )
+    # Set-up gets a generous timeout (forked workers can be slow to start on a busy machine); the scenario
+    # runs on a group whose timeout is the short one under test.
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=timeout_s))
     x = torch.ones(4096)
     impl = get(algo)
-    impl.allreduce(x)  # one good call first: connections are up and the schedule works
+    impl.allreduce(x, group=group)  # one good call first: connections are up and the schedule works
     dist.barrier()
     if rank == victim and absent:  # never arrives: the others must give up after the group's timeout
         time.sleep(3 * timeout_s)
@@ -270,7 +271,7 @@ def _dead_peer_worker(
         _p2p._count = die
     t0 = time.monotonic()
     try:
-        impl.allreduce(x)
+        impl.allreduce(x, group=group)
         q.put((rank, "returned", "", time.monotonic() - t0))
     except CollectiveError as exc:
         q.put((rank, "CollectiveError", str(exc), time.monotonic() - t0))
