@@ -248,7 +248,9 @@ def _dead_peer_worker(
     store = dist.TCPStore("127.0.0.1", port, world, is_master=False, timeout=datetime.timedelta(seconds=60))
     # Set-up gets a generous timeout (forked workers can be slow to start on a busy machine); the scenario
     # runs on a group whose timeout is the short one under test.
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", store=store, rank=rank, world_size=world, timeout=datetime.timedelta(seconds=60)
+    )
     group = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=timeout_s))
     x = torch.ones(4096)
     impl = get(algo)
