@@ -58,25 +58,6 @@ class Tied(nn.Module):
         return self.out(x)
 
 
-class TorchCollective:
-    """torch.distributed's own collectives under the collective signature (a stand-in and a reference)."""
-
-    name = "torch"
-
-    def allreduce(self, tensor, *, group=None):
-        dist.all_reduce(tensor, group=group)
-
-    def broadcast(self, tensor, *, root=0, group=None):
-        dist.broadcast(tensor, dist.get_global_rank(group, root) if group else root, group=group)
-
-    def reduce(self, tensor, *, root=0, group=None):
-        dist.reduce(tensor, dist.get_global_rank(group, root) if group else root, group=group)
-
-
-def _collective(name: str) -> Any:
-    return TorchCollective() if name == "torch" else name
-
-
 class BN(nn.Module):
     """Batch norm: float32 running statistics and an int64 counter, broadcast from the root every forward."""
 
@@ -158,7 +139,7 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     kw["log"] = out["log"].append
     DataParallel._tamper_plan = _tamper if case.get("tamper") else None
     try:
-        coll = _collective(case.get("collective", "native"))
+        coll = case.get("collective", "native")
         dp = DataParallel(model, plan=plan, collective=coll, process_group=pg, **kw)
         ref_model = copy.deepcopy(dp.module) if rank == 0 else None
         seen: list[str] = []  # the running mean batch norm starts each forward from (root's, after broadcast)

@@ -32,16 +32,7 @@ WORLD = 3
 F32_TOL, BF16_TOL = 1e-5, 2e-2
 
 
-def _registered() -> set[str]:
-    try:
-        from dpcomm.collectives import names
-
-        return set(names())
-    except Exception:  # noqa: BLE001 - the collectives package may be mid-change; those cases then skip
-        return set()
-
-
-COLLECTIVES = [c for c in ("native", "ring", "lp") if c in _registered()] or ["torch"]
+COLLECTIVES = ["native", "ring", "lp"]
 MODE_COLLECTIVES = [c for c in COLLECTIVES if c != "ring"]  # the LP paper's modes: LP and the baseline
 SCHEDULES = ["wfbp", "single", "bucket:1KB", "mgwfbp", "optimal"]
 WFBP = Plan.from_sizes("wfbp", [1] * L, L)
@@ -120,8 +111,6 @@ def _ok(res, name, tol=F32_TOL):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("collective", ["native", "ring", "lp"])
 def test_planner_names_train_like_one_process(results, schedule, collective):
-    if collective not in COLLECTIVES:
-        pytest.skip(f"collective {collective!r} is not registered (yet)")
     res, _ = results
     per_rank = _ok(res, f"{schedule}/{collective}")
     plan = per_rank[0]["plan"]
