@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from numbers import Integral
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
+from dpcomm.planner._common import check_nodes
 from dpcomm.planner.plan import Plan
 from dpcomm.trace.format import Trace
 
@@ -78,8 +78,7 @@ class SimResult:
 
 def simulate(trace: Trace, plan: Plan, cost: CommCost, nodes: int, update_s: float = 0.0) -> SimResult:
     """Time one iteration (see module docstring). ``cost`` is the all-reduce cost for ``nodes`` nodes."""
-    if isinstance(nodes, bool) or not isinstance(nodes, Integral) or nodes < 1:
-        raise UserError(f"nodes must be an integer >= 1, got {nodes!r}")
+    check_nodes(nodes)
     nodes = int(nodes)
     if plan.num_layers != trace.num_layers:
         raise UserError(f"plan has {plan.num_layers} layers but trace '{trace.model}' has {trace.num_layers}")
