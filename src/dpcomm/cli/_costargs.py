@@ -7,10 +7,10 @@ import math
 import os
 from collections.abc import Callable
 
-from dpcomm.costmodel import ALGORITHMS, LinearCost, allreduce_cost, resolve_network
+from dpcomm.costmodel import ALGORITHMS, LinearCost, resolve_network
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.trace.format import Trace, load_trace
+from dpcomm.trace import Trace, find_trace, load_trace
 
 __all__ = ["add_cost_arguments", "cost_for", "load_trace_arg", "parse_linear_cost", "parse_nodes"]
 
@@ -46,10 +46,6 @@ def load_trace_arg(spec: str) -> Trace:
     """A trace file, or a trace shipped with dpcomm (``dpcomm.trace.find_trace``) when no such file exists."""
     if os.path.exists(spec) or spec.endswith(".json"):
         return load_trace(spec)
-    try:
-        from dpcomm.trace import find_trace  # shipped traces (model zoo); optional
-    except ImportError:
-        raise UserError(f"{spec}: no such trace file") from None
     return find_trace(spec)
 
 
@@ -80,8 +76,9 @@ def cost_for(args: argparse.Namespace) -> Callable[[int], CommCost]:
     if args.linear_cost:
         fixed = parse_linear_cost(args.linear_cost)
         return lambda nodes: fixed
-    net = resolve_network(args.network)
-    return lambda nodes: allreduce_cost(net, nodes, args.algo)
+    from dpcomm.sim.sweep import cost_factory
+
+    return cost_factory(resolve_network(args.network), args.algo)
 
 
 def check_update(value: float) -> float:
