@@ -21,15 +21,14 @@ The alpha-beta costs equal :mod:`.ring`'s; they differ on a real network (``N - 
 
 from __future__ import annotations
 
+from dpcomm.costmodel import ring
 from dpcomm.costmodel._steps import trivial
 from dpcomm.costmodel.network import Network
 
 __all__ = ["allreduce", "allreduce_ab", "broadcast", "reduce"]
 
-
-def allreduce_ab(nodes: int, net: Network) -> tuple[float, float]:
-    n = nodes
-    return 2 * (n - 1) * net.alpha, 2 * (n - 1) / n * net.beta + (n - 1) / n * net.gamma
+allreduce_ab = ring.allreduce_ab  # same alpha-beta-gamma form (module docstring)
+broadcast = ring.broadcast
 
 
 def allreduce(nbytes: float, nodes: int, net: Network) -> float:
@@ -37,13 +36,6 @@ def allreduce(nbytes: float, nodes: int, net: Network) -> float:
         return 0.0
     n = nodes
     return 2 * (n - 1) * net.alpha + 2 * (n - 1) / n * net.beta * nbytes + (n - 1) / n * net.gamma * nbytes
-
-
-def broadcast(nbytes: float, nodes: int, net: Network) -> float:
-    if trivial(nbytes, nodes):
-        return 0.0
-    n = nodes
-    return 2 * (n - 1) * net.alpha + 2 * (n - 1) / n * net.beta * nbytes
 
 
 def reduce(nbytes: float, nodes: int, net: Network) -> float:
