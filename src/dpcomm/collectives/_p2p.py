@@ -34,6 +34,7 @@ __all__ = [
     "Traffic",
     "begin",
     "block_bounds",
+    "cause",
     "chunk_bounds",
     "count_traffic",
     "flat_view",
@@ -166,6 +167,11 @@ def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
     return buf[:nbytes].view(dtype)
 
 
+def cause(exc: BaseException) -> str:
+    """First line of ``exc``'s message (its type name when empty), as a CollectiveError names its cause."""
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
 # ---------------------------------------------------------------------------------------------------------
 # One call's point-to-point operations.
 
@@ -199,8 +205,7 @@ class P2P:
             raise ValueError(f"{algo} {op}: this process is not a member of the group")
 
     def _fail(self, step: int | str, peer: int, what: str, exc: BaseException) -> CollectiveError:
-        cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        return CollectiveError(f"{self.algo} {self.op}: step {step}: peer {peer} ({what}): {cause}")
+        return CollectiveError(f"{self.algo} {self.op}: step {step}: peer {peer} ({what}): {cause(exc)}")
 
     def isend(self, tensor: torch.Tensor, peer: int, step: int | str) -> Pending:
         nbytes = tensor.numel() * tensor.element_size()

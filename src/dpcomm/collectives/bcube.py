@@ -539,7 +539,6 @@ def _run_thread(
             for peer, what, work in pending:  # noqa: B007 (peer, what name the failure below)
                 work.wait()
         except Exception as exc:
-            cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CollectiveError(f"{where}: peer {peer} ({what}): {cause}") from exc
+            raise CollectiveError(f"{where}: peer {peer} ({what}): {_p2p.cause(exc)}") from exc
         for buf, lo, hi in sums:
             _p2p.reduce_into(flat[lo:hi], buf)

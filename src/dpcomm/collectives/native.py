@@ -19,7 +19,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpcomm.collectives._p2p import CollectiveError, global_rank
+from dpcomm.collectives._p2p import CollectiveError, cause, global_rank
 from dpcomm.collectives.base import register
 
 __all__ = ["Native"]
@@ -36,8 +36,7 @@ class Native:
         try:
             fn()
         except Exception as exc:
-            cause = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-            raise CollectiveError(f"native {op}: step 1: backend collective: {cause}") from exc
+            raise CollectiveError(f"native {op}: step 1: backend collective: {cause(exc)}") from exc
 
     def allreduce(self, tensor: torch.Tensor, *, group: Any = None) -> None:
         self._run("allreduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group))
