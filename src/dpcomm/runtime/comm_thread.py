@@ -85,9 +85,14 @@ class CommThread:
             out, self.finished = self.finished, []
         return out
 
-    def close(self) -> None:
+    def close(self, timeout_s: float = 60.0) -> None:
+        """Stop after the jobs already queued (FIFO) have run, and wait for that, so no job writes ``.grad``
+        or calls a collective after ``close()`` returns (e.g. racing a ``destroy_process_group``). A job stuck
+        on a dead peer ends by the process group's own timeout; ``timeout_s`` bounds the wait regardless."""
         if self._thread.is_alive():
             self._queue.put(None)
+            if threading.current_thread() is not self._thread:
+                self._thread.join(timeout_s)
 
     def _run(self) -> None:
         import torch
