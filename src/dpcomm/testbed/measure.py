@@ -19,6 +19,8 @@ import sys
 import time
 from typing import Any
 
+from dpcomm.testbed._node_args import add_node_args, launch_options
+
 __all__ = ["main", "parse_size"]
 
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$", re.IGNORECASE)
@@ -82,11 +84,7 @@ def _call(algo: Any, t: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dpcomm.testbed.measure", description=__doc__.splitlines()[0])
-    p.add_argument("--nnodes", type=int, required=True)
-    p.add_argument("--node-rank", type=int, required=True)
-    p.add_argument("--master-addr", required=True)
-    p.add_argument("--master-port", type=int, required=True)
-    p.add_argument("--nproc", type=int, default=1)
+    add_node_args(p)
     p.add_argument(
         "--algorithms",
         default="native",
@@ -96,15 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
 
-    from dpcomm.launch import LaunchOptions, launch
+    from dpcomm.launch import launch
 
-    opts = LaunchOptions(
-        nproc=args.nproc,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-    )
+    opts = launch_options(args)
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     for rows in launch(_worker, opts, args.algorithms.split(","), sizes, args.repeat):
         for row in rows:

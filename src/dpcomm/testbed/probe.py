@@ -24,6 +24,8 @@ import sys
 import time
 from typing import Any
 
+from dpcomm.testbed._node_args import add_node_args, launch_options
+
 __all__ = ["main", "level_groups"]
 
 
@@ -131,25 +133,15 @@ def _worker(algorithms: list[str], count: int, level_bytes: int) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dpcomm.testbed.probe", description=__doc__.splitlines()[0])
-    p.add_argument("--nnodes", type=int, required=True)
-    p.add_argument("--node-rank", type=int, required=True)
-    p.add_argument("--master-addr", required=True)
-    p.add_argument("--master-port", type=int, required=True)
-    p.add_argument("--nproc", type=int, default=1)
+    add_node_args(p)
     p.add_argument("--algorithms", default="native", help="comma list; native = torch.distributed")
     p.add_argument("--count", type=int, default=1000, help="elements per allreduce check")
     p.add_argument("--level-bytes", type=int, default=0, help="bytes per level-binding transfer (BCube)")
     args = p.parse_args(argv)
 
-    from dpcomm.launch import LaunchOptions, launch
+    from dpcomm.launch import launch
 
-    opts = LaunchOptions(
-        nproc=args.nproc,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-    )
+    opts = launch_options(args)
     for res in launch(_worker, opts, args.algorithms.split(","), args.count, args.level_bytes):
         print(json.dumps(res), flush=True)
     return 0
