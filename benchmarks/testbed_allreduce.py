@@ -86,10 +86,15 @@ def measure(
     repeat: int,
     mtu: int = 1500,
     port: int = 29450,
+    congestion_control: str = "reno",
 ) -> dict:
     """Build ``topology``, time ``algorithms`` x ``sizes`` on it, tear it down; returns rows and context."""
     down(NAME)
-    up(TestbedConfig(name=NAME, topology=topology, rate_bps=rate_bps, mtu=mtu))
+    up(
+        TestbedConfig(
+            name=NAME, topology=topology, rate_bps=rate_bps, mtu=mtu, congestion_control=congestion_control
+        )
+    )
     load_before = _loadavg()
     samples: list = []
     stop = threading.Event()
@@ -129,6 +134,7 @@ def measure(
         "topology": topology,
         "rate_bps": rate_bps,
         "mtu": mtu,
+        "congestion_control": congestion_control,
         "rows": rows,
         "loadavg_before": load_before,
         "loadavg_after": _loadavg(),
@@ -139,12 +145,19 @@ def measure(
 def busbw(args: argparse.Namespace) -> dict:
     rate = parse_rate(args.rate)
     out = measure(
-        args.topology, rate, args.algorithms.split(","), args.sizes.split(","), args.repeat, args.mtu
+        args.topology,
+        rate,
+        args.algorithms.split(","),
+        args.sizes.split(","),
+        args.repeat,
+        args.mtu,
+        congestion_control=args.cc,
     )
     p = parse_topology(args.topology).servers
     ceiling = _ceiling(args.mtu)
     print(
-        f"# busbw on {args.topology} at {args.rate} (MTU {args.mtu}: TCP ceiling {ceiling:.1%} of the rate); "
+        f"# busbw on {args.topology} at {args.rate} (MTU {args.mtu}: TCP ceiling {ceiling:.1%} of the rate; "
+        f"TCP {args.cc}); "
         f"load {out['loadavg_before']} -> {out['loadavg_after']}"
     )
     print(
@@ -165,11 +178,13 @@ def busbw(args: argparse.Namespace) -> dict:
 def gst(args: argparse.Namespace) -> dict:
     rate = parse_rate(args.rate)
     sizes = args.sizes.split(",")
-    bml = measure(args.bcube, rate, args.bml_algorithms.split(","), sizes, args.repeat, args.mtu, 29451)
+    bml = measure(
+        args.bcube, rate, args.bml_algorithms.split(","), sizes, args.repeat, args.mtu, 29451, args.cc
+    )
     n_servers = parse_topology(args.bcube).servers
     k = parse_topology(args.bcube).nics_per_server
     star = measure(
-        f"star:{n_servers}", rate, args.ps_algorithms.split(","), sizes, args.repeat, args.mtu, 29452
+        f"star:{n_servers}", rate, args.ps_algorithms.split(","), sizes, args.repeat, args.mtu, 29452, args.cc
     )
     ceiling = _ceiling(args.mtu)
     print(
@@ -226,6 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     for q in (b, g):
         q.add_argument("--repeat", type=int, default=3)
         q.add_argument("--mtu", type=int, default=1500)
+        q.add_argument("--cc", default="reno", help="TCP congestion control in the namespaces (reno, bbr)")
         q.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     if os.geteuid() != 0:

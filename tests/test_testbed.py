@@ -18,7 +18,8 @@ import time
 import pytest
 
 from dpcomm.cli.main import main
-from dpcomm.testbed import build, names
+from dpcomm.errors import UserError
+from dpcomm.testbed import TestbedConfig, TestbedError, build, names
 from dpcomm.testbed.counters import link_counters
 from dpcomm.testbed.run import launch_workers
 from dpcomm.testbed.state import load_state, state_path
@@ -147,6 +148,16 @@ def test_up_status_exec_down(tb, capsys):
     assert 2_000_000 < delta[(2, 0)][1] < 2_200_000
     assert delta[(0, 0)][1] < 1_000  # the switch forwarded nothing to the bystander but ARP
 
+    # every server runs reno, whatever the host's default (bbr on the VM the docs were measured on)
+    for i in range(3):
+        cc = subprocess.run(
+            ["ip", "netns", "exec", names.host_ns(tb, i), "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
+            capture_output=True,
+            text=True,
+        ).stdout.strip()
+        assert cc == "reno", (i, cc)
+    assert state["congestion_control"] == "reno"
+
     # a dpcomm command without the multi-node flags is refused up front, not on every server
     rc, _, err = _run_cli(capsys, "testbed", "launch", "--name", tb, "--", "dpcomm", "models")
     assert rc == 2 and err.count("\n") == 1 and "--nnodes" in err
@@ -156,6 +167,17 @@ def test_up_status_exec_down(tb, capsys):
     assert build.leftovers(tb) == [] and not state_path(tb).exists()
     rc, out, _ = _run_cli(capsys, "testbed", "down", "--name", tb)
     assert rc == 0 and "nothing to remove" in out
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+def test_a_congestion_control_the_host_does_not_allow_is_one_line_and_leaves_nothing(tb):
+    with pytest.raises(UserError, match="bad congestion control"):
+        TestbedConfig(name=tb, topology="star:2", congestion_control="no way")
+    with pytest.raises(TestbedError, match=r"'nocc' cannot be set .*tcp_allowed_congestion_control") as err:
+        build.up(TestbedConfig(name=tb, topology="star:2", congestion_control="nocc"))
+    assert "\n" not in str(err.value)
+    assert build.leftovers(tb) == [] and not state_path(tb).exists()
 
 
 @pytest.mark.testbed

@@ -3,7 +3,8 @@
 ``up(config)`` makes, for a ``star:N`` or ``bcube:n,k`` topology (names in :mod:`dpcomm.testbed.names`):
 
 1. one namespace per server and one switch namespace; loopback up; IPv6 off (no router solicitations or
-   DAD packets to pollute the byte counters); reverse-path filtering off;
+   DAD packets to pollute the byte counters); reverse-path filtering off; TCP congestion control
+   ``cfg.congestion_control`` in the servers (reno, not the host's default: see :mod:`dpcomm.testbed.config`);
 2. one Linux bridge per switch (STP off, so ports forward at once) in the switch namespace;
 3. one veth pair per server NIC: ``dpc-l<l>`` in the server, ``dpc-s<i>l<l>`` on the bridge of its switch;
 4. one address per NIC from the plan of :func:`dpcomm.topology.plan_addresses` (``10.77.<l>.<i+1>/24``);
@@ -57,6 +58,19 @@ def _sysctl(ns: str, settings: list[str]) -> None:
     run(["ip", "netns", "exec", ns, "sysctl", "-q", "-w", *settings])
 
 
+def _set_congestion_control(ns: str, cc: str) -> None:
+    """Make ``cc`` the namespace's TCP congestion control; a one-line error names what the host allows."""
+    try:
+        _sysctl(ns, [f"net.ipv4.tcp_congestion_control={cc}"])
+    except TestbedError:
+        with open("/proc/sys/net/ipv4/tcp_allowed_congestion_control") as fh:
+            allowed = fh.read().split()
+        raise TestbedError(
+            f"TCP congestion control '{cc}' cannot be set inside a namespace: the host allows "
+            f"{' '.join(allowed) or 'none'} (net.ipv4.tcp_allowed_congestion_control)"
+        ) from None
+
+
 def up(cfg: TestbedConfig) -> dict[str, Any]:
     """Build the cluster of ``cfg`` and record it; returns the state (also saved as JSON)."""
     require()
@@ -73,6 +87,8 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
         for ns in [sw_ns, *hosts]:
             run(["ip", "netns", "add", ns])
             _sysctl(ns, _SYSCTL_ALL + (["net.ipv4.ip_forward=1"] if relay and ns != sw_ns else []))
+            if ns != sw_ns:
+                _set_congestion_control(ns, cfg.congestion_control)
         sw_lines = ["link set lo up"]
         for sw in topo.switches():
             br = names.bridge(sw.index)
@@ -153,6 +169,7 @@ def _state(cfg: TestbedConfig, plan: Any, sw_ns: str, hosts: list[str], relay: b
         "burst_bytes": cfg.burst,
         "queue_ms": cfg.queue_ms,
         "host_queue_bytes": cfg.host_queue_bytes,
+        "congestion_control": cfg.congestion_control,
         "base": cfg.base,
         "relay": relay,
         "switch_netns": sw_ns,

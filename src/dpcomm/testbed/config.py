@@ -20,6 +20,15 @@ cable carries at most ``rate``. The tbf parameters and why:
 - ``mtu``: 1500 by default, like the Ethernet the papers used. TCP then carries 1448 payload bytes per
   1514-byte frame that tbf counts, so application goodput tops out at 95.6% of ``rate``; ``--mtu 9000``
   (jumbo frames) raises that to 99.3%.
+- ``congestion_control``: ``reno`` in every namespace. A namespace starts with the host's default, which on
+  a cloud VM may be BBR (this one's is). BBR paces at a bandwidth it estimates from delivery samples and
+  its min-RTT, which on a veth with a 9 us base RTT and a tbf bucket that lets bursts through is an
+  oscillating guess; every few seconds one flow slowed for 100-300 ms, and a synchronous allreduce step
+  waits for its slowest flow: ring and BE on ``star:4`` reached 86-92% of the rate at 16-64 MB under BBR and
+  93-94% (97-98% of what TCP can carry) under reno, run to run within 0.2%. A cluster's Linux would run
+  CUBIC, which at sub-millisecond RTTs grows its window as reno does (its "TCP-friendly region", RFC 8312
+  sec. 4.2), but the kernel lets a non-initial namespace pick only a congestion control listed in the host's
+  ``net.ipv4.tcp_allowed_congestion_control`` (here ``reno bbr``), and the testbed never changes the host.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ EMULATED_KINDS = ("star", "bcube")
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
 _UNIT = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _NAME = re.compile(r"^[a-z0-9]{1,8}$")
+_CC = re.compile(r"^[a-z0-9_]{1,16}$")
 
 
 def parse_rate(text: str) -> int:
@@ -77,6 +87,9 @@ class TestbedConfig:
     """tbf ``limit`` on the server side of each link, bytes (deep: stands in for the host's back-pressure)."""
     burst_bytes: int | None = None
     """tbf bucket; None: ``max(1 ms of rate, 64 KiB)`` (see the module docstring)."""
+    congestion_control: str = "reno"
+    """TCP congestion control of every namespace (``net.ipv4.tcp_congestion_control``; see the module
+    docstring); it must be in the host's ``net.ipv4.tcp_allowed_congestion_control``."""
     base: str = DEFAULT_BASE
     """The private network the per-NIC addresses come from (only used inside the namespaces)."""
 
@@ -102,6 +115,8 @@ class TestbedConfig:
             raise UserError(f"host queue {self.host_queue_bytes} B is below 64 KiB")
         if self.burst_bytes is not None and self.burst_bytes < self.mtu + 14:
             raise UserError(f"burst {self.burst_bytes} B is smaller than one frame ({self.mtu + 14} B)")
+        if not _CC.match(self.congestion_control):
+            raise UserError(f"bad congestion control '{self.congestion_control}' (e.g. reno, bbr)")
 
     @property
     def topo(self) -> Topology:
