@@ -132,6 +132,7 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             "broadcast_every",
             "network",
             "root",
+            "verify_iters",
         )
         if k in case
     }

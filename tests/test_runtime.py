@@ -20,6 +20,7 @@ import time
 import pytest
 import torch
 
+from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.launch import launch
 from dpcomm.planner.plan import Plan
@@ -44,7 +45,13 @@ def _cases(trace_path: str) -> dict[str, dict]:
     for c in COLLECTIVES:
         for s in SCHEDULES:
             cases[f"{s}/{c}"] = {"plan": s, "collective": c, "profile_iters": 2}
-    cases["network-model"] = {"plan": "mgwfbp", "collective": base, "profile_iters": 2, "network": "10gbe"}
+    cases["network-model"] = {
+        "plan": "mgwfbp",
+        "collective": base,
+        "profile_iters": 2,
+        "network": "10gbe",
+        "verify_iters": 0,  # the model's plan, not timed against the fallbacks
+    }
     sub = {"group": [0, 2], "collective": base, "root": 1, "profile_iters": 2}
     cases["subgroup-mgwfbp"] = {"plan": "mgwfbp", **sub}
     cases["subgroup-lp-alg2"] = {"plan": WFBP, "mode": "lp-alg2", **sub}
@@ -79,6 +86,16 @@ def _cases(trace_path: str) -> dict[str, dict]:
     }
     other = Plan.from_sizes("x", [2, 2], L)
     cases["mismatch-hand"] = {"plan": [WFBP] + [other] * (WORLD - 1), "collective": base}
+    # a free network (no start-up, no per-byte cost): MG-WFBP keeps every layer apart, so the fallback
+    # (single) differs from the plan and is timed against it, 2 iterations each
+    free = Network(name="free", alpha=0.0, beta=0.0)
+    cases["measured"] = {
+        "plan": "mgwfbp",
+        "collective": base,
+        "profile_iters": 2,
+        "network": free,
+        "verify_iters": 2,
+    }
     cases["mismatch-tamper"] = {"plan": "mgwfbp", "collective": base, "profile_iters": 2, "tamper": True}
     cases["after-errors"] = {
         "plan": WFBP,
@@ -114,17 +131,34 @@ def test_planner_names_train_like_one_process(results, schedule, collective):
     res, _ = results
     per_rank = _ok(res, f"{schedule}/{collective}")
     plan = per_rank[0]["plan"]
-    assert plan["schedule"] == schedule and plan["num_layers"] == L
+    assert plan["num_layers"] == L
     for r in per_rank:
         assert r["plan"] == plan
-        # two profiled iterations with the safe plan, then the planner's plan
-        assert r["record_plans"] == ["profiling"] * 2 + [schedule] * 18
+        _check_record_plans(r, schedule)
         # the measured trace: the MLP's layer sizes in forward order, times > 0 on every layer
         assert [p for p, _, _ in r["trace_layers"]] == [8 * 32 + 32, 32 * 32 + 32, 32 * 16 + 16, 16 * 4 + 4]
         assert all(f > 0 and b > 0 for _, f, b in r["trace_layers"])
         assert len(r["cost_points"]) >= 3 and r["cost"][0] >= 0 and r["cost"][1] >= 0
         assert any(line.startswith(f"[rank {r['rank']}] plan {schedule}: ") for line in r["log"])
         assert any("all-reduce cost LinearCost" in line for line in r["log"])
+
+
+def _check_record_plans(r: dict, schedule: str, verify: int = 3, profiled: int = 2, total: int = 20) -> None:
+    """Two profiled iterations with the safe plan; for mgwfbp/optimal the candidates timed round-robin
+    (``verify`` iterations each, when the fallbacks differ from the plan); then the kept plan."""
+    plans = r["record_plans"]
+    assert plans[:profiled] == ["profiling"] * profiled
+    trial = [p.removeprefix("trial ") for p in plans[profiled:] if p.startswith("trial ")]
+    kept = plans[profiled + len(trial) :]
+    assert kept == [r["plan"]["schedule"]] * (total - profiled - len(trial)) and kept
+    if schedule not in ("mgwfbp", "optimal") or not trial:
+        assert kept[0] == schedule and not any("measured iteration" in line for line in r["log"])
+        return
+    names = list(dict.fromkeys(trial))
+    assert names[0] == schedule and set(names) <= {schedule, "single", "ddp-buckets"} and len(names) >= 2
+    assert trial == names * verify  # round-robin, one iteration each in turn
+    chose = [line for line in r["log"] if "measured iteration" in line]
+    assert len(chose) == 1 and chose[0].endswith(f"-> keeping {kept[0]}") and kept[0] in names
 
 
 @pytest.mark.slow
@@ -138,6 +172,16 @@ def test_network_model_prices_the_plan_instead_of_timing(results):
     for r in per_rank:
         assert r["cost_points"] == [] and tuple(r["cost"]) == (want.a, want.b)
         assert r["plan"]["schedule"] == "mgwfbp"
+
+
+@pytest.mark.slow
+def test_planned_plan_is_timed_against_single_and_ddp_buckets(results):
+    res, _ = results
+    for r in _ok(res, "measured"):
+        # the MLP's gradients fit in DDP's first bucket: its buckets are the single plan, timed once
+        assert r["record_plans"][2:6] == ["trial mgwfbp", "trial single"] * 2
+        _check_record_plans(r, "mgwfbp", verify=2)
+        assert any("timing 2 plans for 2 iteration(s) each: mgwfbp [3, 2, 1, 0]" in line for line in r["log"])
 
 
 @pytest.mark.slow
@@ -181,6 +225,7 @@ def test_lp_bsp_modes_train_like_one_process(results, mode):
     if (
         mode == "lp-alg1"
     ):  # a planner name: profiled with one reduce after backward, then the planner's groups
+        # (the LP modes keep the planner's plan: no timed fallbacks)
         assert _ok(res, "lp-alg1-planned")[0]["record_plans"] == ["profiling"] * 2 + ["mgwfbp"] * 18
 
 
@@ -225,7 +270,7 @@ def test_tied_no_sync_clipping_and_low_precision(results):
     res, _ = results
     _ok(res, "tied")
     _ok(res, "no-sync")
-    assert _ok(res, "no-sync-planned")[0]["record_plans"] == ["profiling"] * 2 + ["optimal"] * 18
+    _check_record_plans(_ok(res, "no-sync-planned")[0], "optimal")
     _ok(res, "clip")
     r0 = _ok(res, "bf16", BF16_TOL)[0]
     assert r0["buffer_bytes"] == r0["grad_bytes"]
@@ -336,3 +381,38 @@ def test_bad_arguments_are_one_line_user_errors():
         DataParallel(W.MLP(), plan="fastest")
     with pytest.raises(UserError, match="DataParallel needs torch.distributed"):
         DataParallel(W.MLP(), plan=WFBP)
+
+
+def test_trial_times_candidates_round_robin_and_keeps_the_plan_within_the_margin():
+    from dpcomm.runtime.autoplan import Trial
+
+    a, b, c = (Plan.from_sizes(n, s, L) for n, s in (("mgwfbp", [1, 1, 2]), ("single", [4]), ("ddp", [2, 2])))
+    trial = Trial([a, b, c], 2)
+    order = []
+    for seconds in (0.100, 0.090, 0.0995, 0.102, 0.091, 0.0999):
+        assert not trial.complete
+        order.append(trial.current.schedule)
+        trial.record(seconds)
+    assert order == ["mgwfbp", "single", "ddp"] * 2 and trial.complete
+    best, medians = trial.choose(None)  # no process group: this process's medians
+    assert best is b and medians == pytest.approx([0.101, 0.0905, 0.0997])
+    close = Trial([a, c], 1)
+    close.record(0.100)
+    close.record(0.0995)  # 0.5% faster: within the 1% margin, the planned plan stays
+    assert close.choose(None)[0] is a
+    assert close.choose(None, margin=0.001)[0] is c
+
+
+def test_candidates_are_the_plan_single_and_ddp_buckets_once_each():
+    from dpcomm.costmodel.base import LinearCost
+    from dpcomm.runtime.autoplan import build_trace, candidates
+
+    # float32 layer bytes 1.2 MB, 40 KB, 1.2 MB, 20 KB: DDP's first bucket (1 MiB) closes at layer 2
+    trace = build_trace("m", list("abcd"), [300_000, 10_000, 300_000, 5_000], [1e-3] * 4, [2e-3] * 4, 8, 4)
+    cost = LinearCost(a=1e-4, b=1e-9)
+    wfbp = Plan.from_sizes("mgwfbp", [1, 1, 1, 1], L)
+    got = candidates(wfbp, trace, cost, 4)
+    assert [p.schedule for p in got] == ["mgwfbp", "single", "ddp-buckets"]
+    assert got[1].groups == ((0, 1, 2, 3),) and got[2].groups == ((2, 3), (0, 1))
+    merged = Plan.from_sizes("optimal", [4], L)  # the same groups as single: timed once
+    assert [p.schedule for p in candidates(merged, trace, cost, 4)] == ["optimal", "ddp-buckets"]

@@ -9,6 +9,11 @@ Extra memory per call: whatever the backend allocates (gloo: up to one message-s
 3. ``reduce``: ``dist.reduce(tensor, dst=root, SUM)``.
 
 A backend failure (dead or absent peer, group timeout) becomes a :class:`CollectiveError` naming the op.
+
+``allreduce_async`` starts the backend's all-reduce with ``async_op=True`` and returns its work handle: the
+backend's own threads make progress, so the runtime needs no Python communication thread for it (what DDP's
+reducer does). Only ``native`` has it; the point-to-point algorithms are Python loops and run on the
+runtime's communication thread.
 """
 
 from __future__ import annotations
@@ -40,6 +45,13 @@ class Native:
 
     def allreduce(self, tensor: torch.Tensor, *, group: Any = None) -> None:
         self._run("allreduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group))
+
+    def allreduce_async(self, tensor: torch.Tensor, *, group: Any = None) -> Any:
+        """Start ``allreduce`` on the backend's threads; returns its work handle (``wait()``)."""
+        try:
+            return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
+        except Exception as exc:
+            raise CollectiveError(f"native allreduce: step 1: backend collective: {cause(exc)}") from exc
 
     def broadcast(self, tensor: torch.Tensor, *, root: int = 0, group: Any = None) -> None:
         src = global_rank(group, root)

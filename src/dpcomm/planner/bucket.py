@@ -1,8 +1,9 @@
 """Size-capped gradient buckets: PyTorch DDP's ``bucket_cap_mb=25`` and Horovod's 128 MB tensor fusion.
 
 Walk the layers in backward order (``L-1`` down to 0) and close the current group as soon as it holds
-``>= size`` bytes; the last group holds whatever is left. This is the rule of the issue; DDP itself also
-makes its first bucket 1 MiB and buckets parameters (not layers), which this planner does not model.
+``>= size`` bytes; the last group holds whatever is left. This is the rule of the issue. DDP also makes its
+first bucket 1 MiB (``first_bytes``, :data:`DDP_FIRST_BUCKET_BYTES`); it buckets parameters, not layers,
+which this planner does not model.
 
 Sizes: ``25MB``, ``128MB``, ``4KB``, ``1.5GB`` or plain bytes (``4096``). Units are binary as in the tools
 (DDP: ``bucket_cap_mb * 1024 * 1024``; Horovod: ``HOROVOD_FUSION_THRESHOLD`` default 128 * 1024 * 1024):
@@ -21,9 +22,10 @@ from dpcomm.planner._common import check_nodes, finish
 from dpcomm.planner.plan import Plan
 from dpcomm.trace.format import Trace
 
-__all__ = ["DDP_BUCKET_BYTES", "HOROVOD_FUSION_BYTES", "parse_size", "plan_bucket"]
+__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "HOROVOD_FUSION_BYTES", "parse_size", "plan_bucket"]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25)
+DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP's first bucket
 HOROVOD_FUSION_BYTES = 128 * 2**20  # HOROVOD_FUSION_THRESHOLD default
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20}
@@ -44,18 +46,27 @@ def parse_size(text: str) -> int:
 
 
 def plan_bucket(
-    trace: Trace, cost: CommCost, nodes: int, *, size_bytes: int, name: str | None = None
+    trace: Trace,
+    cost: CommCost,
+    nodes: int,
+    *,
+    size_bytes: int,
+    name: str | None = None,
+    first_bytes: int | None = None,
 ) -> Plan:
-    """Groups closed once they hold ``>= size_bytes`` bytes, in backward order; ``name`` labels the plan."""
+    """Groups closed once they hold ``>= size_bytes`` bytes, in backward order; ``name`` labels the plan.
+    ``first_bytes``: the first group closes at this size instead (DDP: 1 MiB)."""
     t0 = time.perf_counter()
     check_nodes(nodes)
     if isinstance(size_bytes, bool) or not isinstance(size_bytes, int) or size_bytes < 1:
         raise UserError(f"bucket size must be an integer >= 1 byte, got {size_bytes!r}")
+    if first_bytes is not None and (isinstance(first_bytes, bool) or first_bytes < 1):
+        raise UserError(f"first bucket size must be an integer >= 1 byte, got {first_bytes!r}")
     sizes, count, held = [], 0, 0
     for l in range(trace.num_layers - 1, -1, -1):
         count += 1
         held += trace.layer_bytes(l)
-        if held >= size_bytes:
+        if held >= (first_bytes if first_bytes is not None and not sizes else size_bytes):
             sizes.append(count)
             count, held = 0, 0
     if count:

@@ -9,6 +9,11 @@ several iterations").
 3. Per-layer medians over iterations are averaged over ranks (every rank gets the same numbers); the root
    builds a :class:`~dpcomm.trace.format.Trace`, calls the planner, and broadcasts the plan.
 4. Every rank all-gathers :meth:`Plan.sha256` and refuses to go on if any rank holds a different plan.
+5. For the cost-model planners (``mgwfbp``, ``optimal``), measure instead of trusting the model where it may
+   be wrong: the planned plan, ``single`` and DDP's default buckets run round-robin for a few iterations each
+   (:class:`Trial`) and the fastest median, as the slowest rank saw it, is kept. The alpha-beta model of
+   MG-WFBP (Eq. 9) prices a message by its own time only; on CPU workers that also do the reductions (one
+   machine, loopback), each overlapped message also takes CPU time from backward, which it does not model.
 """
 
 from __future__ import annotations
@@ -27,7 +32,10 @@ from dpcomm.planner.plan import Plan
 from dpcomm.trace.format import Layer, Trace
 
 __all__ = [
+    "MEASURED",
     "PlanMismatchError",
+    "Trial",
+    "candidates",
     "build_trace",
     "check_same_plan",
     "fit_linear",
@@ -38,6 +46,10 @@ __all__ = [
     "plan_on_root",
     "rank_mean",
 ]
+
+
+MEASURED = ("mgwfbp", "optimal")
+"""Planner names whose plan is checked against measured fallbacks (:class:`Trial`)."""
 
 
 class PlanMismatchError(UserError):
@@ -203,3 +215,55 @@ def check_same_plan(plan: Plan, group: Any) -> str:
             "every rank must run the same plan"
         )
     return mine
+
+
+def candidates(plan: Plan, trace: Trace, cost: CommCost, nodes: int) -> list[Plan]:
+    """The planned plan first, then the fallbacks a measurement may prefer: ``single`` (one start-up, no
+    overlap) and DDP's default buckets (1 MiB first, then 25 MiB); plans with the same groups appear once."""
+    from dpcomm.planner import make_plan
+    from dpcomm.planner.bucket import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, plan_bucket
+
+    out = [plan]
+    first, rest = DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES
+    ddp = plan_bucket(trace, cost, nodes, size_bytes=rest, first_bytes=first, name="ddp-buckets")
+    for c in (make_plan("single", trace, cost, nodes), ddp):
+        if all(c.groups != o.groups for o in out):
+            out.append(c)
+    return out
+
+
+class Trial:
+    """Candidate plans timed round-robin, one iteration each in turn, so all see the same machine load."""
+
+    def __init__(self, plans: list[Plan], iters: int):
+        self.plans, self.iters = plans, iters
+        self.times: list[list[float]] = [[] for _ in plans]
+        """Per candidate, its measured iteration times (seconds)."""
+        self._cur = 0
+
+    @property
+    def current(self) -> Plan:
+        """The candidate the next iteration runs."""
+        return self.plans[self._cur]
+
+    @property
+    def complete(self) -> bool:
+        return all(len(t) >= self.iters for t in self.times)
+
+    def record(self, seconds: float) -> None:
+        """The current candidate's iteration took ``seconds``; move on to the next candidate."""
+        self.times[self._cur].append(seconds)
+        self._cur = (self._cur + 1) % len(self.plans)
+
+    def choose(self, group: Any, margin: float = 0.01) -> tuple[Plan, list[float]]:
+        """The fastest candidate by median iteration time, as the slowest rank measured it (so every rank
+        chooses the same), and those medians. The planned plan (the first) stays unless another candidate is
+        faster by more than ``margin`` (a fraction)."""
+        med = torch.tensor([statistics.median(t) for t in self.times], dtype=torch.float64)
+        if dist.is_initialized() and dist.get_world_size(group) > 1:
+            dist.all_reduce(med, op=dist.ReduceOp.MAX, group=group)
+        medians = med.tolist()
+        best = min(range(len(medians)), key=medians.__getitem__)
+        if medians[best] >= medians[0] * (1 - margin):
+            best = 0
+        return self.plans[best], medians

@@ -21,13 +21,21 @@ text of its Section 3.3.) All jobs average by multiplying the sum by ``1/P``.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
 from dpcomm.runtime.buckets import GradBuckets, Group
 from dpcomm.runtime.comm_thread import CommJob, CommThread
 
-__all__ = ["MODES", "LayerwiseBroadcast", "allreduce_job", "broadcast_params_job", "reduce_job"]
+__all__ = [
+    "MODES",
+    "LayerwiseBroadcast",
+    "allreduce_job",
+    "broadcast_params_job",
+    "reduce_job",
+    "start_allreduce",
+]
 
 MODES = ("overlap", "lp-alg1", "lp-alg2", "lp-alg3")
 
@@ -50,6 +58,17 @@ def allreduce_job(
         b.unpack_grads(g, 1.0 / world)
 
     return _label("allreduce", g), run
+
+
+def start_allreduce(comm: CommThread, coll: Any, b: GradBuckets, g: Group, group: Any, world: int) -> CommJob:
+    """:func:`allreduce_job` for a collective with ``allreduce_async`` (the backend's own threads): pack and
+    start on the calling thread now (as DDP's reducer does in its autograd hook); the average is written back
+    into ``.grad`` on the thread that waits for the job."""
+    t0 = time.perf_counter()
+    b.pack_grads(g)
+    works = [coll.allreduce_async(flat, group=group) for flat in g.flats.values()] if world > 1 else []
+    label = _label("allreduce", g)
+    return comm.start_async(label, works, g.nbytes, lambda: b.unpack_grads(g, 1.0 / world), t0)
 
 
 def reduce_job(

@@ -158,16 +158,16 @@ class GradBuckets:
             self.groups[slot.group].pending -= 1
 
     def unpack_grads(self, group: Group, scale: float) -> None:
-        """Write ``scale * buffer`` back into each parameter's ``.grad`` (creating it where it is None)."""
-        for flat in group.flats.values():
-            if scale != 1.0:
-                flat.mul_(scale)
+        """Write ``scale * buffer`` into each parameter's ``.grad`` (one pass; creating ``.grad`` where it is
+        None). The product is computed in the buffer's dtype and rounded once into the gradient's."""
         for slot in group.slots:
-            p = slot.param
+            p, v = slot.param, self.view(slot)
             if p.grad is None:
-                p.grad = self.view(slot).to(p.dtype, copy=True)
+                p.grad = (torch.mul(v, scale) if scale != 1.0 else v.clone()).to(p.dtype)
+            elif scale != 1.0:
+                torch.mul(v, scale, out=p.grad)
             else:
-                p.grad.copy_(self.view(slot))
+                p.grad.copy_(v)
 
     def pack_params(self, group: Group) -> None:
         for slot in group.slots:

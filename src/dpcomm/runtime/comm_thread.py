@@ -7,14 +7,22 @@ for jobs before the optimizer step (the paper's ``WaitForLastCommunicationFinish
 
 A job that raises (a peer died, a collective timed out) breaks the thread: that job and every later one fail
 with :class:`CommFailure`, which the compute thread sees the next time it waits, instead of hanging.
+
+A collective whose backend has its own progress threads (``native``: gloo and NCCL run asynchronous work)
+needs no Python thread: :meth:`CommThread.start_async` records a job whose communication was already started
+with ``async_op=True`` on the compute thread, as DDP's reducer does; waiting for it waits for the backend's
+work handles and then runs the job's ``finish`` (e.g. writing averaged gradients back) on the waiting thread.
+This keeps the Python thread, its queue hand-off and its share of the GIL out of backward's way.
 """
 
 from __future__ import annotations
 
+import datetime
 import queue
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 __all__ = ["CommFailure", "CommJob", "CommThread"]
 
@@ -26,9 +34,9 @@ class CommFailure(RuntimeError):
 class CommJob:
     """One unit of communication: ``fn()`` run on the communication thread; ``wait()`` blocks until done."""
 
-    __slots__ = ("label", "nbytes", "fn", "t_submit", "t_start", "t_end", "error", "_done")
+    __slots__ = ("label", "nbytes", "fn", "t_submit", "t_start", "t_end", "error", "_done", "works", "finish")
 
-    def __init__(self, label: str, fn: Callable[[], None], nbytes: int = 0):
+    def __init__(self, label: str, fn: Callable[[], None] | None, nbytes: int = 0):
         self.label = label
         self.nbytes = nbytes
         self.fn = fn
@@ -37,16 +45,40 @@ class CommJob:
         self.t_end = 0.0
         self.error: BaseException | None = None
         self._done = threading.Event()
+        self.works: list[Any] | None = None
+        """Backend work handles of a job started with :meth:`CommThread.start_async` (None: a thread job)."""
+        self.finish: Callable[[], None] | None = None
 
     def done(self) -> bool:
+        if self.works is not None and not self._done.is_set():
+            return all(w.is_completed() for w in self.works)
         return self._done.is_set()
 
     def wait(self, timeout_s: float | None = None) -> None:
         """Block until the job ran; raise :class:`CommFailure` if it (or an earlier job) failed."""
+        if self.works is not None and not self._done.is_set():
+            self._wait_works(timeout_s)
         if not self._done.wait(timeout_s):
             raise CommFailure(f"{self.label}: not finished after {timeout_s:g} s (a peer may be hung)")
         if self.error is not None:
             raise CommFailure(f"{self.label} failed: {_one_line(self.error)}") from self.error
+
+    def _wait_works(self, timeout_s: float | None) -> None:
+        """An asynchronous job: wait for the backend, then run ``finish`` here (the waiting thread)."""
+        try:
+            for w in self.works:
+                if timeout_s is None:
+                    w.wait()
+                elif not w.wait(datetime.timedelta(seconds=timeout_s)):
+                    raise TimeoutError(f"not finished after {timeout_s:g} s (a peer may be hung)")
+            self.t_end = max(self.t_end, self.t_start)  # stamped by the backend's completion callbacks
+            if self.finish is not None:
+                self.finish()
+        except BaseException as exc:  # noqa: BLE001 - reported as CommFailure below
+            self.error = exc
+            self.t_end = time.perf_counter()
+        self.works, self.finish = [], None
+        self._done.set()
 
 
 def _one_line(exc: BaseException) -> str:
@@ -62,6 +94,7 @@ class CommThread:
         self._queue: queue.SimpleQueue[CommJob | None] = queue.SimpleQueue()
         self._broken: BaseException | None = None
         self._last: CommJob | None = None
+        self._async: list[CommJob] = []
         self.finished: list[CommJob] = []
         """Jobs finished since :meth:`take_finished` was last called (for timing records)."""
         self._lock = threading.Lock()
@@ -75,10 +108,33 @@ class CommThread:
         self._queue.put(job)
         return job
 
+    def start_async(
+        self, label: str, works: list[Any], nbytes: int, finish: Callable[[], None] | None, t_start: float
+    ) -> CommJob:
+        """Record a job already running on the backend's own threads (``works``: torch.distributed work
+        handles of ``async_op=True`` calls started at ``t_start``); ``finish`` runs on the waiting thread."""
+        job = CommJob(label, None, nbytes)
+        job.t_start = t_start
+        job.works, job.finish = works, finish
+
+        def stamp(_fut: Any, job: CommJob = job) -> None:
+            job.t_end = max(job.t_end, time.perf_counter())
+
+        for w in works:
+            w.get_future().add_done_callback(stamp)
+        self._async.append(job)
+        return job
+
     def wait_all(self, timeout_s: float | None = None) -> None:
-        """Wait for every job submitted so far (jobs run in order, so the last one suffices)."""
+        """Wait for every job submitted so far (thread jobs run in order, so the last one suffices; then the
+        asynchronous ones, in the order they were started)."""
         if self._last is not None:
             self._last.wait(timeout_s)
+        jobs, self._async = self._async, []
+        for job in jobs:  # the first failure raises; the later jobs are dropped with it
+            job.wait(timeout_s)
+            with self._lock:
+                self.finished.append(job)
 
     def take_finished(self) -> list[CommJob]:
         with self._lock:

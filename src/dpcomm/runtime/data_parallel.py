@@ -19,6 +19,10 @@ DistributedDataParallel::
 A planner *name* is resolved on the workers themselves (:mod:`dpcomm.runtime.autoplan`): the first
 ``profile_iters`` iterations run one all-reduce after backward (a safe ``single`` plan) while every layer is
 timed, the collective's cost is measured, and the root's plan is broadcast and checked by hash on every rank.
+The planners' cost model assumes communication overlaps computation for free; where it does not (CPU-bound
+workers that also do the reductions, as on one machine), ``verify_iters`` iterations of the planned plan,
+``single`` and DDP's default buckets are timed round-robin and the fastest is kept
+(``mgwfbp`` and ``optimal`` only; :class:`dpcomm.runtime.autoplan.Trial`).
 
 Edge cases: a parameter without a gradient in an iteration is an error naming it (``allow_unused=True``:
 a zero gradient); a shared (tied) parameter is one slot, in the first layer that uses it; ``no_sync()``
@@ -47,6 +51,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpcomm.collectives._p2p import cause
 from dpcomm.errors import UserError
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.planner.plan import Plan
@@ -115,6 +120,8 @@ class DataParallel(nn.Module):
         keep_spans: iterations whose timeline is kept for :meth:`write_chrome_trace`.
         timeout_s: give up waiting for one communication job after this long (None: rely on the group's
             own timeout, which :func:`dpcomm.launch.init_worker` sets).
+        verify_iters: for ``mgwfbp``/``optimal``, time the planned plan, ``single`` and DDP's default buckets
+            for this many iterations each (round-robin, after profiling), keep the fastest (0: no timing).
     """
 
     _tamper_plan: ClassVar[Callable[[Plan, int], Plan] | None] = None
@@ -138,6 +145,7 @@ class DataParallel(nn.Module):
         broadcast_buffers: bool = True,
         keep_spans: int = 50,
         timeout_s: float | None = None,
+        verify_iters: int = 3,
     ):
         super().__init__()
         if mode not in bsp.MODES:
@@ -150,6 +158,8 @@ class DataParallel(nn.Module):
             parse_schedules(plan)  # an unknown name fails here, on every rank, before any communication
         if broadcast_every < 1 or profile_iters < 1:
             raise UserError("broadcast_every and profile_iters must be >= 1")
+        if verify_iters < 0:
+            raise UserError(f"verify_iters must be >= 0, got {verify_iters}")
         if not dist.is_available() or not dist.is_initialized():
             raise UserError("DataParallel needs torch.distributed initialised (dpcomm.launch.init_worker())")
         old = _ACTIVE.get(module)
@@ -167,6 +177,7 @@ class DataParallel(nn.Module):
         self.reduce_dtype = reduce_dtype
         self.broadcast_buffers = broadcast_buffers
         self.timeout_s = timeout_s
+        self.verify_iters = verify_iters
         self._pg = process_group
         self.rank = dist.get_rank(process_group)
         if self.rank < 0:
@@ -185,9 +196,14 @@ class DataParallel(nn.Module):
                 collective,
             )
         self._user_log = log
+        self._async = callable(getattr(self._coll, "allreduce_async", None))
+        """The collective's backend makes its own progress (``native``): all-reduces start right in the
+        backward hook, without the communication thread (:meth:`CommThread.start_async`)."""
 
         self.plan: Plan | None = plan if isinstance(plan, Plan) else None
-        """The plan in use; None while a planner-name plan is being profiled."""
+        """The plan in use; None while a planner-name plan is being profiled or its candidates timed."""
+        self._trial: autoplan.Trial | None = None
+        """Candidate plans being timed round-robin (planner names, after profiling)."""
         self._schedule = plan if isinstance(plan, str) else plan.schedule
         self.trace = None
         """The measured :class:`~dpcomm.trace.format.Trace` a planner-name plan was made from."""
@@ -334,9 +350,11 @@ class DataParallel(nn.Module):
                 self._it.exposed_s += time.perf_counter() - t1
             self._stale = self.mode == "lp-alg1"
         self._finish_iteration(t0)
-        if self.plan is None and len(self._samples) >= self.profile_iters:
+        if self._trial is not None:
+            self._trial_step()
+        elif self.plan is None and len(self._samples) >= self.profile_iters:
             self._decide_plan()
-            self._drop_pre_hooks_if_unused()
+        self._drop_pre_hooks_if_unused()
 
     def sync_params(self) -> None:
         """Broadcast the root's parameters and buffers now (e.g. at the end of ``lp-alg1`` training, whose
@@ -430,6 +448,9 @@ class DataParallel(nn.Module):
         b, coll, pg, world = self._buckets, self._coll, self._pg, self.world_size
         if self.mode in ("lp-alg1", "lp-alg2"):
             label, run = bsp.reduce_job(coll, b, g, pg, world, self.rank, self.root)
+        elif self._async:
+            bsp.start_allreduce(self._comm, coll, b, g, pg, world)
+            return
         else:
             label, run = bsp.allreduce_job(coll, b, g, pg, world)
         self._comm.submit(label, run, g.nbytes)
@@ -468,19 +489,22 @@ class DataParallel(nn.Module):
                 if not params:
                     self._buffer_flats[dt] = flat
 
-            def run(flat: torch.Tensor = flat, ts: list[torch.Tensor] = ts) -> None:
-                if is_root:
-                    torch.cat([t.reshape(-1) for t in ts], out=flat)
-                self._coll.broadcast(flat, root=self.root, group=self._pg)
-                if not is_root:
-                    off = 0
-                    for t in ts:
-                        t.copy_(flat[off : off + t.numel()].view_as(t))
-                        off += t.numel()
-
             what = "params+buffers" if params else "buffers"
-            self._comm.submit(f"broadcast {what} {dt} ({n * flat.element_size()} B)", run)
-        self._wait(None)
+            try:  # on this thread: nothing else is queued at the points where the state is broadcast
+                with torch.no_grad():
+                    if is_root:
+                        torch.cat([t.reshape(-1) for t in ts], out=flat)
+                    self._coll.broadcast(flat, root=self.root, group=self._pg)
+                    if not is_root:
+                        off = 0
+                        for t in ts:
+                            t.copy_(flat[off : off + t.numel()].view_as(t))
+                            off += t.numel()
+            except Exception as exc:
+                raise CommFailure(
+                    f"DataParallel rank {self.rank} of {self.world_size}: broadcast {what} {dt} failed: "
+                    f"{cause(exc)}"
+                ) from exc
         self._it.exposed_s += time.perf_counter() - t0
 
     def _adopt_layer_order(self) -> None:
@@ -526,7 +550,7 @@ class DataParallel(nn.Module):
         if it.bwd_start is not None and it.bwd_last is not None and it.bwd_last >= it.bwd_start:
             it.backward_s += it.bwd_last - it.bwd_start
             self._span("backward", "compute", it.bwd_start, it.bwd_last)
-            if self.plan is None and it.ready and self._layers is not None:
+            if self.plan is None and self._trial is None and it.ready and self._layers is not None:
                 pre = [it.pre.get(o) for o in self._order_owners()]
                 ready = [it.ready.get(layer) for layer in range(len(pre))]
                 self._samples.append(autoplan.layer_times(pre, it.fwd_end, ready, it.bwd_start))
@@ -564,7 +588,9 @@ class DataParallel(nn.Module):
                 step_s=now - t_step,
                 total_s=now - (it.t0 if it.t0 is not None else t_step),
                 comm_s=comm_s,
-                plan=self.plan.schedule if self.plan is not None else "profiling",
+                plan=self.plan.schedule
+                if self.plan is not None
+                else (f"trial {self._trial.current.schedule}" if self._trial is not None else "profiling"),
             )
         )
         self._spans.append(it.spans)
@@ -602,8 +628,6 @@ class DataParallel(nn.Module):
         if DataParallel._tamper_plan is not None:
             plan = DataParallel._tamper_plan(plan, self.rank)
         autoplan.check_same_plan(plan, self._pg)
-        self.plan = plan
-        self._buckets = self._make_buckets(plan)
         points = [(m, round(t * 1e6, 1)) for m, t in self.cost_points]
         self._emit(
             f"measured t_f={sum(f) * 1e3:.3f} ms t_b={sum(b) * 1e3:.3f} ms over {len(self._samples)} "
@@ -611,6 +635,44 @@ class DataParallel(nn.Module):
         )
         sha = plan.sha256()[:12]
         self._emit(f"plan {plan.schedule}: {len(plan.groups)} group(s) {self._sizes(plan)} sha256 {sha}")
+        candidates = autoplan.candidates(plan, self.trace, self.cost, self.world_size)
+        if (
+            self.verify_iters
+            and self.world_size > 1
+            and self.mode == "overlap"
+            and self._schedule in autoplan.MEASURED
+            and len(candidates) > 1
+        ):
+            self._trial = autoplan.Trial(candidates, self.verify_iters)
+            self._emit(
+                f"timing {len(candidates)} plans for {self.verify_iters} iteration(s) each: "
+                + ", ".join(f"{c.schedule} {self._sizes(c)}" for c in candidates)
+            )
+            self._buckets = self._make_buckets(self._trial.current)
+        else:
+            self._adopt(plan)
+
+    def _trial_step(self) -> None:
+        """After a timed candidate's iteration: the next candidate, or (all timed) keep the fastest."""
+        trial = self._trial
+        trial.record(self.records[-1].total_s)
+        if not trial.complete:
+            self._buckets = self._make_buckets(trial.current)
+            return
+        best, medians = trial.choose(self._pg)
+        self._trial = None
+        self._emit(
+            "measured iteration (median, slowest rank): "
+            + ", ".join(f"{c.schedule} {m * 1e3:.1f} ms" for c, m in zip(trial.plans, medians, strict=True))
+            + f" -> keeping {best.schedule}"
+        )
+        autoplan.check_same_plan(best, self._pg)
+        self._adopt(best)
+
+    def _adopt(self, plan: Plan) -> None:
+        self.plan = plan
+        if self._buckets is None or self._buckets.plan.groups != plan.groups:
+            self._buckets = self._make_buckets(plan)
 
     @staticmethod
     def _sizes(plan: Plan) -> str:
