@@ -172,7 +172,8 @@ class TrainResult:
     iterations: int
     """Total iterations reached."""
     t_iter_s: float
-    """Median iteration time over the steady iterations (after profiling / DDP's first iteration)."""
+    """Median iteration time over the steady iterations (after profiling and the timed candidate plans /
+    DDP's first iteration)."""
     forward_s: float
     """Median forward time (t_f)."""
     backward_s: float
@@ -681,8 +682,10 @@ def _share(records: list[dict[str, Any]]) -> float:
 
 
 def _steady(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Iterations that show the running plan: after profiling, and never the very first (warm-up)."""
-    steady = [r for r in records[1:] if r.get("plan") != "profiling"]
+    """Iterations that show the kept plan: after profiling and the timed candidates, never the very first."""
+    steady = [
+        r for r in records[1:] if r.get("plan") != "profiling" and not str(r.get("plan")).startswith("trial ")
+    ]
     return steady or records
 
 
