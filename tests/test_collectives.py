@@ -11,6 +11,8 @@ import pytest
 
 from dpcomm.collectives import get, names
 from dpcomm.collectives._p2p import block_bounds, chunk_bounds
+from dpcomm.costmodel.lp import lp_optimal_block
+from dpcomm.costmodel.network import PRESETS, Network, save_network
 from dpcomm.errors import UserError
 from dpcomm.launch import launch
 from tests import _collective_workers as W
@@ -34,6 +36,18 @@ def test_chunks_and_blocks_cover_the_range():
     assert block_bounds(10, 4, 12) == [(0, 3), (3, 6), (6, 9), (9, 10)]
     assert block_bounds(3, 8, 1) == [(0, 1), (1, 2), (2, 3)]  # at least one element per block
     assert block_bounds(0, 4, 64) == [(0, 0)]
+
+
+def test_lp_default_block_is_the_optimum_on_the_network_it_is_told(monkeypatch, tmp_path):
+    slow = Network(name="100mbit", alpha=45.26e-6, beta=8e-8)
+    monkeypatch.delenv("DPCOMM_NETWORK", raising=False)
+    assert get("lp").block_size(16_000_000, 4, "allreduce") == int(
+        lp_optimal_block(16_000_000, 4, PRESETS["10gbe"], "allreduce")
+    )
+    monkeypatch.setenv("DPCOMM_NETWORK", str(save_network(slow, tmp_path / "net.json")))
+    b = get("lp").block_size(16_000_000, 4, "allreduce")
+    assert b == int(lp_optimal_block(16_000_000, 4, slow, "allreduce")) and 50_000 < b < 60_000
+    assert get("lp", network="10gbe").block_size(16_000_000, 4, "allreduce") > 500_000  # explicit wins
 
 
 @pytest.mark.parametrize("world", range(1, 9))

@@ -18,6 +18,8 @@ import time
 import pytest
 
 from dpcomm.cli.main import main
+from dpcomm.costmodel.lp import lp_optimal_block
+from dpcomm.costmodel.network import PRESETS, Network
 from dpcomm.errors import UserError
 from dpcomm.testbed import TestbedConfig, TestbedError, build, names
 from dpcomm.testbed.counters import link_counters
@@ -297,4 +299,9 @@ def test_star_allreduce_through_the_cli(tb, capsys):
     assert rc == 0, err
     result = json.loads(out.strip().splitlines()[-1])  # rank 0's stdout comes back
     assert result["rank"] == 0 and result["world"] == 3 and result["allreduce"] == {a: True for a in algos}
+    # lp's default block is the optimum for the emulated 2 Gbit/s link the launcher described in
+    # $DPCOMM_NETWORK, not for the 10gbe preset (2.3x larger here; 10x at 100 Mbit/s)
+    link = Network(name="link", alpha=45.26e-6, beta=8 / (2e9 * 1448 / 1514))
+    assert result["lp_block_16MB"] == int(lp_optimal_block(16_000_000, 3, link, "allreduce"))
+    assert result["lp_block_16MB"] < lp_optimal_block(16_000_000, 3, PRESETS["10gbe"], "allreduce") / 2
     assert "exit codes [0, 0, 0]" in err

@@ -28,8 +28,11 @@ allreduce (Fig. 2c, ONE filled pipeline, not reduce then broadcast; chain ``0..p
 
 Block size: ``block_bytes`` if given, else the cost model's optimum
 :func:`dpcomm.costmodel.lp.lp_optimal_block` (``b* = sqrt(n alpha / ((p-1) c))``) on ``network`` (a preset
-name, a network file or a :class:`~dpcomm.costmodel.network.Network`; default ``10gbe``); the paper uses
-``b`` around 64 KB. Theorem 3.1: with ``alpha -> 0`` the cost is ``~ n beta`` whatever ``p``.
+name, a network file or a :class:`~dpcomm.costmodel.network.Network`; default ``$DPCOMM_NETWORK``, else
+``10gbe``, as for :mod:`~dpcomm.collectives.auto`); the paper uses ``b`` around 64 KB. The optimum depends
+on the network a lot: 548 KB for 16 MB on 4 ranks of ``10gbe``, 54 KB on the 100 Mbit/s links of
+``dpcomm testbed`` (which sets ``$DPCOMM_NETWORK``); each is the better choice where it applies (see
+docs/testbed.md, section 1). Theorem 3.1: with ``alpha -> 0`` the cost is ``~ n beta`` whatever ``p``.
 
 Extra memory per call: reduce and allreduce receive into two block buffers (``min(2b, S)`` bytes, the
 thread's reused :func:`~dpcomm.collectives._p2p.scratch`); broadcast receives in place. ``p = 1`` or
@@ -41,6 +44,7 @@ Source: P. Wang et al. (LP paper), "Efficient Communications in Training Large S
 
 from __future__ import annotations
 
+import os
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -80,13 +84,16 @@ class LinearPipeline:
 
     block_bytes: int | None = None
     """Pipeline block ``b`` in bytes; None: the cost model's optimum for the message, ``p``, ``network``."""
-    network: str | Network = "10gbe"
-    """Network whose alpha, beta, gamma pick the default block (preset name, file, or Network)."""
+    network: str | Network | None = None
+    """Network whose alpha, beta, gamma pick the default block (preset name, file, or Network); None:
+    ``$DPCOMM_NETWORK``, else ``10gbe``."""
     name: str = "lp"
 
     def __post_init__(self) -> None:
         if self.block_bytes is not None and (isinstance(self.block_bytes, bool) or self.block_bytes < 1):
             raise ValueError(f"lp: block_bytes must be an integer >= 1, got {self.block_bytes!r}")
+        if self.network is None:
+            self.network = os.environ.get("DPCOMM_NETWORK") or "10gbe"
         if isinstance(self.network, str):
             self.network = resolve_network(self.network)
 

@@ -29,6 +29,11 @@ cable carries at most ``rate``. The tbf parameters and why:
   CUBIC, which at sub-millisecond RTTs grows its window as reno does (its "TCP-friendly region", RFC 8312
   sec. 4.2), but the kernel lets a non-initial namespace pick only a congestion control listed in the host's
   ``net.ipv4.tcp_allowed_congestion_control`` (here ``reno bbr``), and the testbed never changes the host.
+
+:func:`link_network` describes one emulated link to the cost model (``testbed launch`` hands it to every
+worker as ``$DPCOMM_NETWORK``, so ``lp``'s default block and ``auto`` fit the emulated network, not 10GbE):
+``beta`` = 8 / (rate x TCP ceiling) s/byte, ``alpha`` = the 10gbe preset's 45.26 us (a TCP stack's
+message start-up, MG-WFBP sec. V; the testbed adds no latency of its own), ``gamma`` = 0.
 """
 
 from __future__ import annotations
@@ -36,10 +41,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from dpcomm.costmodel.network import PRESETS, Network
 from dpcomm.errors import UserError
 from dpcomm.topology import DEFAULT_BASE, Topology, parse_topology
 
-__all__ = ["TestbedConfig", "parse_rate", "format_rate", "EMULATED_KINDS"]
+__all__ = ["TestbedConfig", "parse_rate", "format_rate", "link_network", "tcp_ceiling", "EMULATED_KINDS"]
 
 EMULATED_KINDS = ("star", "bcube")
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
@@ -65,6 +71,22 @@ def format_rate(bits: int) -> str:
             value = bits / scale
             return f"{value:g}{unit}"
     return f"{bits}bit"
+
+
+def tcp_ceiling(mtu: int) -> float:
+    """TCP payload per byte tbf counts: ``(MTU - 20 IP - 32 TCP with timestamps) / (MTU + 14 Ethernet)``."""
+    return (mtu - 52) / (mtu + 14)
+
+
+def link_network(rate_bps: int, mtu: int) -> Network:
+    """The cost model's view of one emulated link (see the module docstring)."""
+    return Network(
+        name=f"testbed {format_rate(rate_bps)} mtu {mtu}",
+        alpha=PRESETS["10gbe"].alpha,
+        beta=8 / (rate_bps * tcp_ceiling(mtu)),
+        gamma=0.0,
+        source="dpcomm testbed: beta = 8 / (tbf rate x TCP goodput per frame); alpha = the 10gbe preset's",
+    )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -10,7 +10,10 @@ rendezvous reaches the command two ways:
 - environment: ``DPCOMM_NNODES``, ``DPCOMM_NODE_RANK``, ``DPCOMM_MASTER_ADDR``, ``DPCOMM_MASTER_PORT``,
   ``DPCOMM_TOPOLOGY`` and the NIC bindings ``GLOO_SOCKET_IFNAME=dpc-l0`` (the default group) and
   ``DPCOMM_BCUBE_IFACES=dpc-l0,..,dpc-l<k-1>`` (BML's level-``l`` group on NIC ``l``,
-  :func:`dpcomm.collectives.bcube.make_level_groups`).
+  :func:`dpcomm.collectives.bcube.make_level_groups`);
+- ``DPCOMM_NETWORK``: a network file in the output folder describing one emulated link
+  (:func:`dpcomm.testbed.config.link_network`), which ``lp`` and ``auto`` take as their default network;
+  an existing ``DPCOMM_NETWORK`` (the caller's environment or ``env``) wins.
 
 Each worker's stdout and stderr go to ``<out_dir>/rank<i>.out|.err``. When a worker fails, the others get
 ``grace_s`` to finish before they are stopped (a lost peer would otherwise leave them waiting).
@@ -29,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpcomm.costmodel.network import save_network
+from dpcomm.testbed.config import link_network
 from dpcomm.testbed.shell import TestbedError, require
 
 __all__ = ["LaunchResult", "exec_in", "launch_workers", "host_netns", "worker_env"]
@@ -152,13 +157,19 @@ def launch_workers(
     _check_dpcomm_command(argv)
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix=f"dpcomm-testbed-{state['name']}-"))
     out.mkdir(parents=True, exist_ok=True)
+    network = save_network(link_network(state["rate_bps"], state["mtu"]), out / "network.json")
     procs: list[subprocess.Popen] = []
     files = []
     t0 = time.monotonic()
     try:
         for srv in state["servers"]:
             rank = srv["server"]
-            wenv = {**os.environ, **(env or {}), **worker_env(state, rank, master_port)}
+            wenv = {
+                "DPCOMM_NETWORK": str(network),
+                **os.environ,
+                **(env or {}),
+                **worker_env(state, rank, master_port),
+            }
             fo, fe = open(out / f"rank{rank}.out", "w"), open(out / f"rank{rank}.err", "w")
             files += [fo, fe]
             cmd = ["ip", "netns", "exec", srv["netns"], *_resolve(_argv_for(argv, state, rank, master_port))]
