@@ -86,6 +86,20 @@ class _Iter:
     fwd_end: float = 0.0
 
 
+def _byte_views(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
+    """One uint8 buffer holding every tensor, widest dtype first (so each view is aligned to its element
+    size); returns the buffer, one typed view per tensor in that order, and the order (indices)."""
+    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
+    sizes = [tensors[i].numel() * tensors[i].element_size() for i in order]
+    flat = torch.empty(sum(sizes), dtype=torch.uint8, device=tensors[0].device)
+    views, off = [], 0
+    for i, n in zip(order, sizes, strict=True):
+        t = tensors[i]
+        views.append(flat[off : off + n].view(t.dtype).view(t.shape))
+        off += n
+    return flat, views, order
+
+
 def _tensors(out: Any) -> Iterator[torch.Tensor]:
     if isinstance(out, torch.Tensor):
         yield out
@@ -232,7 +246,8 @@ class DataParallel(nn.Module):
         self._prefetch: bsp.LayerwiseBroadcast | None = None
         self._steps = 0
         self._it = _Iter()
-        self._buffer_flats: dict[torch.dtype, torch.Tensor] = {}
+        self._state_packs: dict[bool, tuple] = {}
+        """params? -> (layout key, byte buffer, typed views, tensor order) of :meth:`_broadcast_state`."""
 
         self._broadcast_state(params=True)
         self._hooks = [
@@ -468,43 +483,37 @@ class DataParallel(nn.Module):
         return time.perf_counter() - t0
 
     def _broadcast_state(self, params: bool) -> None:
-        """The root's parameters (if ``params``) and buffers to every rank, one message per dtype."""
+        """The root's parameters (if ``params``) and buffers to every rank as one message of bytes (a
+        broadcast does no arithmetic, so every dtype shares it: one collective instead of one per dtype)."""
         if self.world_size == 1:
             return
-        tensors = list(self.module.buffers())
+        tensors = [t.detach() for t in self.module.buffers()]
         if params:
-            tensors = list(dict.fromkeys(self.module.parameters())) + tensors
+            tensors = [p.detach() for p in dict.fromkeys(self.module.parameters())] + tensors
         if not tensors:
             return
         t0 = time.perf_counter()
-        by_dtype: dict[torch.dtype, list[torch.Tensor]] = {}
-        for t in tensors:
-            by_dtype.setdefault(t.dtype, []).append(t.detach())
-        is_root = self.rank == self.root
-        for dt, ts in by_dtype.items():
-            n = sum(t.numel() for t in ts)
-            flat = self._buffer_flats.get(dt) if not params else None
-            if flat is None or flat.numel() != n:
-                flat = torch.empty(n, dtype=dt, device=ts[0].device)
-                if not params:
-                    self._buffer_flats[dt] = flat
-
-            what = "params+buffers" if params else "buffers"
-            try:  # on this thread: nothing else is queued at the points where the state is broadcast
-                with torch.no_grad():
-                    if is_root:
-                        torch.cat([t.reshape(-1) for t in ts], out=flat)
-                    self._coll.broadcast(flat, root=self.root, group=self._pg)
-                    if not is_root:
-                        off = 0
-                        for t in ts:
-                            t.copy_(flat[off : off + t.numel()].view_as(t))
-                            off += t.numel()
-            except Exception as exc:
-                raise CommFailure(
-                    f"DataParallel rank {self.rank} of {self.world_size}: broadcast {what} {dt} failed: "
-                    f"{cause(exc)}"
-                ) from exc
+        key = tuple((t.data_ptr(), t.dtype, t.shape) for t in tensors)
+        packed = self._state_packs.get(params)
+        if packed is None or packed[0] != key:
+            packed = (key, *_byte_views(tensors))
+            if not params:  # buffers go every forward: keep their layout; parameters go rarely
+                self._state_packs[params] = packed
+        _, flat, views, order = packed
+        ts = [tensors[i] for i in order]
+        what = "params+buffers" if params else "buffers"
+        try:  # on this thread: nothing else is queued at the points where the state is broadcast
+            with torch.no_grad():
+                if self.rank == self.root:
+                    torch._foreach_copy_(views, ts)
+                self._coll.broadcast(flat, root=self.root, group=self._pg)
+                if self.rank != self.root:
+                    torch._foreach_copy_(ts, views)
+        except Exception as exc:
+            raise CommFailure(
+                f"DataParallel rank {self.rank} of {self.world_size}: broadcast {what} "
+                f"({flat.numel()} B) failed: {cause(exc)}"
+            ) from exc
         self._it.exposed_s += time.perf_counter() - t0
 
     def _adopt_layer_order(self) -> None:
