@@ -72,6 +72,8 @@ def no_launch(monkeypatch):
         (["--resume"], "--resume needs --checkpoint"),
         (["--schedule", "ddp", "--mode", "lp-alg2"], "needs a dpcomm schedule"),
         (["--schedule", "ddp", "--collective", "ring"], "needs a dpcomm schedule"),
+        (["--verify-iters", "-1"], "--verify-iters must be >= 0"),
+        (["--threads", "0"], "threads must be >= 1"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_before_any_worker(capsys, no_launch, flags, needle):

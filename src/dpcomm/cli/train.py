@@ -46,6 +46,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--chrome-trace", metavar="PATH", default=None, help="Chrome trace of the last iterations")
     p.add_argument("--profile-iters", type=int, default=3, help="iterations profiled before planning")
+    p.add_argument(
+        "--verify-iters",
+        type=int,
+        default=3,
+        help="mgwfbp/optimal: iterations each timing the plan against single and DDP's buckets (0: off)",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default cores/nproc)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective waits for a peer")
     p.add_argument("--nnodes", type=int, default=1, help="machines (static rendezvous, as torchrun)")
     p.add_argument("--node-rank", type=int, default=0, help="this machine's rank")
@@ -73,6 +80,8 @@ def _config(args: argparse.Namespace):
         resume=args.resume,
         chrome_trace=args.chrome_trace,
         profile_iters=args.profile_iters,
+        verify_iters=args.verify_iters,
+        threads=args.threads,
         timeout_s=args.timeout,
         nnodes=args.nnodes,
         node_rank=args.node_rank,

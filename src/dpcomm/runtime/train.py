@@ -105,6 +105,9 @@ class TrainConfig:
     """Write a Chrome trace of the last iterations (compute and communication rows per rank) here."""
     profile_iters: int = 3
     """Iterations profiled before a planner-name plan is decided (MG-WFBP Alg. 1 lines 1-7)."""
+    verify_iters: int = 3
+    """``mgwfbp``/``optimal``: iterations each for timing the plan against ``single`` and DDP's buckets
+    (the fastest is kept); 0: keep the planner's plan untimed."""
     nnodes: int = 1
     """Machines; > 1 uses a static rendezvous at ``master_addr:master_port`` (as ``torchrun``)."""
     node_rank: int = 0
@@ -135,6 +138,7 @@ class TrainConfig:
         need(not self.resume or bool(self.checkpoint), "--resume needs --checkpoint DIR")
         need(not self.checkpoint_every or bool(self.checkpoint), "--checkpoint-every needs --checkpoint DIR")
         need(self.profile_iters >= 1, f"profile iterations must be >= 1, got {self.profile_iters}")
+        need(self.verify_iters >= 0, f"--verify-iters must be >= 0, got {self.verify_iters}")
         need(self.nnodes >= 1, f"--nnodes must be >= 1, got {self.nnodes}")
         need(0 <= self.node_rank < self.nnodes, f"--node-rank must be in 0..{self.nnodes - 1}")
         need(0 <= self.master_port < 65536, f"--master-port must be a port number, got {self.master_port}")
@@ -443,6 +447,7 @@ class _Replica:
                 collective=cfg.collective,
                 mode=cfg.mode,
                 profile_iters=profile_iters,
+                verify_iters=cfg.verify_iters,
                 log=self.log.append,
             )
 
