@@ -53,12 +53,54 @@ def test_tiny_real_run_json_check_and_fit(capsys, tmp_path):
         (["--nproc", "2", "--dtype", "float8"], "unknown dtype"),
         (["--nproc", "2", "--iters", "0"], "--iters"),
         (["--nproc", "1", "--fit", "x.json"], "--fit needs"),
+        (["--nproc", "1", "--nnodes", "2", "--node-rank", "2", "--master-port", "29400"], "--node-rank"),
+        (["--nproc", "1", "--nnodes", "2"], "--master-port"),
+        (
+            ["--nproc", "2", "--nnodes", "2", "--master-port", "9", "--algos", "bcube", "--bcube", "3,2"],
+            "not 4",
+        ),
     ],
 )
 def test_bad_arguments_are_one_line_and_exit_2(capsys, argv, words):
     assert main(["bench", *argv]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("dpcomm: error:") and words in err
+
+
+def test_two_machines_as_torchrun_runs_them(tmp_path):
+    """``--nnodes 2`` on loopback: two `dpcomm bench` commands (one worker each) are one world of 2, and
+    each prints the same rows, timed as the slowest of all ranks (what `testbed launch` runs per server)."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    argv = [
+        sys.executable,
+        "-m",
+        "dpcomm",
+        "bench",
+        "--nproc",
+        "1",
+        "--nnodes",
+        "2",
+        "--master-port",
+        str(port),
+    ]
+    argv += ["--algos", "ring,native", "--ops", "allreduce", "--sizes", "1K", "--check", "--json"]
+    procs = [
+        subprocess.Popen(
+            [*argv, "--node-rank", str(r)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for r in (0, 1)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    rows = [json.loads(o) for o, _ in outs]
+    assert rows[0] == rows[1] and [r["algo"] for r in rows[0]] == ["ring", "native"]
+    assert all(r["nproc"] == 2 and r["check"] == "ok" for r in rows[0])
 
 
 def test_bcube_is_skipped_with_a_note_when_p_is_not_a_power():

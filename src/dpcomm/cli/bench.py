@@ -1,6 +1,8 @@
 """Time the collective algorithms on P local workers, nccl-tests style: time, algbw, busbw, check.
 
 Example: ``dpcomm bench --nproc 4 --algos ring,lp,native --ops allreduce --sizes 64K,1M,16M --check``.
+Across machines as ``torchrun`` does (and as ``dpcomm testbed launch -- dpcomm bench ...`` runs it):
+``--nnodes N --node-rank R --master-addr HOST0 --master-port PORT``; every machine prints the same table.
 Sizes take K/M/G suffixes (powers of 1024). ``--fit net.json`` also fits alpha, beta, gamma to the rows and
 writes a network file. bcube needs P = n^k (k >= 2): otherwise it is left out with a note, or an error when
 it is the only algorithm asked for or ``--bcube n,k`` does not multiply out to P. Exit status 1 if any check
@@ -53,6 +55,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", default="120", metavar="S", help="seconds before a stuck peer fails the run"
     )
+    parser.add_argument("--nnodes", default="1", help="machines (static rendezvous, as torchrun; default 1)")
+    parser.add_argument("--node-rank", default="0", help="this machine's rank (default 0)")
+    parser.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (default 127.0.0.1)")
+    parser.add_argument("--master-port", default="0", help="rendezvous port (0: pick one; one machine)")
 
 
 def _int(flag: str, text: str) -> int:
@@ -89,6 +95,10 @@ def config_from_args(args: argparse.Namespace):
         bcube=bcube,
         block_bytes=None if args.block_bytes is None else _int("--block-bytes", args.block_bytes),
         timeout_s=_int("--timeout", args.timeout),
+        nnodes=_int("--nnodes", args.nnodes),
+        node_rank=_int("--node-rank", args.node_rank),
+        master_addr=args.master_addr,
+        master_port=_int("--master-port", args.master_port),
         progress=not args.json and sys.stderr.isatty(),
     )
 
@@ -105,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
         from dpcomm.costmodel.collective import ALGORITHMS
 
         cases = len(cfg.ops) * sum(s > 0 for s in cfg.sizes) * sum(a in ALGORITHMS for a in cfg.algos)
-        if cfg.nproc < 2 or cases < 2:
+        if cfg.world < 2 or cases < 2:
             raise UserError(
                 "--fit needs --nproc >= 2 and two or more (op, size > 0, algo with a formula) cases"
             )
@@ -115,15 +125,16 @@ def run(args: argparse.Namespace) -> int:
         err.print(f"note: {note}", highlight=False)
     if not args.json:
         err.print(
-            f"{cfg.nproc} workers (gloo, 127.0.0.1), {cfg.dtype}, {len(cfg.ops)} ops x {len(cfg.sizes)} "
-            f"sizes x {len(cfg.algos)} algos, {cfg.warmup} warm-up + {cfg.iters} timed calls each",
+            f"{cfg.world} workers (gloo, {cfg.master_addr}), {cfg.dtype}, {len(cfg.ops)} ops x "
+            f"{len(cfg.sizes)} sizes x {len(cfg.algos)} algos, {cfg.warmup} warm-up + {cfg.iters} timed "
+            "calls each",
             highlight=False,
         )
     result = run_bench(cfg)
     if args.json:
         print(json.dumps([r.to_dict() for r in result.rows]))
     else:
-        table = Table(title=f"dpcomm bench, P = {cfg.nproc}")
+        table = Table(title=f"dpcomm bench, P = {cfg.world}")
         for col in ("op", "algo", "bytes", "time", "algbw GB/s", "busbw GB/s", "check"):
             table.add_column(col, justify="right" if col not in ("op", "algo", "check") else "left")
         for r in result.rows:

@@ -89,7 +89,7 @@ class BenchConfig:
     """What to measure. Bad values are a :class:`UserError` (they come from the command line)."""
 
     nproc: int
-    """Local worker processes P (>= 1)."""
+    """Local worker processes (>= 1); P = ``nproc * nnodes``."""
     algos: tuple[str, ...]
     """Registered algorithm names, e.g. ``("ring", "lp", "native")``."""
     ops: tuple[str, ...] = _OPS
@@ -112,6 +112,12 @@ class BenchConfig:
     """Process-group timeout: a peer that hangs fails the run after this long."""
     progress: bool = False
     """Rank 0 draws a progress bar on stderr."""
+    nnodes: int = 1
+    """Machines (static rendezvous at ``master_addr:master_port``, as ``torchrun``; ``testbed launch``)."""
+    node_rank: int = 0
+    master_addr: str = "127.0.0.1"
+    master_port: int = 0
+    """0 picks a free port (one machine only)."""
     notes: tuple[str, ...] = field(default=())
     """Filled by :meth:`resolved`: what was left out and why."""
 
@@ -142,18 +148,31 @@ class BenchConfig:
             )
         if self.block_bytes is not None and self.block_bytes < 1:
             raise UserError(f"--block-bytes must be >= 1, got {self.block_bytes}")
-        if self.bcube is not None and self.nproc != self.bcube[0] ** self.bcube[1]:
+        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
+            raise UserError(
+                f"need --nnodes >= 1 and 0 <= --node-rank < nnodes, got {self.nnodes}, {self.node_rank}"
+            )
+        if not 0 <= self.master_port < 65536 or (self.nnodes > 1 and self.master_port == 0):
+            raise UserError(
+                f"--master-port must be a port number (and given when --nnodes > 1), got {self.master_port}"
+            )
+        if self.bcube is not None and self.world != self.bcube[0] ** self.bcube[1]:
             n, k = self.bcube
-            raise UserError(f"--bcube {n},{k} is {n**k} ranks, not --nproc {self.nproc}")
+            raise UserError(f"--bcube {n},{k} is {n**k} ranks, not {self.world} (--nproc x --nnodes)")
+
+    @property
+    def world(self) -> int:
+        """P: every worker on every machine."""
+        return self.nproc * self.nnodes
 
     def resolved(self) -> BenchConfig:
         """The config with bcube dropped (and a note) where P is not ``n^k``; an error if nothing is left."""
-        if "bcube" not in self.algos or self.nproc == 1 or self.bcube is not None:
+        if "bcube" not in self.algos or self.world == 1 or self.bcube is not None:
             return self
         from dpcomm.collectives.bcube import bcube_shape
 
         try:
-            bcube_shape(self.nproc)
+            bcube_shape(self.world)
             return self
         except UserError as exc:
             if self.algos == ("bcube",):
@@ -238,8 +257,11 @@ def _call(algo: Any, op: str, t: Any) -> None:
         algo.reduce(t, root=0)
 
 
-def _worker(cfg: BenchConfig) -> list[tuple[str, str, int, list[float], bool | None]]:
-    """One rank: ``(op, algo, bytes, [mean seconds per sweep], ok or None)`` per case, in order."""
+def _worker(
+    cfg: BenchConfig,
+) -> tuple[list[tuple[str, str, int]], list[list[tuple[list[float], bool | None]]]]:
+    """One rank: the cases ``(op, algo, bytes)`` in order, and for every rank of the world (all-gathered, so
+    each machine sees all) per case ``([mean seconds per sweep], ok or None)``."""
     import torch
     import torch.distributed as dist
 
@@ -283,9 +305,10 @@ def _worker(cfg: BenchConfig) -> list[tuple[str, str, int, list[float], bool | N
                         bar.advance(f"{op} {name} {_human(numel * esize)}")
     if bar is not None:
         bar.close()
-    dist.barrier()
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, [(c[3], c[4]) for c in out])
     dist.destroy_process_group()
-    return out
+    return [c[:3] for c in out], everyone
 
 
 class _progress:
@@ -307,30 +330,37 @@ class _progress:
 
 
 def run_bench(cfg: BenchConfig) -> BenchResult:
-    """Measure every (op, size, algo) of ``cfg`` on ``cfg.nproc`` local workers."""
+    """Measure every (op, size, algo) of ``cfg`` on ``cfg.nproc`` workers per machine (``cfg.nnodes``)."""
     from dpcomm.launch import LaunchOptions, WorkerFailure, launch
 
     cfg = cfg.resolved()
+    opts = LaunchOptions(
+        nproc=cfg.nproc,
+        nnodes=cfg.nnodes,
+        node_rank=cfg.node_rank,
+        master_addr=cfg.master_addr,
+        master_port=cfg.master_port,
+    )
     try:
-        per_rank = launch(_worker, LaunchOptions(nproc=cfg.nproc), cfg)
+        cases, per_rank = launch(_worker, opts, cfg)[0]
     except WorkerFailure as exc:
         raise UserError(f"bench: {exc}") from None
     rows = []
-    for i, (op, algo, nbytes, _, _) in enumerate(per_rank[0]):
+    for i, (op, algo, nbytes) in enumerate(cases):
         # per sweep the slowest rank's mean; over sweeps the best (repeat = 1: max over ranks of the mean)
-        t = min(max(r[i][3][sweep] for r in per_rank) for sweep in range(cfg.repeat))
-        oks = [r[i][4] for r in per_rank]
+        t = min(max(r[i][0][sweep] for r in per_rank) for sweep in range(cfg.repeat))
+        oks = [r[i][1] for r in per_rank]
         check = "skipped" if any(o is None for o in oks) else "ok" if all(oks) else "FAIL"
         algbw = nbytes / t / 1e9 if t > 0 else 0.0
         rows.append(
             Row(
                 op=op,
                 algo=algo,
-                nproc=cfg.nproc,
+                nproc=cfg.world,
                 bytes=nbytes,
                 time_s=t,
                 algbw_GBps=algbw,
-                busbw_GBps=algbw * busbw_factor(op, cfg.nproc),
+                busbw_GBps=algbw * busbw_factor(op, cfg.world),
                 check=check,
             )
         )
