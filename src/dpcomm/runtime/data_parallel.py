@@ -63,6 +63,8 @@ from dpcomm.runtime.records import IterRecord, Span, write_chrome_trace_file
 __all__ = ["DataParallel"]
 
 _log = logging.getLogger("dpcomm.runtime")
+_KEEP_RECORDS = 10_000
+"""Iteration records kept by a wrapper (about 200 bytes each)."""
 _ACTIVE: weakref.WeakKeyDictionary[nn.Module, weakref.ref[DataParallel]] = weakref.WeakKeyDictionary()
 """Module -> the open wrapper whose hooks are on it (two open wrappers would both communicate)."""
 
@@ -225,8 +227,8 @@ class DataParallel(nn.Module):
         """The all-reduce cost the plan was made with (fitted :class:`LinearCost` or the network model)."""
         self.cost_points: list[tuple[int, float]] = []
         """Measured ``(bytes, seconds)`` all-reduce times behind :attr:`cost`."""
-        self.records: list[IterRecord] = []
-        """One :class:`IterRecord` per ``step()``."""
+        self.records: deque[IterRecord] = deque(maxlen=_KEEP_RECORDS)
+        """One :class:`IterRecord` per ``step()``: the last ``_KEEP_RECORDS`` (a long run stays small)."""
 
         self._comm = CommThread(name=f"dpcomm-comm-r{self.rank}")
         self._wall0 = time.time() - time.perf_counter()  # perf_counter -> wall clock, for the trace
