@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import bisect
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
+
+import numpy as np
 
 __all__ = ["CommCost", "LinearCost", "MeasuredCost"]
 
@@ -40,12 +42,18 @@ class LinearCost:
     def __call__(self, nbytes: float) -> float:
         return self.a + self.b * nbytes if nbytes > 0 else 0.0
 
+    def many(self, nbytes: np.ndarray) -> np.ndarray:
+        """:meth:`__call__` on every element of an array (the planners' vectorised path)."""
+        return np.where(nbytes > 0, self.a + self.b * nbytes, 0.0)
+
 
 @dataclass(frozen=True, slots=True)
 class MeasuredCost:
     """Piecewise-linear, non-decreasing interpolation of measured ``(bytes, seconds)`` points."""
 
     points: tuple[tuple[float, float], ...]
+    _xs: tuple[float, ...] = field(default=(), init=False, repr=False, compare=False)
+    """The points' byte counts (sorted), kept for the bisection of every call."""
 
     def __post_init__(self) -> None:
         pts = sorted((float(m), float(t)) for m, t in self.points)
@@ -60,12 +68,12 @@ class MeasuredCost:
             best = max(best, t)
             mono.append((m, best))
         object.__setattr__(self, "points", tuple(mono))
+        object.__setattr__(self, "_xs", tuple(m for m, _ in mono))
 
     def __call__(self, nbytes: float) -> float:
         if nbytes <= 0:
             return 0.0
-        pts = self.points
-        xs = [m for m, _ in pts]
+        pts, xs = self.points, self._xs
         i = bisect.bisect_left(xs, nbytes)
         if i == 0:
             return pts[0][1]  # below the smallest measurement: the start-up cost dominates
@@ -75,3 +83,13 @@ class MeasuredCost:
             (m0, t0), (m1, t1) = pts[i - 1], pts[i]
         slope = (t1 - t0) / (m1 - m0)
         return t0 + slope * (nbytes - m0) if i < len(pts) else t1 + slope * (nbytes - m1)
+
+    def many(self, nbytes: np.ndarray) -> np.ndarray:
+        """:meth:`__call__` on every element of an array: the same clamping below the first point and
+        extrapolation past the last."""
+        xs = np.asarray(self._xs)
+        ys = np.array([t for _, t in self.points])
+        out = np.interp(nbytes, xs, ys)  # clamps to ys[0] below xs[0]
+        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
+        out = np.where(nbytes > xs[-1], ys[-1] + slope * (nbytes - xs[-1]), out)
+        return np.where(nbytes > 0, out, 0.0)

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from dpcomm.costmodel.base import CommCost, LinearCost, MeasuredCost
+from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.planner.plan import Plan
 from dpcomm.trace.format import Trace
@@ -43,21 +43,9 @@ def layer_bytes(trace: Trace) -> np.ndarray:
 
 
 def cost_many(cost: CommCost, nbytes: np.ndarray) -> np.ndarray:
-    """``cost`` applied to every element of ``nbytes``; numpy for the known cost classes.
-
-    Matches the scalar ``cost(m)`` exactly in semantics (``T(0) = 0``, MeasuredCost's clamping below the
-    first point and extrapolation past the last). A cost object may offer its own ``many(array)``.
-    """
+    """``cost`` applied to every element of ``nbytes``: the cost's own vectorised ``many(array)`` where it
+    has one (:class:`LinearCost`, :class:`MeasuredCost`), else one call per element."""
     m = np.asarray(nbytes, dtype=float)
-    if isinstance(cost, LinearCost):
-        return np.where(m > 0, cost.a + cost.b * m, 0.0)
-    if isinstance(cost, MeasuredCost):
-        xs = np.array([p[0] for p in cost.points])
-        ys = np.array([p[1] for p in cost.points])
-        out = np.interp(m, xs, ys)  # clamps to ys[0] below xs[0], as MeasuredCost does
-        slope = (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])
-        out = np.where(m > xs[-1], ys[-1] + slope * (m - xs[-1]), out)
-        return np.where(m > 0, out, 0.0)
     many = getattr(cost, "many", None)
     if callable(many):
         return np.asarray(many(m), dtype=float)
