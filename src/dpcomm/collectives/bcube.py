@@ -68,6 +68,7 @@ from dpcomm.collectives import _p2p
 from dpcomm.collectives._p2p import CollectiveError
 from dpcomm.collectives.base import register
 from dpcomm.errors import UserError
+from dpcomm.topology.bcube import server_digits
 
 __all__ = [
     "BCube",
@@ -109,8 +110,9 @@ class BCube:
         return self.n**self.k
 
     def digits(self, rank: int) -> tuple[int, ...]:
-        """``(d_0, .., d_{k-1})``: digit ``l`` is the rank's port on its level-``l`` switch."""
-        return tuple((rank // self.n**i) % self.n for i in range(self.k))
+        """``(d_0, .., d_{k-1})``: digit ``l`` is the rank's port on its level-``l`` switch (the topology's
+        server ID, least significant digit first)."""
+        return server_digits(rank, self.n, self.k)[::-1]
 
     def with_digit(self, rank: int, level: int, value: int) -> int:
         d = (rank // self.n**level) % self.n
