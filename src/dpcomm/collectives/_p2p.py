@@ -27,6 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpcomm.errors import first_line
+
 __all__ = [
     "CollectiveError",
     "P2P",
@@ -167,9 +169,8 @@ def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
     return buf[:nbytes].view(dtype)
 
 
-def cause(exc: BaseException) -> str:
-    """First line of ``exc``'s message (its type name when empty), as a CollectiveError names its cause."""
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+cause = first_line
+"""First line of an exception's message, as a CollectiveError names its cause (``errors.first_line``)."""
 
 
 # ---------------------------------------------------------------------------------------------------------

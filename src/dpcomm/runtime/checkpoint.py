@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from dpcomm.errors import UserError
+from dpcomm.errors import UserError, first_line
 from dpcomm.utils.io import atomic_write_bytes
 
 __all__ = ["CHECKPOINT_NAME", "checkpoint_path", "save_checkpoint", "load_checkpoint", "check_writable"]
@@ -53,8 +53,7 @@ def _decode(data: bytes, where: Path) -> dict[str, Any]:
     try:
         state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any unpickling failure means the same thing to the user
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
-        raise UserError(f"{where}: corrupt checkpoint (cannot load payload: {first})") from None
+        raise UserError(f"{where}: corrupt checkpoint (cannot load payload: {first_line(exc)})") from None
     if not isinstance(state, dict) or "iteration" not in state:
         raise UserError(f"{where}: corrupt checkpoint (payload is not a training state)")
     return state

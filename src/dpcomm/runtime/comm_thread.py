@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from dpcomm.errors import first_line
+
 __all__ = ["CommFailure", "CommJob", "CommThread"]
 
 
@@ -82,9 +84,7 @@ class CommJob:
 
 
 def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-    return f"{type(exc).__name__}: {lines[0] if lines else text}"
+    return f"{type(exc).__name__}: {first_line(exc)}"
 
 
 class CommThread:
