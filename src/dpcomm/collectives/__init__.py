@@ -2,7 +2,8 @@
 
 Importing the package imports every algorithm module in it (each registers itself with
 :func:`~dpcomm.collectives.base.register`), so a new algorithm is added by creating its module. Modules whose
-name starts with ``_`` (helpers) and ``base`` are skipped. ``get(name, **options)`` builds an algorithm.
+name starts with ``_`` (helpers), ``base`` and ``benchmark`` (the ``dpcomm bench`` driver) are skipped.
+``get(name, **options)`` builds an algorithm.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ __all__ = ["OPS", "Collective", "CollectiveError", "get", "names", "register"]
 
 def _import_algorithms() -> None:
     for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name == "base":
+        if info.name.startswith("_") or info.name in ("base", "benchmark"):
             continue
         importlib.import_module(f"{__name__}.{info.name}")
 

@@ -84,12 +84,15 @@ class Auto:
         self.net = _network(network)
         self.candidates = tuple(candidates) if candidates else None
         self._algos: dict[str, Collective] = {}
+        self._best: dict[tuple[str, int, int], str] = {}  # (op, bytes, ranks) -> choice: priced once
         self.last: str | None = None
         """The algorithm the latest call ran (for logs and tests)."""
 
     def _pick(self, op: str, tensor: torch.Tensor, group: Any) -> Collective:
-        nbytes = tensor.numel() * tensor.element_size()
-        best, _ = choose(op, nbytes, dist.get_world_size(group), self.net, self.candidates)
+        key = (op, tensor.numel() * tensor.element_size(), dist.get_world_size(group))
+        best = self._best.get(key)
+        if best is None:
+            best = self._best[key] = choose(*key, self.net, self.candidates)[0]
         if best not in self._algos:
             self._algos[best] = get(best)
         self.last = best
