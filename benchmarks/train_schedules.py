@@ -88,6 +88,7 @@ def run_model(args: argparse.Namespace, model: str, schedules: list[str]) -> dic
                 "grad_buffer_bytes": r.grad_buffer_bytes,
                 "plan_groups": r.plan["groups"] if r.plan else None,
                 "plan_schedule": r.plan["schedule"] if r.plan else None,
+                "plan_choice": next((ln for ln in r.log if "measured iteration" in ln), None),
                 "predicted_t_iter_s": sim.t_iter_s if sim else None,
                 "prediction_error": (sim.t_iter_s - r.t_iter_s) / r.t_iter_s if sim else None,
                 "predicted_steady_t_iter_s": steady.t_iter_s if steady else None,
@@ -194,6 +195,9 @@ def print_model(res: dict, rss: dict[str, int] | None) -> list[str]:
             "(profiled trace); sim* (trace scaled to the steady t_f, t_b): mean |error| "
             f"{statistics.fmean(errs2):.0%}, max {max(errs2):.0%}"
         )
+    for row in res["rows"]:
+        if row.get("plan_choice"):
+            print(f"  {row['schedule']}: {row['plan_choice'].split('] ', 1)[-1]}")
     print(
         f"  more than 2% slower than DDP: planned schedules (the goal) {', '.join(slow[True]) or 'none'}; "
         f"the papers' fixed baselines {', '.join(slow[False]) or 'none'}"
