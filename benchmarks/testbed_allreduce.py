@@ -10,7 +10,9 @@ Needs root (``dpcomm testbed``). Each part builds its testbed (name ``bench``), 
 the theory and writes JSON (``--out``). Theory, with ``r`` the link rate and ``S`` the message:
 
 - the TCP ceiling: a 1500-byte MTU frame (1514 B on the wire, as tbf counts it) carries 1448 payload bytes,
-  so goodput <= ``r * 1448 / 1514`` = 95.6% of ``r``;
+  so goodput <= ``r * 1448 / 1514`` = 95.6% of ``r``; the duplex ceiling: where a NIC also receives at full
+  rate (every rank of an allreduce does), its link also carries the ACKs of the incoming flow, one 66-byte
+  frame per two segments (delayed ACK, RFC 5681 sec. 4.2), so goodput <= ``r * 1448 / (1514 + 33)`` = 93.6%;
 - busbw = ``2 (P-1)/P * S / t`` (every bandwidth-optimal allreduce sends that much per rank);
 - BML paper: ``T_F = 8 S / r``; PS on a Fat-Tree ``GST = 2 (N-1)/N T_F``; BML on BCube(n,k)
   ``GST = 2 (N-1)/(k N) T_F``; ratio ``1/k``.
@@ -41,6 +43,10 @@ def _loadavg() -> str:
 
 def _ceiling(mtu: int) -> float:
     return (mtu - 52) / (mtu + 14)  # TCP payload (MTU - 20 IP - 32 TCP with timestamps) per tbf-counted frame
+
+
+def _duplex_ceiling(mtu: int) -> float:
+    return (mtu - 52) / (mtu + 14 + 66 / 2)  # plus half a 66-byte ACK frame per segment of the reverse flow
 
 
 def _sample(netns: str, out: list, stop: threading.Event, period_s: float = 0.05) -> None:
@@ -154,24 +160,26 @@ def busbw(args: argparse.Namespace) -> dict:
         congestion_control=args.cc,
     )
     p = parse_topology(args.topology).servers
-    ceiling = _ceiling(args.mtu)
+    ceiling, duplex = _ceiling(args.mtu), _duplex_ceiling(args.mtu)
     print(
-        f"# busbw on {args.topology} at {args.rate} (MTU {args.mtu}: TCP ceiling {ceiling:.1%} of the rate; "
-        f"TCP {args.cc}); "
+        f"# busbw on {args.topology} at {args.rate} (MTU {args.mtu}: TCP ceiling {ceiling:.1%} of the rate, "
+        f"duplex {duplex:.1%}; TCP {args.cc}); "
         f"load {out['loadavg_before']} -> {out['loadavg_after']}"
     )
     print(
         f"{'algorithm':>10} {'bytes':>11} {'median s':>9} {'busbw Mbit/s':>13} {'of rate':>8} "
-        f"{'of ceiling':>10} exact"
+        f"{'of ceiling':>10} {'of duplex':>9} exact"
     )
     for row in out["rows"]:
         t = statistics.median(row["seconds"])
         bw = 2 * (p - 1) / p * row["bytes"] * 8 / t
         row.update(median_s=t, busbw_bps=bw, of_rate=bw / rate, of_ceiling=bw / (rate * ceiling))
+        row["of_duplex_ceiling"] = bw / (rate * duplex)
         print(
             f"{row['algorithm']:>10} {row['bytes']:>11} {t:9.3f} {bw / 1e6:13.1f} {bw / rate:8.1%} "
-            f"{bw / rate / ceiling:10.1%} {row['exact']}"
+            f"{bw / rate / ceiling:10.1%} {bw / rate / duplex:9.1%} {row['exact']}"
         )
+    out["ceiling"], out["duplex_ceiling"] = ceiling, duplex
     return out
 
 

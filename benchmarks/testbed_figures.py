@@ -32,8 +32,9 @@ def busbw(d: Path) -> None:
         return
     rate = data["rate_bps"] / 1e6
     ceiling = rate * (data["mtu"] - 52) / (data["mtu"] + 14)
+    duplex = rate * (data["mtu"] - 52) / (data["mtu"] + 14 + 33)
     p = int(data["topology"].split(":")[1])
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(7, 5))
     for algo in dict.fromkeys(r["algorithm"] for r in data["rows"]):
         rows = [r for r in data["rows"] if r["algorithm"] == algo]
         xs = [r["bytes"] / 1e6 for r in rows]
@@ -41,15 +42,55 @@ def busbw(d: Path) -> None:
         ax.plot(xs, ys, marker="o", label=algo)
     ax.axhline(rate, color="k", lw=1, label=f"link rate {rate:g} Mbit/s")
     ax.axhline(ceiling, color="k", lw=1, ls="--", label=f"TCP ceiling {ceiling:.1f}")
+    ax.axhline(duplex, color="k", lw=1, ls="-.", label=f"duplex ceiling {duplex:.1f}")
     ax.axhline(0.9 * rate, color="grey", lw=1, ls=":", label="90% of link rate")
     ax.set_xscale("log")
+    ax.set_ylim(0, rate * 1.05)
     ax.set_xlabel("message size (MB)")
     ax.set_ylabel("busbw (Mbit/s)")
-    ax.set_title(f"allreduce busbw on {data['topology']} ({rate:g} Mbit/s links)")
-    ax.legend(fontsize=8, ncol=2)
+    cc = data.get("congestion_control", "bbr")  # runs before the congestion control was recorded: bbr
+    ax.set_title(f"allreduce busbw on {data['topology']} ({rate:g} Mbit/s links, MTU {data['mtu']}, {cc})")
+    ax.legend(fontsize=8, ncol=4, loc="upper center", bbox_to_anchor=(0.5, -0.15))
     fig.tight_layout()
     fig.savefig(d / "busbw_star4.png", dpi=110)
     print(d / "busbw_star4.png")
+
+
+def trace(d: Path) -> None:
+    """Server 0's link over the first timed call, per congestion control, with the steps' ends."""
+    data = _load(d / "trace_star4_ring.json")
+    if not data:
+        return
+    runs = data["runs"]
+    fig, axes = plt.subplots(len(runs), 1, figsize=(8, 2.2 * len(runs)), sharex=True, squeeze=False)
+    for ax, run in zip(axes[:, 0], runs, strict=True):
+        call = run["calls"][0]
+        t0, samples = call["start"], run["host0_tx_samples"]
+        pts = [(t - t0, b) for t, b in samples if t0 - 0.2 <= t <= t0 + call["seconds"] + 0.2]
+        xs, ys, bin_s = [], [], 0.05
+        i = 0
+        while i < len(pts):  # 50 ms bins of wire rate
+            j = i
+            while j + 1 < len(pts) and pts[j][0] - pts[i][0] < bin_s:
+                j += 1
+            if j > i:
+                xs.append((pts[i][0] + pts[j][0]) / 2)
+                ys.append((pts[j][1] - pts[i][1]) * 8 / (pts[j][0] - pts[i][0]) / 1e6)
+            i = j if j > i else i + 1
+        ax.plot(xs, ys, lw=1)
+        for end in call["step_done_s"].values():
+            ax.axvline(end, color="grey", lw=0.6, ls=":")
+        ax.set_ylabel("Mbit/s")
+        ax.set_ylim(0, 130)
+        ax.set_title(
+            f"{data['algorithm']} {data['size']}, TCP {run['cc']}: {call['seconds']:.2f} s, "
+            f"busbw {call['busbw_bps'] / 1e6:.1f} Mbit/s (server 0's tx, 50 ms bins; dotted: steps' ends)",
+            fontsize=9,
+        )
+    axes[-1, 0].set_xlabel("seconds since the call started")
+    fig.tight_layout()
+    fig.savefig(d / "trace_star4_ring.png", dpi=110)
+    print(d / "trace_star4_ring.png")
 
 
 def gst(d: Path) -> None:
@@ -153,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default="docs/testbed")
     d = Path(p.parse_args(argv).dir)
     busbw(d)
+    trace(d)
     gst(d)
     train(d)
     return 0
