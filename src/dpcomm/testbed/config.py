@@ -24,7 +24,7 @@ cable carries at most ``rate``. The tbf parameters and why:
   a cloud VM may be BBR (this one's is). BBR paces at a bandwidth it estimates from delivery samples and
   its min-RTT, which on a veth with a 9 us base RTT and a tbf bucket that lets bursts through is an
   oscillating guess; every few seconds one flow slowed for 100-300 ms, and a synchronous allreduce step
-  waits for its slowest flow: ring and BE on ``star:4`` reached 86-92% of the rate at 16-64 MB under BBR and
+  waits for its slowest flow: ring and BE on ``star:4`` reached 86-93% of the rate at 16-64 MB under BBR and
   93-94% (97-98% of what TCP can carry) under reno, run to run within 0.2%. A cluster's Linux would run
   CUBIC, which at sub-millisecond RTTs grows its window as reno does (its "TCP-friendly region", RFC 8312
   sec. 4.2), but the kernel lets a non-initial namespace pick only a congestion control listed in the host's
