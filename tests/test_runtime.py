@@ -383,24 +383,28 @@ def test_bad_arguments_are_one_line_user_errors():
         DataParallel(W.MLP(), plan=WFBP)
 
 
-def test_trial_times_candidates_round_robin_and_keeps_the_plan_within_the_margin():
+def test_trial_times_candidates_round_robin_and_keeps_the_fewest_messages_within_the_margin():
     from dpcomm.runtime.autoplan import Trial
 
     a, b, c = (Plan.from_sizes(n, s, L) for n, s in (("mgwfbp", [1, 1, 2]), ("single", [4]), ("ddp", [2, 2])))
     trial = Trial([a, b, c], 2)
     order = []
-    for seconds in (0.100, 0.090, 0.0995, 0.102, 0.091, 0.0999):
+    for seconds in (0.100, 0.090, 0.0995, 0.102, 0.092, 0.0999):
         assert not trial.complete
         order.append(trial.current.schedule)
         trial.record(seconds)
     assert order == ["mgwfbp", "single", "ddp"] * 2 and trial.complete
     best, medians = trial.choose(None)  # no process group: this process's medians
-    assert best is b and medians == pytest.approx([0.101, 0.0905, 0.0997])
+    assert best is b and medians == pytest.approx([0.101, 0.091, 0.0997])
+    fast = Trial([a, c], 1)
+    fast.record(0.090)  # the planned plan (3 messages) is 10% faster than DDP's buckets: kept
+    fast.record(0.100)
+    assert fast.choose(None)[0] is a
     close = Trial([a, c], 1)
-    close.record(0.100)
-    close.record(0.0995)  # 0.5% faster: within the 1% margin, the planned plan stays
-    assert close.choose(None)[0] is a
-    assert close.choose(None, margin=0.001)[0] is c
+    close.record(0.0990)  # 1% apart: within the 2% margin, the plan with fewer messages is kept
+    close.record(0.1000)
+    assert close.choose(None)[0] is c
+    assert close.choose(None, margin=0.001)[0] is a
 
 
 def test_candidates_are_the_plan_single_and_ddp_buckets_once_each():

@@ -11,7 +11,8 @@ several iterations").
 4. Every rank all-gathers :meth:`Plan.sha256` and refuses to go on if any rank holds a different plan.
 5. For the cost-model planners (``mgwfbp``, ``optimal``), measure instead of trusting the model where it may
    be wrong: the planned plan, ``single`` and DDP's default buckets run round-robin for a few iterations each
-   (:class:`Trial`) and the fastest median, as the slowest rank saw it, is kept. The alpha-beta model of
+   (:class:`Trial`) and the fastest median, as the slowest rank saw it, is kept (of plans within 2% of it,
+   the one with the fewest messages). The alpha-beta model of
    MG-WFBP (Eq. 9) prices a message by its own time only; on CPU workers that also do the reductions (one
    machine, loopback), each overlapped message also takes CPU time from backward, which it does not model.
 """
@@ -255,15 +256,16 @@ class Trial:
         self.times[self._cur].append(seconds)
         self._cur = (self._cur + 1) % len(self.plans)
 
-    def choose(self, group: Any, margin: float = 0.01) -> tuple[Plan, list[float]]:
-        """The fastest candidate by median iteration time, as the slowest rank measured it (so every rank
-        chooses the same), and those medians. The planned plan (the first) stays unless another candidate is
-        faster by more than ``margin`` (a fraction)."""
+    def choose(self, group: Any, margin: float = 0.02) -> tuple[Plan, list[float]]:
+        """The candidate to keep, and the medians of its iteration times as the slowest rank measured them
+        (so every rank chooses the same): of the candidates within ``margin`` (a fraction) of the fastest,
+        the one with the fewest messages (groups; the earlier candidate on a tie). Fewer messages cost less
+        CPU beside backward and fewer start-ups, so where timing cannot tell plans apart they are the safer
+        choice on a busy machine."""
         med = torch.tensor([statistics.median(t) for t in self.times], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(med, op=dist.ReduceOp.MAX, group=group)
         medians = med.tolist()
-        best = min(range(len(medians)), key=medians.__getitem__)
-        if medians[best] >= medians[0] * (1 - margin):
-            best = 0
+        close = [i for i, m in enumerate(medians) if m <= min(medians) * (1 + margin)]
+        best = min(close, key=lambda i: (len(self.plans[i].groups), i))
         return self.plans[best], medians
