@@ -95,6 +95,7 @@ def test_missing_privilege_or_tool_is_one_line(monkeypatch, capsys):
         (["--topology", "star:2", "--rate", "5mbps"], "bad rate"),
         (["--topology", "star:2", "--name", "Bad-Name"], "bad testbed name"),
         (["--topology", "bcube:9,2"], "at most 64"),
+        (["--topology", "star:2", "--cc", "re no"], "bad congestion control"),
     ],
 )
 def test_bad_up_arguments_are_one_line(capsys, argv, words):

@@ -30,6 +30,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--mtu", type=int, default=1500, help="MTU of every link (default 1500)")
     p.add_argument("--queue-ms", type=float, default=20.0, help="tbf queue (latency), ms (default 20)")
     p.add_argument("--burst", type=int, default=None, help="tbf bucket, bytes (default max(1 ms, 64 KiB))")
+    p.add_argument("--cc", default="reno", help="TCP congestion control in every server (default reno)")
     p.add_argument("--json", action="store_true", help="print the state as JSON")
     p = sub.add_parser("down", help="remove a testbed (default: every dpc- testbed); idempotent")
     p.add_argument("--name", default=None, help="only this testbed")
@@ -68,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
             mtu=args.mtu,
             queue_ms=args.queue_ms,
             burst_bytes=args.burst,
+            congestion_control=args.cc,
         )
         state = build.up(cfg)
         if args.json:
