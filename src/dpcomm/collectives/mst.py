@@ -8,11 +8,14 @@ binomial tree rooted at ``v = 0`` the parent of ``v`` is ``v - low(v)`` and its 
 
 broadcast (MPICH's binomial broadcast):
     1. ``v != 0`` receives the whole message in place from its parent;
-    2. it sends the whole message to its children, farthest (largest ``m``) first.
+    2. it sends the whole message to its children one at a time, one per round, farthest (largest ``m``,
+       the largest subtree) first: each send is waited for before the next is posted, so children never
+       share the sender's link (posting all at once costs a round on a one-NIC star).
     Per rank: ``kids(v)`` messages of ``S`` bytes. ``T = d (alpha + beta S)`` (LP paper Table 1).
 reduce (the mirror image):
-    1. ``v`` receives the partial sum of each child's subtree, nearest (``m = 1``) first, into one scratch
-       buffer and adds it in;
+    1. ``v`` receives the partial sum of each child's subtree, nearest (``m = 1``, the smallest subtree)
+       first, one at a time (one child per round, as the tree schedules it; a child's sum is ready only
+       after its own subtree's rounds), into one scratch buffer and adds it in;
     2. ``v != 0`` sends its subtree's sum to its parent.
     Per rank: 1 message of ``S`` bytes (the root none). ``T = d (alpha + (beta + gamma) S)``.
     Non-root tensors end as scratch.
@@ -71,8 +74,12 @@ def tree_broadcast(comm: P2P, flat: torch.Tensor, root: int) -> None:
     v = (comm.rank - root) % p
     if v:
         comm.recv(flat, (tree_parent(v) + root) % p, step=_round(v & -v, p, down=True))
-    kids = tree_children(v, p)
-    comm.wait(*[comm.isend(flat, (k + root) % p, step=_round(k - v, p, down=True)) for k in kids])
+    # One child per round, largest subtree first: the tree's schedule. Posting every send at once made the
+    # children share the sender's one NIC, and on a star the broadcast took d + 1 rounds, not d
+    # (docs/testbed.md sec. 1). A send completes once its bytes are in the socket buffer, so the next one
+    # starts while the previous one drains: the link never idles between rounds.
+    for k in tree_children(v, p):
+        comm.send(flat, (k + root) % p, step=_round(k - v, p, down=True))
 
 
 def tree_reduce(comm: P2P, flat: torch.Tensor, root: int) -> None:
