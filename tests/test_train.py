@@ -228,3 +228,15 @@ def test_a_dead_peer_on_another_node_fails_the_survivors_fast(tmp_path):
     assert "Connection" in outs[0][1] or "timed out" in outs[0][1].lower()
     assert "worker rank 1 failed: exited with code 17" in outs[1][1]
     assert elapsed < 90  # well inside the 30 s collective timeout plus start-up, not a hang
+
+
+def test_worker_threads_flag_then_omp_num_threads_then_cores_per_worker(monkeypatch):
+    from dpcomm.runtime.train import TrainConfig, _threads
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    cfg = TrainConfig(model="lenet5", nproc=4)
+    assert _threads(cfg, 4) == 2 and _threads(cfg, 16) == 1
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")  # torchrun / testbed launch: workers share the cores
+    assert _threads(cfg, 4) == 3
+    assert _threads(TrainConfig(model="lenet5", nproc=4, threads=5), 4) == 5

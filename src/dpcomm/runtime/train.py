@@ -117,7 +117,7 @@ class TrainConfig:
     timeout_s: float = 60.0
     """A collective waiting longer than this for a peer fails (gloo group timeout), so nothing hangs."""
     threads: int | None = None
-    """Torch intra-op threads per worker; default: CPU cores / local workers (at least 1)."""
+    """Torch intra-op threads per worker; default: ``$OMP_NUM_THREADS``, else CPU cores / local workers."""
     progress: bool = True
     """Show rank 0's progress bar on stderr (only when stderr is a terminal)."""
 
@@ -378,7 +378,7 @@ def _worker(cfg: TrainConfig, schedules: list[str]) -> list[dict[str, Any]]:
 
     rank, world = init_worker("gloo", timeout_s=cfg.timeout_s)
     local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
-    torch.set_num_threads(cfg.threads or max(1, (os.cpu_count() or 1) // local))
+    torch.set_num_threads(_threads(cfg, local))
     where = {"iteration": None}
     try:
         return _train_rank(cfg, schedules, rank, world, where)
@@ -391,6 +391,17 @@ def _worker(cfg: TrainConfig, schedules: list[str]) -> list[dict[str, Any]]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _threads(cfg: TrainConfig, local: int) -> int:
+    """Torch threads per worker: ``--threads``, else ``$OMP_NUM_THREADS`` (as torchrun and ``testbed launch``
+    set it when several workers share the cores), else the cores split among this machine's workers."""
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if cfg.threads:
+        return cfg.threads
+    if omp.isdigit() and int(omp) >= 1:
+        return int(omp)
+    return max(1, (os.cpu_count() or 1) // local)
 
 
 def _first_line(exc: BaseException) -> str:
