@@ -34,16 +34,23 @@ def busbw(d: Path) -> None:
     ceiling = rate * (data["mtu"] - 52) / (data["mtu"] + 14)
     duplex = rate * (data["mtu"] - 52) / (data["mtu"] + 14 + 33)
     p = int(data["topology"].split(":")[1])
+    mst = _load(d / "busbw_star4_mst.json")  # MST re-measured alone after its broadcast became sequential
+    if mst:
+        data = {**data, "rows": [r for r in data["rows"] if r["algorithm"] != "mst"] + mst["rows"]}
     fig, ax = plt.subplots(figsize=(7, 5))
+    colors: dict[str, str] = {}
     for algo in dict.fromkeys(r["algorithm"] for r in data["rows"]):
         rows = [r for r in data["rows"] if r["algorithm"] == algo]
         xs = [r["bytes"] / 1e6 for r in rows]
         ys = [2 * (p - 1) / p * r["bytes"] * 8 / statistics.median(r["seconds"]) / 1e6 for r in rows]
-        ax.plot(xs, ys, marker="o", label=algo)
+        colors[algo] = ax.plot(xs, ys, marker="o", label=algo)[0].get_color()
     ax.axhline(rate, color="k", lw=1, label=f"link rate {rate:g} Mbit/s")
     ax.axhline(ceiling, color="k", lw=1, ls="--", label=f"TCP ceiling {ceiling:.1f}")
     ax.axhline(duplex, color="k", lw=1, ls="-.", label=f"duplex ceiling {duplex:.1f}")
     ax.axhline(0.9 * rate, color="grey", lw=1, ls=":", label="90% of link rate")
+    if mst:  # MST's own bound: 2 log2(P) rounds of S, one-way flows (p = 4: 1.5 / 4 of the TCP ceiling)
+        bound = 2 * (p - 1) / p / (2 * (p - 1).bit_length()) * ceiling
+        ax.axhline(bound, color=colors["mst"], lw=1, ls="--", label=f"mst bound {bound:.1f}")
     ax.set_xscale("log")
     ax.set_ylim(0, rate * 1.05)
     ax.set_xlabel("message size (MB)")

@@ -1,14 +1,19 @@
 """Training on the emulated cluster through ``dpcomm testbed launch -- dpcomm train``.
 
     # BML (Fig. 6): LeNet-5 on 9 servers, bcube on bcube:3,2 vs ps on star:9, sub-minibatch 16..128
-    .venv/bin/python benchmarks/testbed_train.py bml --rate 100mbit --batches 16,32,64,128 --iters 12
+    .venv/bin/python benchmarks/testbed_train.py bml --rate 100mbit --batches 16,32,64,128 --iters 24
     # MG-WFBP vs WFBP vs single vs DDP on star:4
-    .venv/bin/python benchmarks/testbed_train.py schedules --rate 100mbit --model lenet5 --iters 12
+    .venv/bin/python benchmarks/testbed_train.py schedules --rate 100mbit --model lenet5 --iters 30
 
-Needs root. Each testbed is built once, every configuration is one launch (one ``dpcomm train`` per server,
-``--json``), and the testbed is removed at the end. ``t_iter`` is ``dpcomm train``'s median steady-state
-iteration; the BML paper's JCT is 1000 iterations, i.e. ``1000 * t_iter``, so the JCT reduction of BML
-against PS is ``1 - t_iter(BML) / t_iter(PS)`` (paper, Fig. 6: 18.7%-56.4% for LeNet-5).
+Needs root. Each testbed is built once, every configuration is one launch (one ``dpcomm train`` per
+server, ``--json``), and the testbed is removed at the end. Every worker gets ``--threads`` torch threads
+(default: this machine's cores / servers, at least 1): the emulated servers share the machine's cores, and
+``dpcomm train`` alone gives each of them all the cores (it knows only its own node), e.g. 8 threads on 2
+cores for ``star:4``, where a ResNet-20 iteration then took 2.8 s instead of 0.42 s (docs/testbed.md sec. 4).
+``t_iter`` is ``dpcomm train``'s median steady-state iteration (after the profiled and timed ones: use
+``--iters`` >= 22 for ``mgwfbp``/``optimal``); the BML paper's JCT is 1000 iterations, i.e.
+``1000 * t_iter``, so the JCT reduction of BML against PS is ``1 - t_iter(BML) / t_iter(PS)`` (paper,
+Fig. 6: 18.7%-56.4% for LeNet-5).
 """
 
 from __future__ import annotations
@@ -29,8 +34,13 @@ def _loadavg() -> str:
         return " ".join(fh.read().split()[:3])
 
 
-def run_configs(topology: str, rate_bps: int, configs: list[dict], iters: int, port: int) -> list[dict]:
-    """Build ``topology`` once and run one ``dpcomm train`` launch per config on it."""
+def run_configs(
+    topology: str, rate_bps: int, configs: list[dict], iters: int, port: int, threads: int | None = None
+) -> list[dict]:
+    """Build ``topology`` once and run one ``dpcomm train`` launch per config on it, ``threads`` torch
+    threads per worker (None: cores / servers, at least 1)."""
+    if threads is None:
+        threads = max(1, (os.cpu_count() or 1) // len(load_servers(topology)))
     down(NAME)
     up(TestbedConfig(name=NAME, topology=topology, rate_bps=rate_bps))
     out = []
@@ -50,6 +60,8 @@ def run_configs(topology: str, rate_bps: int, configs: list[dict], iters: int, p
                 cfg["schedule"],
                 "--collective",
                 cfg["collective"],
+                "--threads",
+                str(threads),
                 "--timeout",
                 "300",
                 "--json",
@@ -61,6 +73,7 @@ def run_configs(topology: str, rate_bps: int, configs: list[dict], iters: int, p
                 "topology": topology,
                 "rate_bps": rate_bps,
                 "iters": iters,
+                "threads": threads,
                 "returncodes": res.returncodes,
                 "launch_s": res.seconds,
                 "loadavg": load,
@@ -106,6 +119,7 @@ def bml(args: argparse.Namespace) -> dict:
         [{"model": args.model, "batch": b, "schedule": sched, "collective": "bcube"} for b in batches],
         args.iters,
         29500,
+        args.threads,
     )
     n = len(load_servers(args.bcube))
     rows += run_configs(
@@ -114,6 +128,7 @@ def bml(args: argparse.Namespace) -> dict:
         [{"model": args.model, "batch": b, "schedule": sched, "collective": "ps"} for b in batches],
         args.iters,
         29520,
+        args.threads,
     )
     table = []
     for b in batches:
@@ -140,7 +155,7 @@ def schedules(args: argparse.Namespace) -> dict:
         {"model": args.model, "batch": args.batch, "schedule": s, "collective": args.collective}
         for s in args.schedules.split(",")
     ]
-    rows = run_configs(args.topology, rate, configs, args.iters, 29540)
+    rows = run_configs(args.topology, rate, configs, args.iters, 29540, args.threads)
     base = next((r.get("t_iter_s") for r in rows if r["schedule"] == "wfbp"), None)
     for r in rows:
         t = r.get("t_iter_s")
@@ -168,7 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--batch", type=int, default=32)
     for q in (b, s):
         q.add_argument("--rate", default="100mbit")
-        q.add_argument("--iters", type=int, default=12)
+        q.add_argument(
+            "--iters", type=int, default=24, help="per run; >= 22 for mgwfbp/optimal (3 profiled + 9 timed)"
+        )
+        q.add_argument(
+            "--threads", type=int, default=None, help="torch threads per worker (default cores/servers)"
+        )
         q.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
