@@ -11,6 +11,7 @@ appends ``--nnodes/--node-rank/--master-addr/--master-port/--nproc``). Every wor
   NIC ``l`` only;
 - ``lp_block_16MB``: the block ``lp`` picks by default for a 16 MB allreduce on this group, i.e. on the
   network the launcher described in ``$DPCOMM_NETWORK`` (:func:`dpcomm.testbed.config.link_network`);
+- ``torch_threads``: torch's intra-op threads in this worker (``$OMP_NUM_THREADS`` from the launcher);
 - ``tcp``: the established connections (local, remote address) once the level groups exist. The relay routes
   would carry a level-``l`` neighbour's traffic over NIC ``l`` whichever address a group used, so the
   binding itself shows here: a group bound to NIC ``l`` connects from and to level-``l`` addresses.
@@ -108,6 +109,7 @@ def _worker(algorithms: list[str], count: int, level_bytes: int) -> dict[str, An
     from dpcomm.collectives import get as get_algorithm
 
     result["lp_block_16MB"] = get_algorithm("lp").block_size(16_000_000, world, "allreduce")
+    result["torch_threads"] = torch.get_num_threads()
     topo_spec = os.environ.get("DPCOMM_TOPOLOGY", "")
     if level_bytes and topo_spec.startswith("bcube"):
         topo = parse_topology(topo_spec)

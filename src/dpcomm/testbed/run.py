@@ -13,7 +13,9 @@ rendezvous reaches the command two ways:
   :func:`dpcomm.collectives.bcube.make_level_groups`);
 - ``DPCOMM_NETWORK``: a network file in the output folder describing one emulated link
   (:func:`dpcomm.testbed.config.link_network`), which ``lp`` and ``auto`` take as their default network;
-  an existing ``DPCOMM_NETWORK`` (the caller's environment or ``env``) wins.
+  an existing ``DPCOMM_NETWORK`` (the caller's environment or ``env``) wins;
+- ``OMP_NUM_THREADS``: this machine's cores / servers, at least 1 (the servers share the cores; torch and
+  ``dpcomm train`` take it as their thread count); an existing ``OMP_NUM_THREADS`` wins.
 
 Each worker's stdout and stderr go to ``<out_dir>/rank<i>.out|.err``. When a worker fails, the others get
 ``grace_s`` to finish before they are stopped (a lost peer would otherwise leave them waiting).
@@ -91,6 +93,13 @@ def exec_in(state: dict[str, Any], host: str | int, argv: list[str]) -> int:
     return subprocess.call(["ip", "netns", "exec", host_netns(state, host), *_resolve(argv)])
 
 
+def _threads_per_server(state: dict[str, Any]) -> int:
+    """Torch/OpenMP threads per worker: this machine's cores shared by the servers (at least 1). Every
+    server is a node of its own, so a worker would otherwise take all the cores: 8 threads on 2 cores for
+    ``star:4`` made ResNet-20's iterations 6-8x slower (docs/testbed.md, section 4)."""
+    return max(1, (os.cpu_count() or 1) // len(state["servers"]))
+
+
 def worker_env(state: dict[str, Any], node_rank: int, master_port: int) -> dict[str, str]:
     """The environment variables a worker on server ``node_rank`` gets (see the module docstring)."""
     return {
@@ -166,6 +175,7 @@ def launch_workers(
             rank = srv["server"]
             wenv = {
                 "DPCOMM_NETWORK": str(network),
+                "OMP_NUM_THREADS": str(_threads_per_server(state)),
                 **os.environ,
                 **(env or {}),
                 **worker_env(state, rank, master_port),
