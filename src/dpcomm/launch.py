@@ -63,6 +63,18 @@ class LaunchOptions:
         if self.nnodes > 1 and self.master_port == 0:
             raise ValueError("a multi-node launch needs an explicit master_port")
 
+    @classmethod
+    def of(cls, cfg: Any) -> LaunchOptions:
+        """From any config with ``nproc``, ``nnodes``, ``node_rank``, ``master_addr`` and ``master_port``
+        (``TrainConfig``, ``BenchConfig``, the parsed flags of a worker command)."""
+        return cls(
+            nproc=cfg.nproc,
+            nnodes=cfg.nnodes,
+            node_rank=cfg.node_rank,
+            master_addr=cfg.master_addr,
+            master_port=cfg.master_port,
+        )
+
 
 @contextlib.contextmanager
 def _patched_env(extra: dict[str, str] | None) -> Iterator[None]:

@@ -334,13 +334,7 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     from dpcomm.launch import LaunchOptions, WorkerFailure, launch
 
     cfg = cfg.resolved()
-    opts = LaunchOptions(
-        nproc=cfg.nproc,
-        nnodes=cfg.nnodes,
-        node_rank=cfg.node_rank,
-        master_addr=cfg.master_addr,
-        master_port=cfg.master_port,
-    )
+    opts = LaunchOptions.of(cfg)
     try:
         cases, per_rank = launch(_worker, opts, cfg)[0]
     except WorkerFailure as exc:

@@ -349,13 +349,7 @@ def compare_schedules(cfg: TrainConfig, schedules: list[str]) -> list[TrainResul
 def _launch(cfg: TrainConfig, schedules: list[str]) -> list[TrainResult]:
     from dpcomm.launch import LaunchOptions, launch
 
-    opts = LaunchOptions(
-        nproc=cfg.nproc,
-        nnodes=cfg.nnodes,
-        node_rank=cfg.node_rank,
-        master_addr=cfg.master_addr,
-        master_port=cfg.master_port,
-    )
+    opts = LaunchOptions.of(cfg)
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process ..." warnings
     level = spawn_log.level
     spawn_log.setLevel(logging.ERROR)

@@ -19,10 +19,4 @@ def add_node_args(p: argparse.ArgumentParser) -> None:
 
 
 def launch_options(args: argparse.Namespace) -> LaunchOptions:
-    return LaunchOptions(
-        nproc=args.nproc,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-    )
+    return LaunchOptions.of(args)
