@@ -19,7 +19,7 @@ from torch import nn
 
 from dpcomm.errors import UserError
 from dpcomm.launch import init_worker
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.runtime.data_parallel import DataParallel
 
 IN, OUT = 8, 4

@@ -2,7 +2,7 @@
 
 import pytest
 
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 
 
 def test_from_sizes_and_round_trip():

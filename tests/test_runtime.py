@@ -23,7 +23,7 @@ import torch
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.launch import launch
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.runtime.autoplan import fit_linear, layer_times
 from dpcomm.runtime.buckets import GradBuckets
 from tests import _runtime_workers as W

@@ -24,7 +24,7 @@ from dpcomm.planner._common import check_nodes
 from dpcomm.planner.bucket import DDP_BUCKET_BYTES, HOROVOD_FUSION_BYTES, parse_size, plan_bucket
 from dpcomm.planner.mgwfbp import plan_mgwfbp
 from dpcomm.planner.optimal import optimal_partition, plan_optimal
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.planner.single import plan_single
 from dpcomm.planner.wfbp import plan_wfbp
 from dpcomm.trace.format import Trace

@@ -14,7 +14,7 @@ import numpy as np
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.trace.format import Trace
 
 __all__ = ["check_nodes", "cost_many", "finish", "layer_bytes", "no_opts", "ready_times"]

@@ -19,7 +19,7 @@ import time
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.planner._common import check_nodes, finish
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.trace.format import Trace
 
 __all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "HOROVOD_FUSION_BYTES", "parse_size", "plan_bucket"]

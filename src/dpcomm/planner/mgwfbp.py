@@ -47,7 +47,7 @@ import time
 
 from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.planner._common import check_nodes, finish, layer_bytes, ready_times
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.trace.format import Trace
 
 __all__ = ["plan_mgwfbp"]

@@ -33,7 +33,7 @@ import numpy as np
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.planner._common import check_nodes, cost_many, finish, layer_bytes, no_opts, ready_times
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.trace.format import Trace
 
 __all__ = ["optimal_partition", "plan_optimal"]

@@ -10,7 +10,7 @@ import time
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.planner._common import check_nodes, finish, no_opts
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.trace.format import Trace
 
 __all__ = ["plan_single"]

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.errors import UserError
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.trace.format import Layer, Trace
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Flat gradient buffers, one per plan group (and dtype): the memory layout the runtime communicates.
 
-A :class:`~dpcomm.planner.plan.Plan` group is one message (MG-WFBP: the merged gradients of a run of layers).
+A :class:`~dpcomm.plan.Plan` group is one message (MG-WFBP: the merged gradients of a run of layers).
 Each group owns one contiguous 1-D buffer per *communication dtype*, holding its layers' gradients in
 ascending layer order (so every layer is a contiguous slice, which the LP paper's layer-wise Alg. 1 uses to
 broadcast parameters layer by layer through the same buffers). The buffers are allocated once and reused every
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 
 __all__ = ["GradBuckets", "Group", "Slot"]
 

@@ -54,7 +54,7 @@ from torch import nn
 from dpcomm.collectives._p2p import cause
 from dpcomm.errors import UserError
 from dpcomm.models.layers import layer_params, learnable_layers
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.runtime import autoplan, bsp
 from dpcomm.runtime.buckets import GradBuckets, Group
 from dpcomm.runtime.comm_thread import CommFailure, CommJob, CommThread

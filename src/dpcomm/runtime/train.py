@@ -435,7 +435,7 @@ class _Replica:
             self.optimizer.load_state_dict(state["optimizer"])
             start = int(state["iteration"])
             if state.get("plan") is not None and schedule != SCHEDULE_DDP:
-                from dpcomm.planner.plan import Plan
+                from dpcomm.plan import Plan
 
                 plan = Plan.from_dict(state["plan"])
             else:  # saved while profiling: profile only what is left, so the plan lands at the same iteration
@@ -791,7 +791,7 @@ def predict(result: TrainResult, steady_compute: bool = False) -> Any:
     if result.trace is None or result.plan is None or not result.cost or result.cost.get("a") is None:
         return None
     from dpcomm.costmodel.base import LinearCost
-    from dpcomm.planner.plan import Plan
+    from dpcomm.plan import Plan
     from dpcomm.sim import simulate
     from dpcomm.trace.format import trace_from_dict
 

@@ -16,7 +16,7 @@ from dpcomm.costmodel import Network, allreduce_cost
 from dpcomm.costmodel.base import CommCost
 from dpcomm.planner import make_plan
 from dpcomm.planner._common import check_nodes
-from dpcomm.planner.plan import Plan
+from dpcomm.plan import Plan
 from dpcomm.sim.simulator import SimResult, simulate
 from dpcomm.trace.format import Trace
 

@@ -1,4 +1,4 @@
-"""A communication plan: plain data that the simulator and the runtime both read.
+"""A communication plan: plain data that the planners make and the simulator and the runtime both read.
 
 A plan partitions the learnable layers ``0..L-1`` (forward order) into groups that are contiguous in layer
 order. ``groups`` is in *communication order*: the group holding layer ``L-1`` (ready first in backward)
