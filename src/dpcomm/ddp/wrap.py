@@ -1,0 +1,179 @@
+"""``dpcomm.ddp.wrap``: stock ``DistributedDataParallel`` running a dpcomm plan (and optionally a dpcomm
+collective), for a user's own torchrun script::
+
+    model = dpcomm.ddp.wrap(model, "mgwfbp", example=x)     # after dist.init_process_group(...)
+
+With a :class:`~dpcomm.plan.Plan` the buckets are set from it (:func:`dpcomm.ddp.bucket_caps`). With a
+planner name the plan is decided on the workers themselves, as ``dpcomm.DataParallel`` does it (MG-WFBP
+Alg. 1 lines 1-7, "benchmarks in the first several iterations"), but before DDP exists, on one input batch:
+
+1. every rank times each learnable layer's forward and backward (:func:`dpcomm.trace.profiler.profile`,
+   on the bare module: no communication) and the per-layer medians are averaged over ranks;
+2. the all-reduce is priced: measured at a few sizes and fitted to ``T(M) = a + b*M`` (MG-WFBP Eq. 9), or
+   taken from a modelled ``network``;
+3. rank 0 plans and broadcasts the plan; every rank checks its hash; DDP is built with the plan's caps.
+
+Buckets equal the plan from the second iteration on (DDP rebuilds them in gradient-ready order after the
+first; see :mod:`dpcomm.ddp.buckets`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from dpcomm.costmodel.base import CommCost
+from dpcomm.ddp.buckets import BucketCaps, bucket_caps
+from dpcomm.ddp.hooks import HookState, collective_hook
+from dpcomm.errors import UserError
+from dpcomm.plan import Plan
+from dpcomm.trace.format import Layer, Trace
+
+__all__ = ["Wrapped", "plan_on_workers", "wrap"]
+
+_TIMED = ("mgwfbp", "optimal")
+"""Planners whose plan depends on measured times (the others need only the layer sizes)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class Wrapped:
+    """What :func:`wrap` decided, kept on the DDP module as ``ddp.dpcomm``."""
+
+    plan: Plan
+    """The plan DDP runs (the requested one, or its nearest expressible coarsening)."""
+    caps: BucketCaps
+    """The caps DDP was built with, and how its plan relates to the requested one."""
+    trace: Trace | None = None
+    """The workers' layer times (planner names only)."""
+    cost: CommCost | None = None
+    """The all-reduce cost the planner used (planner names only)."""
+    collective: str = "native"
+    """Who all-reduces the buckets: DDP itself (``native``) or a dpcomm collective as a comm hook."""
+    hook_state: HookState | None = None
+    """The hook's state when the collective runs on its own thread."""
+
+
+def _sizes_trace(model: nn.Module, example: Any | None, name: str) -> Trace:
+    from dpcomm.models.layers import layer_params, learnable_layers
+
+    layers = learnable_layers(model, example)
+    owned = layer_params(model, layers)
+    dtype_bytes = owned[0][0].element_size() if owned and owned[0] else 4
+    rows = tuple(
+        Layer(name=n, params=sum(p.numel() for p in ps), forward_s=0.0, backward_s=0.0)
+        for (n, _), ps in zip(layers, owned, strict=True)
+    )
+    return Trace(model=name, batch_size=1, device="none", dtype_bytes=dtype_bytes, layers=rows)
+
+
+def plan_on_workers(
+    model: nn.Module,
+    schedule: str,
+    *,
+    example: Any | None = None,
+    loss_fn: Any = None,
+    collective: str = "native",
+    network: Any = None,
+    profile_iters: int = 3,
+    process_group: Any = None,
+) -> tuple[Plan, Trace, CommCost]:
+    """Profile, price and plan on every rank of ``process_group`` (see module docstring); every rank gets
+    the same plan, trace and cost. ``mgwfbp`` and ``optimal`` need ``example`` (one input batch)."""
+    from dpcomm.collectives import get
+    from dpcomm.costmodel.collective import ALGORITHMS
+    from dpcomm.runtime import autoplan
+
+    world = dist.get_world_size(process_group)
+    name = schedule.partition(":")[0].strip().lower()
+    if example is None:
+        if name in _TIMED:
+            raise UserError(f"planner '{schedule}' needs the layers' times: pass example=<one input batch>")
+        trace = _sizes_trace(model, None, type(model).__name__)
+    else:
+        from dpcomm.trace.profiler import profile
+
+        device = next(model.parameters()).device
+        local = profile(model, example, iters=profile_iters, warmup=1, device=device, loss_fn=loss_fn)
+        n = local.num_layers
+        fb = autoplan.rank_mean(
+            [x.forward_s for x in local.layers] + [x.backward_s for x in local.layers], process_group
+        )
+        layers = tuple(
+            Layer(name=x.name, params=x.params, forward_s=fb[i], backward_s=fb[n + i])
+            for i, x in enumerate(local.layers)
+        )
+        trace = Trace(
+            model=type(model).__name__, batch_size=local.batch_size, device=local.device,
+            dtype_bytes=local.dtype_bytes, layers=layers, extra={"measured_by": "dpcomm.ddp.wrap"},
+        )  # fmt: skip
+    if network is not None:
+        cost: CommCost = autoplan.network_cost(
+            network, world, collective if collective in ALGORITHMS else "ring"
+        )
+    else:
+        algo = get(collective)
+        device = next(model.parameters()).device
+        scratch = torch.zeros(max(1, trace.total_params), device=device)
+        points = autoplan.measure_allreduce(
+            lambda t: algo.allreduce(t, group=process_group), scratch, process_group
+        )
+        cost = autoplan.fit_linear(points)
+    plan = autoplan.plan_on_root(schedule, trace, cost, world, process_group, root=0)
+    autoplan.check_same_plan(plan, process_group)
+    return plan, trace, cost
+
+
+def wrap(
+    model: nn.Module,
+    plan: Plan | str,
+    *,
+    example: Any | None = None,
+    loss_fn: Any = None,
+    collective: str = "native",
+    collective_options: dict[str, Any] | None = None,
+    overlap: bool = True,
+    network: Any = None,
+    profile_iters: int = 3,
+    process_group: Any = None,
+    **ddp_kwargs: Any,
+) -> DistributedDataParallel:
+    """``DistributedDataParallel(model, ...)`` whose buckets are ``plan``'s groups.
+
+    ``plan``: a :class:`Plan` or a planner name (``wfbp``, ``single``, ``bucket:25MB``, ``mgwfbp``,
+    ``optimal``; the last two need ``example``). ``example``: one input batch (a tensor or a tuple), used to
+    order the layers as they run, to find the gradient-ready order, and to time the layers. ``collective``:
+    ``native`` (DDP's own all-reduce) or a dpcomm collective registered as a comm hook
+    (:func:`collective_hook`; on its own thread when ``overlap``). ``network``: price the all-reduce with a
+    modelled network instead of measuring it. Other keyword arguments go to DDP. What was decided is
+    ``ddp.dpcomm`` (:class:`Wrapped`).
+    """
+    if not dist.is_initialized():
+        raise UserError("dpcomm.ddp.wrap needs torch.distributed initialised (dist.init_process_group(...))")
+    clash = {"bucket_cap_mb", "bucket_cap_mb_list"} & set(ddp_kwargs)
+    if clash:
+        raise UserError(
+            f"dpcomm.ddp.wrap sets the buckets from the plan; do not pass {', '.join(sorted(clash))}"
+        )
+    trace = cost = None
+    if isinstance(plan, str):
+        plan, trace, cost = plan_on_workers(
+            model, plan, example=example, loss_fn=loss_fn, collective=collective, network=network,
+            profile_iters=profile_iters, process_group=process_group,
+        )  # fmt: skip
+    world = dist.get_world_size(process_group)
+    caps = bucket_caps(plan, model, example=example, loss_fn=loss_fn, trace=trace, cost=cost, nodes=world)
+    ddp = DistributedDataParallel(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
+    state = None
+    if collective != "native" or collective_options:
+        hook = collective_hook(collective, **(collective_options or {}))
+        state = HookState(process_group=process_group) if overlap else None
+        ddp.register_comm_hook(state if overlap else process_group, hook)
+    ddp.dpcomm = Wrapped(
+        plan=caps.plan, caps=caps, trace=trace, cost=cost, collective=collective, hook_state=state
+    )
+    return ddp

@@ -1,0 +1,164 @@
+"""Worker functions for tests/test_ddp.py (module level: the launcher spawns workers that import them).
+
+``bucket_cases`` wraps zoo models in DDP with every planner's plan and reads DDP's real buckets through a
+recording comm hook (``GradBucket.parameters()``), two iterations each. ``hook_cases`` checks dpcomm
+collectives as DDP comm hooks against DDP's own all-reduce on integer-valued gradients.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from dpcomm.costmodel.base import LinearCost
+from dpcomm.launch import init_worker
+
+COST = LinearCost(a=2e-4, b=2e-9)
+"""An all-reduce price (seconds, seconds per byte) under which mgwfbp and optimal merge some layers."""
+
+
+class SplitUse(nn.Module):
+    """The root owns two parameters, one used first and one near the end: its gradients are ready at two
+    times, with layers ``a`` and ``b`` in between, so DDP cannot cut between those layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pre, self.post = nn.Parameter(torch.ones(8)), nn.Parameter(torch.ones(8))
+        self.a, self.b, self.c = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(self.b(self.a(x * self.pre)) * self.post)
+
+
+def _model(name: str, batch: int) -> tuple[nn.Module, torch.Tensor]:
+    from dpcomm.models import example_input, get_model
+
+    torch.manual_seed(0)
+    if name == "splituse":
+        return SplitUse(), torch.randn(batch, 8)
+    if name == "googlenet":  # 224x224 costs seconds per step on CPU; the layers do not depend on the size
+        return get_model(name), torch.randn(batch, 3, 64, 64)
+    return get_model(name), example_input(name, batch)
+
+
+def _layer_of(model: nn.Module, example: Any) -> dict[int, int]:
+    from dpcomm.models.layers import layer_params, learnable_layers
+
+    return {
+        id(p): i for i, ps in enumerate(layer_params(model, learnable_layers(model, example))) for p in ps
+    }
+
+
+def _recording_hook(log: list[tuple[int, ...]], layer_of: dict[int, int]):
+    def hook(state, bucket):  # no annotations: DDP compares them with the classes, not with strings
+        log.append(tuple(sorted({layer_of[id(p)] for p in bucket.parameters()})))
+        t = bucket.buffer().div_(dist.get_world_size())
+        return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])
+
+    return hook
+
+
+def _run_and_record(ddp: DistributedDataParallel, example: Any, layer_of: dict[int, int], iters: int = 2):
+    from dpcomm.trace.profiler import default_loss
+
+    seen: list[list[tuple[int, ...]]] = []
+    log: list[tuple[int, ...]] = []
+    ddp.register_comm_hook(None, _recording_hook(log, layer_of))
+    for _ in range(iters):
+        log.clear()
+        default_loss(ddp(example)).backward()
+        seen.append(list(log))
+    return seen
+
+
+def bucket_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case: the plan asked for, the plan DDP runs, and DDP's buckets per iteration (layer tuples)."""
+    from dpcomm.ddp import bucket_caps, wrap
+    from dpcomm.ddp.wrap import _sizes_trace
+    from dpcomm.planner import make_plan
+    from dpcomm.trace.analytic import analytic_trace
+
+    init_worker()
+    out = []
+    for case in cases:
+        model, x = _model(case["model"], case.get("batch", 2))
+        if case["model"] == "splituse":
+            trace = _sizes_trace(model, x, "splituse")
+        else:
+            trace = analytic_trace(case["model"], 2, "cpu")
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            if case.get("on_workers"):
+                ddp = wrap(model, case["schedule"], example=x, profile_iters=1)
+                requested = ddp.dpcomm.caps.requested
+            else:
+                requested = make_plan(case["schedule"], trace, COST, dist.get_world_size())
+                caps = bucket_caps(requested, model, example=x, trace=trace, cost=COST, nodes=2)
+                ddp = DistributedDataParallel(model, **caps.ddp_kwargs())
+                ddp.dpcomm_caps = caps
+        caps = ddp.dpcomm.caps if case.get("on_workers") else ddp.dpcomm_caps
+        seen = _run_and_record(ddp, x, _layer_of(model, x))
+        out.append(
+            {
+                "requested": [list(g) for g in requested.groups],
+                "plan": [list(g) for g in caps.plan.groups],
+                "sha": caps.plan.sha256(),
+                "note": caps.note,
+                "extra_s": caps.extra_s,
+                "warnings": [str(w.message) for w in caught if "dpcomm" in str(w.message)],
+                "seen": [[list(g) for g in it] for it in seen],
+            }
+        )
+        del ddp
+    return out
+
+
+def _int_model(seed: int) -> nn.Module:
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 3))
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randint(-3, 4, p.shape).float())
+    return model
+
+
+def hook_cases(names: list[str], world_expected: int) -> dict[str, Any]:
+    """Per collective and state kind: max |grad(DDP + dpcomm hook) - grad(DDP)| over all parameters."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_wrapper
+
+    from dpcomm.ddp import HookState, collective_hook, wrap
+
+    rank, world = init_worker()
+    assert world == world_expected
+    torch.manual_seed(100 + rank)
+    x = torch.randint(-2, 3, (4, 6)).float()
+
+    def grads(ddp: nn.Module) -> list[torch.Tensor]:
+        for _ in range(2):  # the second iteration runs the rebuilt buckets
+            for p in ddp.parameters():
+                p.grad = None
+            ddp(x).sum().backward()
+        return [p.grad.clone() for p in ddp.parameters()]
+
+    reference = grads(wrap(_int_model(0), "wfbp", example=x))
+    out: dict[str, Any] = {}
+    for name in names:
+        for mode in ("inline", "thread", "fp16"):
+            ddp = wrap(_int_model(0), "wfbp", example=x)
+            hook = collective_hook(name)
+            state: Any = HookState() if mode == "thread" else None
+            ddp.register_comm_hook(state, fp16_compress_wrapper(hook) if mode == "fp16" else hook)
+            try:
+                got = grads(ddp)
+                diff = max(float((a - b).abs().max()) for a, b in zip(got, reference, strict=True))
+                out[f"{name}/{mode}"] = {"diff": diff, "scale": max(float(g.abs().max()) for g in got)}
+            except Exception as exc:  # noqa: BLE001 - reported to the test
+                out[f"{name}/{mode}"] = {"error": f"{type(exc).__name__}: {exc}"}
+            if isinstance(state, HookState):
+                state.close()
+    return out
