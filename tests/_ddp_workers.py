@@ -150,13 +150,19 @@ def hook_cases(names: list[str], world_expected: int) -> dict[str, Any]:
     for name in names:
         for mode in ("inline", "thread", "fp16"):
             ddp = wrap(_int_model(0), "wfbp", example=x)
-            hook = collective_hook(name)
+            inner, calls = collective_hook(name), [0]
+
+            def hook(state, bucket, inner=inner, calls=calls):  # counts the buckets DDP hands over
+                calls[0] += 1
+                return inner(state, bucket)
+
             state: Any = HookState() if mode == "thread" else None
             ddp.register_comm_hook(state, fp16_compress_wrapper(hook) if mode == "fp16" else hook)
             try:
                 got = grads(ddp)
                 diff = max(float((a - b).abs().max()) for a, b in zip(got, reference, strict=True))
-                out[f"{name}/{mode}"] = {"diff": diff, "scale": max(float(g.abs().max()) for g in got)}
+                scale = max(float(g.abs().max()) for g in got)
+                out[f"{name}/{mode}"] = {"diff": diff, "scale": scale, "calls": calls[0]}
             except Exception as exc:  # noqa: BLE001 - reported to the test
                 out[f"{name}/{mode}"] = {"error": f"{type(exc).__name__}: {exc}"}
             if isinstance(state, HookState):

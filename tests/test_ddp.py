@@ -19,6 +19,8 @@ from tests import _ddp_workers as W
 
 SCHEDULES = ("wfbp", "single", "bucket:64KB", "mgwfbp", "optimal")
 MODELS = ("lenet5", "resnet20", "googlenet")
+SKIP = {("googlenet", s) for s in ("single", "bucket:64KB", "mgwfbp")}
+"""GoogLeNet costs seconds per case on 2 cores: its 123 layers run with one group per layer and optimal."""
 
 
 # --------------------------------------------------------------------------------------- pure: the cut rule
@@ -84,9 +86,9 @@ def test_expressible_plan_is_the_finest_coarsening_ddp_can_cut():
 
 
 def _cases():
-    cases = [{"model": m, "schedule": s} for m in MODELS for s in SCHEDULES]
+    cases = [{"model": m, "schedule": s} for m in MODELS for s in SCHEDULES if (m, s) not in SKIP]
     cases.append({"model": "splituse", "schedule": "wfbp"})
-    cases.append({"model": "lenet5", "schedule": "mgwfbp", "on_workers": True})
+    cases.append({"model": "resnet20", "schedule": "mgwfbp", "on_workers": True})
     return cases
 
 
@@ -104,6 +106,8 @@ def buckets():
 @pytest.mark.parametrize("model", MODELS)
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_ddp_buckets_equal_the_plan(buckets, model, schedule):
+    if (model, schedule) in SKIP:
+        pytest.skip("not run: see SKIP")
     ranks = buckets[(model, schedule, False)]
     r = ranks[0]
     assert r["plan"] == r["requested"] and r["note"] is None and not r["warnings"]
@@ -114,8 +118,9 @@ def test_ddp_buckets_equal_the_plan(buckets, model, schedule):
 
 @pytest.mark.slow
 def test_the_plans_are_not_trivial(buckets):
-    shapes = {len(buckets[(m, s, False)][0]["requested"]) for m in MODELS for s in SCHEDULES}
-    merged = [buckets[(m, s, False)][0]["requested"] for m in MODELS for s in ("mgwfbp", "optimal")]
+    run = [(m, s) for m in MODELS for s in SCHEDULES if (m, s) not in SKIP]
+    shapes = {len(buckets[(m, s, False)][0]["requested"]) for m, s in run}
+    merged = [buckets[(m, s, False)][0]["requested"] for m, s in run if s in ("mgwfbp", "optimal")]
     assert any(1 < len(p) < sum(map(len, p)) for p in merged), "no planner merged some but not all layers"
     assert len(shapes) > 3
 
@@ -133,7 +138,7 @@ def test_a_plan_ddp_cannot_cut_falls_back_and_says_so(buckets):
 
 @pytest.mark.slow
 def test_wrap_with_a_planner_name_plans_on_the_workers(buckets):
-    ranks = buckets[("lenet5", "mgwfbp", True)]
+    ranks = buckets[("resnet20", "mgwfbp", True)]
     assert ranks[0]["sha"] == ranks[1]["sha"]
     for r in ranks:
         assert r["seen"][1] == r["plan"] == r["requested"]

@@ -1,7 +1,9 @@
 """Profile a zoo model layer by layer and write a trace (``dpcomm-trace/1``).
 
 Examples: ``dpcomm profile --model resnet50 --batch-size 8 -o resnet50.json`` (measured on this machine);
-``dpcomm profile --model googlenet --batch-size 64 --analytic k80 -o g.json`` (FLOP model, instant).
+``dpcomm profile --model googlenet --batch-size 64 --analytic k80 -o g.json`` (FLOP model, instant);
+``dpcomm profile --from-torch-profiler run.json --model resnet20 -o r.json`` (from a user's own
+``torch.profiler`` Chrome trace, see :mod:`dpcomm.trace.torch_profiler`).
 """
 
 from __future__ import annotations
@@ -17,7 +19,25 @@ HELP = "measure (or model with --analytic) each learnable layer's forward/backwa
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", required=True, metavar="NAME", help="zoo model (see `dpcomm models`)")
-    parser.add_argument("--batch-size", required=True, type=int, metavar="B", help="mini-batch size")
+    parser.add_argument(
+        "--batch-size",
+        type=int,
+        metavar="B",
+        help="mini-batch size (with --from-torch-profiler: as recorded)",
+    )
+    parser.add_argument(
+        "--from-torch-profiler",
+        metavar="TRACE",
+        help="no measurement: per-layer times from a torch.profiler Chrome trace of --model "
+        "(recorded with with_stack=True, with_modules=True)",
+    )
+    parser.add_argument(
+        "--skip",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --from-torch-profiler: drop the first N iterations",
+    )
     parser.add_argument("--device", default="cpu", metavar="DEV", help="cpu (default) or cuda[:N]")
     parser.add_argument(
         "--iters", type=int, default=10, metavar="N",
@@ -44,8 +64,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dpcomm.models import example_input, get_model
-    from dpcomm.trace import save_trace
 
+    if args.from_torch_profiler:
+        trace = _from_torch_profiler(args)
+        _write(trace, args)
+        return 0
+    if args.batch_size is None:
+        raise UserError("--batch-size is required (except with --from-torch-profiler)")
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.iters < 1 or args.warmup < 0:
@@ -67,6 +92,38 @@ def run(args: argparse.Namespace) -> int:
         model = get_model(args.model)  # unknown names fail here, before any device work
         batch = example_input(args.model, args.batch_size)
         trace = _measure(profile, model, batch, args)
+    _write(trace, args)
+    return 0
+
+
+def _from_torch_profiler(args: argparse.Namespace):
+    import torch
+
+    from dpcomm.models import example_input, get_model, input_shape
+    from dpcomm.trace.torch_profiler import from_chrome_trace, recorded_input_shape
+    from dpcomm.utils.io import read_json
+
+    if args.skip < 0:
+        raise UserError(f"--skip must be >= 0, got {args.skip}")
+    model = get_model(args.model)
+    obj = read_json(args.from_torch_profiler)
+    shape = recorded_input_shape(obj, type(model).__name__, args.from_torch_profiler)
+    if args.batch_size is not None:
+        if args.batch_size < 1:
+            raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+        shape = None if shape is None else (args.batch_size, *shape[1:])
+    if shape is not None and len(shape) == 1 + len(input_shape(args.model)):
+        example = torch.randn(shape)
+    else:
+        example = example_input(args.model, args.batch_size or 1)
+    return from_chrome_trace(
+        obj, model, example, model_name=args.model, skip=args.skip, source=args.from_torch_profiler
+    )
+
+
+def _write(trace, args: argparse.Namespace) -> None:
+    from dpcomm.trace import save_trace
+
     if args.output:
         save_trace(trace, args.output)
         _summary(trace, args.output)
@@ -74,7 +131,6 @@ def run(args: argparse.Namespace) -> int:
         import json
 
         print(json.dumps(trace.to_dict(), indent=1))
-    return 0
 
 
 def _measure(profile, model, batch, args):
@@ -106,7 +162,11 @@ def _summary(trace, path: str) -> None:
         f"wrote {path}: {trace.model} batch {trace.batch_size} on {trace.device}, {trace.num_layers} layers, "
         f"{trace.total_params:,} params, t_f {trace.t_f * ms:.2f} ms, t_b {trace.t_b * ms:.2f} ms"
     )
-    if "iteration_forward_s" in trace.extra:
+    if trace.extra.get("measured_by") == "torch.profiler":
+        f, b = trace.extra["iteration_forward_s"], trace.extra["iteration_backward_s"]
+        k = trace.extra["iterations"]
+        line += f" (the profiler's own totals, mean of {k}: {f * ms:.2f} + {b * ms:.2f} ms)"
+    elif "iteration_forward_s" in trace.extra:
         f, b = trace.extra["iteration_forward_s"], trace.extra["iteration_backward_s"]
         line += f" (whole iterations without hooks: {f * ms:.2f} + {b * ms:.2f} ms)"
     print(line, file=sys.stdout)
