@@ -84,6 +84,7 @@ def bucket_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     from dpcomm.trace.analytic import analytic_trace
 
     init_worker()
+    torch.set_num_threads(1)  # two workers on a small machine: more threads spin against each other
     out = []
     for case in cases:
         model, x = _model(case["model"], case.get("batch", 2))
@@ -134,6 +135,7 @@ def hook_cases(names: list[str], world_expected: int) -> dict[str, Any]:
     from dpcomm.ddp import HookState, collective_hook, wrap
 
     rank, world = init_worker()
+    torch.set_num_threads(1)
     assert world == world_expected
     torch.manual_seed(100 + rank)
     x = torch.randint(-2, 3, (4, 6)).float()

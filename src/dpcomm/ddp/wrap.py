@@ -11,14 +11,21 @@ Alg. 1 lines 1-7, "benchmarks in the first several iterations"), but before DDP 
    on the bare module: no communication) and the per-layer medians are averaged over ranks;
 2. the all-reduce is priced: measured at a few sizes and fitted to ``T(M) = a + b*M`` (MG-WFBP Eq. 9), or
    taken from a modelled ``network``;
-3. rank 0 plans and broadcasts the plan; every rank checks its hash; DDP is built with the plan's caps.
+3. rank 0 plans and broadcasts the plan; every rank checks its hash;
+4. for ``mgwfbp`` and ``optimal``, the model is not trusted where it may be wrong (on CPU workers that also
+   do the reductions, each message also takes CPU time from backward): DDP is built with the planned plan,
+   ``single`` and DDP's default buckets, the three are timed round-robin on the example batch
+   (``verify_iters`` forward/backward passes each, no optimizer step; buffers restored) and the fastest,
+   as the slowest rank saw it, is kept (of those within 2%, the one with the fewest buckets), as
+   ``dpcomm.DataParallel`` does (:class:`dpcomm.runtime.autoplan.Trial`).
 
 Buckets equal the plan from the second iteration on (DDP rebuilds them in gradient-ready order after the
-first; see :mod:`dpcomm.ddp.buckets`).
+first; see :mod:`dpcomm.ddp.buckets`); a DDP kept from the timed trial has rebuilt them already.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,7 +52,7 @@ class Wrapped:
     """What :func:`wrap` decided, kept on the DDP module as ``ddp.dpcomm``."""
 
     plan: Plan
-    """The plan DDP runs (the requested one, or its nearest expressible coarsening)."""
+    """The plan DDP runs: the planned one (or its nearest expressible coarsening), or the trial's winner."""
     caps: BucketCaps
     """The caps DDP was built with, and how its plan relates to the requested one."""
     trace: Trace | None = None
@@ -56,6 +63,8 @@ class Wrapped:
     """Who all-reduces the buckets: DDP itself (``native``) or a dpcomm collective as a comm hook."""
     hook_state: HookState | None = None
     """The hook's state when the collective runs on its own thread."""
+    trial: dict[str, float] | None = None
+    """Median forward+backward seconds per candidate plan in the timed trial (slowest rank), if one ran."""
 
 
 def _sizes_trace(model: nn.Module, example: Any | None, name: str) -> Trace:
@@ -139,6 +148,7 @@ def wrap(
     overlap: bool = True,
     network: Any = None,
     profile_iters: int = 3,
+    verify_iters: int = 3,
     process_group: Any = None,
     **ddp_kwargs: Any,
 ) -> DistributedDataParallel:
@@ -149,8 +159,9 @@ def wrap(
     order the layers as they run, to find the gradient-ready order, and to time the layers. ``collective``:
     ``native`` (DDP's own all-reduce) or a dpcomm collective registered as a comm hook
     (:func:`collective_hook`; on its own thread when ``overlap``). ``network``: price the all-reduce with a
-    modelled network instead of measuring it. Other keyword arguments go to DDP. What was decided is
-    ``ddp.dpcomm`` (:class:`Wrapped`).
+    modelled network instead of measuring it. ``verify_iters``: timed passes per candidate in the trial
+    (``mgwfbp``/``optimal`` with ``example``; 0: keep the planned plan untimed). Other keyword arguments go
+    to DDP. What was decided is ``ddp.dpcomm`` (:class:`Wrapped`).
     """
     if not dist.is_initialized():
         raise UserError("dpcomm.ddp.wrap needs torch.distributed initialised (dist.init_process_group(...))")
@@ -167,13 +178,75 @@ def wrap(
         )  # fmt: skip
     world = dist.get_world_size(process_group)
     caps = bucket_caps(plan, model, example=example, loss_fn=loss_fn, trace=trace, cost=cost, nodes=world)
-    ddp = DistributedDataParallel(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
+    timed = None
+    if (
+        trace is not None
+        and example is not None
+        and verify_iters > 0
+        and caps.requested.schedule.lower() in _TIMED
+        and collective == "native"
+    ):
+        caps, ddp, timed = _trial(
+            model, caps, trace, cost, example, loss_fn, verify_iters, process_group, ddp_kwargs
+        )
+    else:
+        ddp = DistributedDataParallel(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
     state = None
     if collective != "native" or collective_options:
         hook = collective_hook(collective, **(collective_options or {}))
         state = HookState(process_group=process_group) if overlap else None
         ddp.register_comm_hook(state if overlap else process_group, hook)
     ddp.dpcomm = Wrapped(
-        plan=caps.plan, caps=caps, trace=trace, cost=cost, collective=collective, hook_state=state
+        plan=caps.plan,
+        caps=caps,
+        trace=trace,
+        cost=cost,
+        collective=collective,
+        hook_state=state,
+        trial=timed,
     )
     return ddp
+
+
+def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs):
+    """Time the planned plan, ``single`` and DDP's default buckets as real DDP modules, round-robin; return
+    the kept plan's caps, its DDP (buckets already rebuilt) and each candidate's median (see step 4)."""
+    import gc
+
+    from dpcomm.runtime.autoplan import Trial, candidates
+    from dpcomm.trace.profiler import default_loss
+
+    world = dist.get_world_size(group)
+    options = [caps] + [
+        bucket_caps(p, model, example=example, loss_fn=loss_fn, warn=False)
+        for p in candidates(caps.plan, trace, cost, world)[1:]
+    ]
+    options = [c for k, c in enumerate(options) if all(c.plan.groups != o.plan.groups for o in options[:k])]
+    ddps = [
+        DistributedDataParallel(model, process_group=group, **c.ddp_kwargs(), **ddp_kwargs) for c in options
+    ]
+    trial = Trial([c.plan for c in options], iters)
+    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
+    params = [p for p in model.parameters() if p.requires_grad]
+    try:
+        for step in range(2 * len(ddps) + len(ddps) * iters):  # two untimed passes each: DDP rebuilds buckets
+            k = step % len(ddps)
+            for p in params:
+                p.grad = None
+            t0 = time.perf_counter()
+            out = ddps[k](*example) if isinstance(example, tuple) else ddps[k](example)
+            (loss_fn or default_loss)(out).backward()
+            if step >= 2 * len(ddps):
+                trial.record(time.perf_counter() - t0)
+        best, medians = trial.choose(group)
+    finally:
+        for p in params:
+            p.grad = None
+        with torch.no_grad():
+            for name, b in model.named_buffers():
+                b.copy_(buffers[name])
+    keep = [c.plan for c in options].index(best)
+    ddp, kept = ddps[keep], options[keep]
+    del ddps
+    gc.collect()  # the other candidates' reducers (and their gradient hooks) go now
+    return kept, ddp, {c.plan.schedule: m for c, m in zip(options, medians, strict=True)}
