@@ -231,7 +231,8 @@ def test_a_dead_peer_on_another_node_fails_the_survivors_fast(tmp_path):
 
 
 def test_worker_threads_flag_then_omp_num_threads_then_cores_per_worker(monkeypatch):
-    from dpcomm.runtime.train import TrainConfig, _threads
+    from dpcomm.train.config import TrainConfig
+    from dpcomm.train.loop import _threads
 
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import asdict, dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Any
 
 from dpcomm.utils.io import atomic_write_text
 
-__all__ = ["IterRecord", "Span", "chrome_trace_events", "write_chrome_trace_file"]
+__all__ = ["IterRecord", "Phase", "Span", "chrome_trace_events", "write_chrome_trace_file"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -27,6 +28,17 @@ class Span:
     start: float
     end: float
     args: dict[str, Any] = field(default_factory=dict)
+
+
+class Phase(StrEnum):
+    """What an iteration was for: measuring before a plan exists, timing candidate plans, or training."""
+
+    PROFILE = "profile"
+    """A safe plan runs while every layer is timed (MG-WFBP Alg. 1 lines 1-7, "benchmarks")."""
+    TRIAL = "trial"
+    """One of several candidate plans runs, timed against the others."""
+    STEADY = "steady"
+    """The kept plan runs (what the reported medians are taken over)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,8 +59,11 @@ class IterRecord:
     """From the first forward after the previous step to the end of this step."""
     comm_s: float
     """Busy time of the communication thread in this iteration (overlapped or not)."""
+    phase: Phase
+    """What the iteration was for (profiling, a timed candidate, or the kept plan)."""
     plan: str
-    """Schedule of the plan in use, or ``profiling`` while a planner-name plan is being measured."""
+    """Label (``Plan.schedule``) of the plan the iteration ran: ``single`` while profiling, the candidate's
+    label in a trial."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
