@@ -20,7 +20,9 @@ This class runs a :class:`~dpcomm.plan.Plan` it is given, or the plans a *driver
 (:mod:`dpcomm.runtime.driver`): ``dpcomm.DataParallel(model, plan="mgwfbp")`` is
 :class:`dpcomm.train.online.DataParallel`, which plans a planner name on the workers themselves (profile,
 trace, plan on the root, timed trial). Timing spans are :mod:`dpcomm.runtime.spans`, the state broadcast
-and the plan check :mod:`dpcomm.runtime.broadcast`.
+and the plan check :mod:`dpcomm.runtime.broadcast`, the buckets, communication thread and mode jobs
+:mod:`dpcomm.runtime.grad_sync`. (This module is longer than most, about 450 lines, because it is one
+``nn.Module`` whose public methods and autograd hooks share the state of the iteration in progress.)
 
 Edge cases: a parameter without a gradient in an iteration is an error naming it (``allow_unused=True``:
 a zero gradient); a shared (tied) parameter is one slot, in the first layer that uses it; ``no_sync()``
@@ -53,9 +55,8 @@ from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.plan import Plan
 from dpcomm.runtime import bsp
 from dpcomm.runtime.broadcast import StateBroadcast, check_same_plan, groups_text
-from dpcomm.runtime.buckets import GradBuckets, Group
-from dpcomm.runtime.comm_thread import CommFailure, CommJob, CommThread
 from dpcomm.runtime.driver import PlanDriver
+from dpcomm.runtime.grad_sync import GradSync
 from dpcomm.runtime.records import IterRecord, Phase, Span
 from dpcomm.runtime.spans import IterTimes, Timeline, layer_times
 
@@ -158,9 +159,6 @@ class DataParallel(nn.Module):
                 collective,
             )
         self._user_log = log
-        self._async = callable(getattr(self._coll, "allreduce_async", None))
-        """The collective's backend makes its own progress (``native``): all-reduces start right in the
-        backward hook, without the communication thread (:meth:`CommThread.start_async`)."""
 
         self._driver = plan if isinstance(plan, PlanDriver) else None
         self.plan: Plan | None = plan if isinstance(plan, Plan) else None
@@ -172,14 +170,16 @@ class DataParallel(nn.Module):
         self.records: deque[IterRecord] = deque(maxlen=_KEEP_RECORDS)
         """One :class:`IterRecord` per ``step()``: the last ``_KEEP_RECORDS`` (a long run stays small)."""
 
-        self._comm = CommThread(name=f"dpcomm-comm-r{self.rank}")
+        self._sync_grads = GradSync(
+            self._coll, process_group, self.rank, self.world_size, root, mode, timeout_s
+        )
         self._timeline = Timeline(keep_spans)
         self._names = {id(p): n for n, p in module.named_parameters()}
         self._owners = learnable_layers(module)  # registration order; forward order found on first call
         self._layers: list[tuple[str, nn.Module]] | None = None
         self._layer_of_owner: list[int] = []
+        self._order: list[int] = []
         self._params_per_layer: list[list[nn.Parameter]] = []
-        self._buckets: GradBuckets | None = None
         self._batch = 0
         self._sync = True
         self._pending = False  # a synchronous backward happened and step() has not consumed it
@@ -221,14 +221,12 @@ class DataParallel(nn.Module):
             if self.broadcast_buffers and torch.is_grad_enabled() and self._sync:
                 it.exposed_s += self._broadcast(params=False)
             if self._stale:  # lp-alg1: fetch the root's new parameters layer by layer during this forward
-                self._prefetch = bsp.LayerwiseBroadcast(
-                    self._comm, self._coll, self._buckets, self.process_group, self.rank, self.root
-                )
+                self._prefetch = self._sync_grads.prefetch()
         try:
             out = self.module(*args, **kwargs)
         finally:
             if self._prefetch is not None:
-                self._prefetch.finish(self._wait)
+                self._prefetch.finish(self._sync_grads.wait)
                 it.exposed_s += self._prefetch.waited_s
                 self._prefetch, self._stale = None, False
         if first:
@@ -262,25 +260,13 @@ class DataParallel(nn.Module):
             raise UserError("DataParallel: step()/synchronize() called inside no_sync()")
         self._close_backward()
         t0 = time.perf_counter()
-        b = self._buckets
-        if b is None or not self._pending:
+        if self._sync_grads.buckets is None or not self._pending:
             raise UserError("DataParallel: step() called without a backward pass since the last step")
-        missing = b.missing()
-        if missing and not self.allow_unused:
-            self._wait(None)  # groups already sent must finish on every rank before we raise
-            b.reset()
+        try:
+            self._sync_grads.finish_gradients(self.allow_unused)
+        finally:
             self._pending = False
-            names = ", ".join(s.name for s in missing[:8]) + (" ..." if len(missing) > 8 else "")
-            raise UserError(
-                f"DataParallel: {len(missing)} parameter(s) got no gradient this iteration: {names} "
-                "(pass allow_unused=True to treat them as zero)"
-            )
-        b.fill_missing_with_zeros()
-        for g in b.pop_launchable():
-            self._launch(g)
-        self._wait(None)
-        b.reset()
-        self._pending, self._synced = False, True
+        self._synced = True
         self._it.exposed_s += time.perf_counter() - t0
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -295,15 +281,7 @@ class DataParallel(nn.Module):
             if self.mode == "lp-alg2" or (
                 self.mode == "lp-alg3" and (self._steps + 1) % self.broadcast_every == 0
             ):
-                t1 = time.perf_counter()
-                for g in self._buckets.groups:
-                    self._comm.submit(
-                        *bsp.broadcast_params_job(
-                            self._coll, self._buckets, g, self.process_group, self.rank, self.root
-                        )
-                    )
-                self._wait(None)
-                self._it.exposed_s += time.perf_counter() - t1
+                self._it.exposed_s += self._sync_grads.broadcast_params()
             self._stale = self.mode == "lp-alg1"
         self._finish_iteration(t0)
         if self._driver is not None and self.phase is not Phase.STEADY:
@@ -345,14 +323,14 @@ class DataParallel(nn.Module):
     @property
     def grad_buffer_bytes(self) -> int:
         """Bytes of the flat gradient buffers (the one extra copy of the gradients)."""
-        return self._buckets.nbytes if self._buckets is not None else 0
+        return self._sync_grads.nbytes
 
     def close(self) -> None:
         """Remove the hooks and stop the communication thread (the module stays usable on its own)."""
         for h in self._hooks + self._pre_hooks:
             h.remove()
         self._hooks, self._pre_hooks = [], []
-        self._comm.close()
+        self._sync_grads.close()
         ref = _ACTIVE.get(self.module)
         if ref is not None and ref() is self:
             del _ACTIVE[self.module]
@@ -377,7 +355,7 @@ class DataParallel(nn.Module):
     def scratch(self) -> torch.Tensor:
         """The largest flat gradient buffer in use, to time messages with (its contents are overwritten;
         drop the reference before the next plan is used: its buffers replace these)."""
-        return max((t for g in self._buckets.groups for t in g.flats.values()), key=torch.Tensor.numel)
+        return self._sync_grads.scratch()
 
     def allreduce(self, t: torch.Tensor) -> None:
         """Sum ``t`` over the group with this wrapper's collective (no-op on one rank)."""
@@ -397,7 +375,7 @@ class DataParallel(nn.Module):
         def hook(_mod: nn.Module, _inputs: Any) -> None:
             self._it.pre.setdefault(owner, time.perf_counter())
             if self._prefetch is not None:
-                self._prefetch.before_layer(self._layer_of_owner[owner], self._wait)
+                self._prefetch.before_layer(self._layer_of_owner[owner], self._sync_grads.wait)
 
         return hook
 
@@ -411,49 +389,21 @@ class DataParallel(nn.Module):
         it.bwd_last = now
         if it.bwd_start is None:
             it.bwd_start = it.fwd_end
-        if not self._sync or self._buckets is None:
+        if not self._sync or self._sync_grads.buckets is None:
             return
-        slot = self._buckets.mark_ready(p)
-        it.ready[slot.layer] = now
+        it.ready[self._sync_grads.ready(p)] = now
         self._pending = True
-        if self.mode in ("overlap", "lp-alg1"):
-            for g in self._buckets.pop_launchable():
-                self._launch(g)
 
     # ----------------------------------------------------------------- internals
-
-    def _launch(self, g: Group) -> None:
-        """Queue group ``g``'s gradient communication for this mode."""
-        b, coll, pg, world = self._buckets, self._coll, self.process_group, self.world_size
-        if self.mode in ("lp-alg1", "lp-alg2"):
-            label, run = bsp.reduce_job(coll, b, g, pg, world, self.rank, self.root)
-        elif self._async:
-            bsp.start_allreduce(self._comm, coll, b, g, pg, world)
-            return
-        else:
-            label, run = bsp.allreduce_job(coll, b, g, pg, world)
-        self._comm.submit(label, run, g.nbytes)
-
-    def _wait(self, job: CommJob | None) -> float:
-        """Wait for ``job`` (None: everything queued); returns the seconds waited."""
-        t0 = time.perf_counter()
-        try:
-            if job is None:
-                self._comm.wait_all(self.timeout_s)
-            else:
-                job.wait(self.timeout_s)
-        except CommFailure as exc:
-            raise CommFailure(f"DataParallel rank {self.rank} of {self.world_size}: {exc}") from exc
-        return time.perf_counter() - t0
 
     def _adopt_layer_order(self) -> None:
         """After the first forward: learnable layers in call order, their parameters, the first plan."""
         pre = self._it.pre
         called = sorted(pre, key=pre.__getitem__)
-        order = called + [i for i in range(len(self._owners)) if i not in pre]
-        self._layers = [self._owners[i] for i in order]
-        self._layer_of_owner = [0] * len(order)
-        for layer, owner in enumerate(order):
+        self._order = called + [i for i in range(len(self._owners)) if i not in pre]  # owner per layer
+        self._layers = [self._owners[i] for i in self._order]
+        self._layer_of_owner = [0] * len(self._order)
+        for layer, owner in enumerate(self._order):
             self._layer_of_owner[owner] = layer
         self._params_per_layer = layer_params(self.module, self._layers)
         L = len(self._layers)
@@ -473,9 +423,7 @@ class DataParallel(nn.Module):
         """Run ``plan`` from the next iteration on (new buckets only where its groups differ)."""
         self.phase, self._running = phase, plan
         self.plan = plan if phase is Phase.STEADY else None
-        if self._buckets is None or self._buckets.plan.groups != plan.groups:
-            self._buckets = None  # free the old buffers first: never two copies
-            self._buckets = GradBuckets(plan, self._params_per_layer, self._names, self.reduce_dtype)
+        self._sync_grads.use(plan, self._params_per_layer, self._names, self.reduce_dtype)
 
     def _drop_pre_hooks_if_unused(self) -> None:
         """Pre-hooks serve layer ordering, profiling and lp-alg1; once done, modules run hook-free."""
@@ -487,37 +435,19 @@ class DataParallel(nn.Module):
     def _close_backward(self) -> None:
         """Fold the last backward's span into the iteration (called at the next forward or at step)."""
         it = self._it
-        if it.bwd_start is not None and it.bwd_last is not None and it.bwd_last >= it.bwd_start:
-            it.backward_s += it.bwd_last - it.bwd_start
-            self._timeline.span(it, "backward", "compute", it.bwd_start, it.bwd_last)
-            if self.phase is Phase.PROFILE and it.ready and self._layers is not None:
-                owners = [0] * len(self._layer_of_owner)
-                for owner, layer in enumerate(self._layer_of_owner):
-                    owners[layer] = owner
-                pre = [it.pre.get(o) for o in owners]
-                ready = [it.ready.get(layer) for layer in range(len(pre))]
-                self._driver.layer_times(*layer_times(pre, it.fwd_end, ready, it.bwd_start))
+        closed = self._timeline.close_backward(it)
+        if closed and self.phase is Phase.PROFILE and it.ready and self._layers is not None:
+            pre = [it.pre.get(owner) for owner in self._order]  # by layer, forward order
+            ready = [it.ready.get(layer) for layer in range(len(pre))]
+            self._driver.layer_times(*layer_times(pre, it.fwd_end, ready, it.bwd_start))
         it.bwd_start = it.bwd_last = None
         it.ready = {}
 
     def _finish_iteration(self, t_step: float) -> None:
         self._synced = False
-        it, now = self._it, time.perf_counter()
-        self._timeline.span(it, "step", "compute", t_step, now)
-        comm_s = self._timeline.comm_jobs(it, self._comm.take_finished())
+        jobs = self._sync_grads.comm.take_finished()
         self.records.append(
-            IterRecord(
-                iteration=self._steps,
-                forward_s=it.forward_s,
-                backward_s=it.backward_s,
-                exposed_comm_s=it.exposed_s,
-                step_s=now - t_step,
-                total_s=now - (it.t0 if it.t0 is not None else t_step),
-                comm_s=comm_s,
-                phase=self.phase,
-                plan=self._running.schedule,
-            )
+            self._timeline.finish(self._it, self._steps, t_step, jobs, self.phase, self._running.schedule)
         )
-        self._timeline.keep(it)
         self._steps += 1
         self._it = IterTimes()

@@ -17,7 +17,7 @@ from typing import Any
 import torch.distributed as dist
 
 from dpcomm.runtime.comm_thread import CommJob
-from dpcomm.runtime.records import Span, write_chrome_trace_file
+from dpcomm.runtime.records import IterRecord, Phase, Span, write_chrome_trace_file
 
 __all__ = ["IterTimes", "Timeline", "layer_times"]
 
@@ -96,9 +96,34 @@ class Timeline:
             )
         return busy
 
-    def keep(self, it: IterTimes) -> None:
-        """The iteration is over: keep its spans (the oldest kept iteration goes)."""
+    def close_backward(self, it: IterTimes) -> bool:
+        """Fold the last backward's span into the iteration; True if there was one (its timestamps are
+        still set: the caller clears ``bwd_start``, ``bwd_last`` and ``ready``)."""
+        if it.bwd_start is None or it.bwd_last is None or it.bwd_last < it.bwd_start:
+            return False
+        it.backward_s += it.bwd_last - it.bwd_start
+        self.span(it, "backward", "compute", it.bwd_start, it.bwd_last)
+        return True
+
+    def finish(
+        self, it: IterTimes, iteration: int, t_step: float, jobs: list[CommJob], phase: Phase, plan: str
+    ) -> IterRecord:
+        """The iteration is over at ``step()``'s end: its record; its spans are kept (the oldest go)."""
+        now = time.perf_counter()
+        self.span(it, "step", "compute", t_step, now)
+        comm_s = self.comm_jobs(it, jobs)
         self._kept.append(it.spans)
+        return IterRecord(
+            iteration=iteration,
+            forward_s=it.forward_s,
+            backward_s=it.backward_s,
+            exposed_comm_s=it.exposed_s,
+            step_s=now - t_step,
+            total_s=now - (it.t0 if it.t0 is not None else t_step),
+            comm_s=comm_s,
+            phase=phase,
+            plan=plan,
+        )
 
     @property
     def iterations(self) -> list[list[Span]]:

@@ -6,7 +6,7 @@ A *replica* is one schedule's model, optimizer and gradient communication on one
 batch for each (interleaved, so schedules compared in one run see the same machine load), saves checkpoints
 from the first replica on rank 0, and at the end asks each replica for its measurements. The loop never looks
 inside a replica: adding a kind (dpcomm's runtime, PyTorch DDP, a parameter server, DDP with a dpcomm plan)
-is one :func:`register_kind` call, not an edit of the loop.
+is one :func:`register_kind` call in a module named in :data:`BUILTIN_KINDS`, not an edit of the loop.
 
 A kind is chosen by the schedule's *name*, the text before the first ``:`` (``ddp``, ``ps:ibatch`` -> ``ps``);
 a name no kind registered goes to the default kind, dpcomm's runtime, whose names are the planners'
@@ -55,6 +55,7 @@ if TYPE_CHECKING:
     from dpcomm.train.config import TrainConfig
 
 __all__ = [
+    "BUILTIN_KINDS",
     "DEFAULT_KIND",
     "Replica",
     "ReplicaContext",
@@ -165,10 +166,16 @@ def register_kind(kind: ReplicaKind) -> ReplicaKind:
     return kind
 
 
+BUILTIN_KINDS = ("dpcomm.train.dp_replica", "dpcomm.train.ddp_replica")
+"""Modules whose import registers a kind. Workers are fresh processes: a kind registered only in the parent
+would be unknown there, so a new kind's module is named here (imported on first use: they import torch)."""
+
+
 def _builtin() -> None:
-    # The built-in kinds register themselves on import; imported here, late, because they import torch.
-    import dpcomm.train.ddp_replica  # noqa: F401
-    import dpcomm.train.dp_replica  # noqa: F401
+    import importlib
+
+    for name in BUILTIN_KINDS:
+        importlib.import_module(name)
 
 
 def kinds() -> dict[str, ReplicaKind]:
