@@ -56,7 +56,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default cores/nproc)")
     p.add_argument(
-        "--timeout", dest="timeout_s", type=float, default=60.0, help="seconds a collective waits for a peer"
+        "--timeout",
+        dest="timeout_s",
+        metavar="TIMEOUT",
+        type=float,
+        default=60.0,
+        help="seconds a collective waits for a peer",
     )
     p.add_argument("--nnodes", type=int, default=1, help="machines (static rendezvous, as torchrun)")
     p.add_argument("--node-rank", type=int, default=0, help="this machine's rank")

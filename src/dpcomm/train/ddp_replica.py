@@ -29,7 +29,7 @@ _KEEP_SPANS = 50  # iterations whose timeline is kept for --chrome-trace
 
 def check(cfg: TrainConfig, schedule: str) -> None:
     """``ddp`` takes no argument and runs only in ``overlap`` mode with torch's own all-reduce."""
-    if schedule.strip().lower() != SCHEDULE_DDP:
+    if schedule.strip() != SCHEDULE_DDP:
         raise UserError(f"schedule 'ddp' takes no argument, got {schedule!r}")
     if cfg.mode != "overlap":
         raise UserError(f"--schedule ddp runs PyTorch's DDP; --mode {cfg.mode} needs a dpcomm schedule")

@@ -188,7 +188,7 @@ def kinds() -> dict[str, ReplicaKind]:
 def kind_of(schedule: str) -> ReplicaKind:
     """The kind that runs ``schedule``: the one registered under its name, else :data:`DEFAULT_KIND`."""
     table = kinds()
-    name = str(schedule).strip().partition(":")[0].strip().lower()
+    name = str(schedule).strip().partition(":")[0].strip()  # exact: "DDP" is not "ddp"
     return table.get(name, table[DEFAULT_KIND])
 
 
