@@ -12,23 +12,65 @@ at three points:
 3. ``after_step(dp, record)`` after each ``step()`` until the phase is ``STEADY``: a new ``(plan, phase)`` to
    switch to from the next iteration, or None to keep the current one.
 
-A driver may communicate in ``begin`` and ``after_step`` (every rank calls them at the same point), using the
-wrapper's public surface: :attr:`~DataParallel.layer_names`, :attr:`~DataParallel.layer_numels`,
-:attr:`~DataParallel.batch_size`, :meth:`~DataParallel.scratch`, :meth:`~DataParallel.allreduce`,
-:meth:`~DataParallel.emit`, ``process_group``, ``rank``, ``world_size``, ``root``, ``mode``.
+A driver may communicate in ``begin`` and ``after_step`` (every rank calls them at the same point), using
+only the host's surface listed in :class:`PlanHost` (which ``DataParallel`` is). Another wrapper that wants
+the same online planning (e.g. PyTorch DDP with a dpcomm plan) implements :class:`PlanHost` and calls the
+three methods at the same points.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import nn
 
 from dpcomm.plan import Plan
 from dpcomm.runtime.records import IterRecord, Phase
 
-if TYPE_CHECKING:
-    from dpcomm.runtime.data_parallel import DataParallel
+__all__ = ["PlanDriver", "PlanHost"]
 
-__all__ = ["PlanDriver"]
+
+class PlanHost(Protocol):
+    """What a driver may use of the wrapper it plans for (``DataParallel`` has all of it)."""
+
+    module: nn.Module
+    rank: int
+    """Rank in ``process_group``."""
+    world_size: int
+    root: int
+    """Group rank that plans (and owns the authoritative parameters)."""
+    mode: str
+    """``overlap`` or an LP mode (``lp-alg1..3``)."""
+    process_group: Any
+    collective_name: str
+
+    @property
+    def layer_names(self) -> list[str]:
+        """Learnable layers' names, forward order (known after the first forward)."""
+        ...
+
+    @property
+    def layer_numels(self) -> list[int]:
+        """Parameters per learnable layer, forward order."""
+        ...
+
+    @property
+    def batch_size(self) -> int:
+        """Samples per forward on this rank."""
+        ...
+
+    def scratch(self) -> torch.Tensor:
+        """A flat buffer (the largest gradient buffer in use) to time messages with; overwritten."""
+        ...
+
+    def allreduce(self, t: torch.Tensor) -> None:
+        """Sum ``t`` over the group with the wrapper's collective (no-op on one rank)."""
+        ...
+
+    def emit(self, msg: str) -> None:
+        """One message for the user (``[rank R] msg``)."""
+        ...
 
 
 @runtime_checkable
@@ -38,7 +80,7 @@ class PlanDriver(Protocol):
     schedule: str
     """What it plans (a planner name), for messages."""
 
-    def begin(self, dp: DataParallel) -> tuple[Plan, Phase]:
+    def begin(self, dp: PlanHost) -> tuple[Plan, Phase]:
         """After the first forward: the first plan to run and its phase."""
         ...
 
@@ -46,6 +88,6 @@ class PlanDriver(Protocol):
         """One profiled iteration's forward and backward time per layer (forward order), seconds."""
         ...
 
-    def after_step(self, dp: DataParallel, record: IterRecord) -> tuple[Plan, Phase] | None:
+    def after_step(self, dp: PlanHost, record: IterRecord) -> tuple[Plan, Phase] | None:
         """After a step that was not ``STEADY``: the plan and phase to switch to, or None to keep them."""
         ...

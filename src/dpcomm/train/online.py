@@ -26,6 +26,7 @@ from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.runtime import data_parallel as _runtime_dp
 from dpcomm.runtime.broadcast import check_same_plan, groups_text
+from dpcomm.runtime.driver import PlanHost
 from dpcomm.runtime.records import IterRecord, Phase
 from dpcomm.train import autoplan
 from dpcomm.train.schedule import PlannerSchedule
@@ -34,7 +35,8 @@ __all__ = ["DataParallel", "OnlinePlanner"]
 
 
 class OnlinePlanner:
-    """Profile, plan on the root, optionally time the candidates; hands the runtime each plan in turn."""
+    """Profile, plan on the root, optionally time the candidates; hands its host (a
+    :class:`~dpcomm.runtime.driver.PlanHost`, e.g. the runtime's DataParallel) each plan in turn."""
 
     def __init__(
         self, schedule: PlannerSchedule, *, profile_iters: int = 3, verify_iters: int = 3, network: Any = None
@@ -57,7 +59,7 @@ class OnlinePlanner:
         self._samples: list[tuple[list[float], list[float]]] = []
         self._trial: autoplan.Trial | None = None
 
-    def begin(self, dp: _runtime_dp.DataParallel) -> tuple[Plan, Phase]:
+    def begin(self, dp: PlanHost) -> tuple[Plan, Phase]:
         L = len(dp.layer_names)
         dp.emit(f"profiling {self.profile_iters} iteration(s) before planning '{self.schedule}'")
         return Plan.from_sizes("single", [L], L), Phase.PROFILE
@@ -65,14 +67,14 @@ class OnlinePlanner:
     def layer_times(self, f: list[float], b: list[float]) -> None:
         self._samples.append((f, b))
 
-    def after_step(self, dp: _runtime_dp.DataParallel, record: IterRecord) -> tuple[Plan, Phase] | None:
+    def after_step(self, dp: PlanHost, record: IterRecord) -> tuple[Plan, Phase] | None:
         if self._trial is not None:
             return self._trial_step(dp, record)
         if len(self._samples) >= self.profile_iters:
             return self._decide(dp)
         return None
 
-    def _decide(self, dp: _runtime_dp.DataParallel) -> tuple[Plan, Phase]:
+    def _decide(self, dp: PlanHost) -> tuple[Plan, Phase]:
         """Root plans from the measured trace and cost; every rank adopts it after the hash check."""
         pg, world = dp.process_group, dp.world_size
         f, b = autoplan.median_layer_times(self._samples, pg)
@@ -114,7 +116,7 @@ class OnlinePlanner:
             return self._trial.current, Phase.TRIAL
         return plan, Phase.STEADY
 
-    def _trial_step(self, dp: _runtime_dp.DataParallel, record: IterRecord) -> tuple[Plan, Phase]:
+    def _trial_step(self, dp: PlanHost, record: IterRecord) -> tuple[Plan, Phase]:
         """After a timed candidate's iteration: the next candidate, or (all timed) keep the fastest."""
         trial = self._trial
         trial.record(record.total_s)
