@@ -131,9 +131,13 @@ class TrainResult:
     collective: str
     """What moved the gradients (``native`` for DDP: torch's own all-reduce)."""
     mode: str
+    """``overlap`` or an LP mode."""
     model: str
+    """Zoo name."""
     data: str
+    """``synthetic`` or ``digits``."""
     batch_size: int
+    """Samples per worker per iteration."""
     start_iteration: int
     """First iteration run (> 0 when resumed)."""
     iterations: int
