@@ -21,8 +21,9 @@ This class runs a :class:`~dpcomm.plan.Plan` it is given, or the plans a *driver
 :class:`dpcomm.train.online.DataParallel`, which plans a planner name on the workers themselves (profile,
 trace, plan on the root, timed trial). Timing spans are :mod:`dpcomm.runtime.spans`, the state broadcast
 and the plan check :mod:`dpcomm.runtime.broadcast`, the buckets, communication thread and mode jobs
-:mod:`dpcomm.runtime.grad_sync`. (This module is longer than most, about 450 lines, because it is one
-``nn.Module`` whose public methods and autograd hooks share the state of the iteration in progress.)
+:mod:`dpcomm.runtime.grad_sync`, the layer order :mod:`dpcomm.runtime.layer_order`. (This module is longer
+than most, about 430 lines, because it is one ``nn.Module`` whose public methods and autograd hooks share
+the state of the iteration in progress.)
 
 Edge cases: a parameter without a gradient in an iteration is an error naming it (``allow_unused=True``:
 a zero gradient); a shared (tied) parameter is one slot, in the first layer that uses it; ``no_sync()``
@@ -51,12 +52,12 @@ import torch.distributed as dist
 from torch import nn
 
 from dpcomm.errors import UserError
-from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.plan import Plan
 from dpcomm.runtime import bsp
 from dpcomm.runtime.broadcast import StateBroadcast, check_same_plan, groups_text
 from dpcomm.runtime.driver import PlanDriver
 from dpcomm.runtime.grad_sync import GradSync
+from dpcomm.runtime.layer_order import LayerOrder
 from dpcomm.runtime.records import IterRecord, Phase, Span
 from dpcomm.runtime.spans import IterTimes, Timeline, layer_times
 
@@ -175,11 +176,6 @@ class DataParallel(nn.Module):
         )
         self._timeline = Timeline(keep_spans)
         self._names = {id(p): n for n, p in module.named_parameters()}
-        self._owners = learnable_layers(module)  # registration order; forward order found on first call
-        self._layers: list[tuple[str, nn.Module]] | None = None
-        self._layer_of_owner: list[int] = []
-        self._order: list[int] = []
-        self._params_per_layer: list[list[nn.Parameter]] = []
         self._batch = 0
         self._sync = True
         self._pending = False  # a synchronous backward happened and step() has not consumed it
@@ -195,9 +191,7 @@ class DataParallel(nn.Module):
             p.register_post_accumulate_grad_hook(self._on_grad)
             for p in dict.fromkeys(p for p in module.parameters() if p.requires_grad)
         ]
-        self._pre_hooks = [
-            mod.register_forward_pre_hook(self._pre_hook(i)) for i, (_, mod) in enumerate(self._owners)
-        ]
+        self._layers = LayerOrder(module, self._on_layer_call)  # forward order found on the first call
         _ACTIVE[module] = weakref.ref(self)
 
     # ----------------------------------------------------------------- public API
@@ -214,7 +208,7 @@ class DataParallel(nn.Module):
             it.t0 = now
         self._close_backward()
         it.fwd_start, it.pre = now, {}
-        first = self._layers is None
+        first = not self._layers.known
         if first and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._batch = int(args[0].shape[0])
         if not first and self.world_size > 1:
@@ -327,9 +321,10 @@ class DataParallel(nn.Module):
 
     def close(self) -> None:
         """Remove the hooks and stop the communication thread (the module stays usable on its own)."""
-        for h in self._hooks + self._pre_hooks:
+        for h in self._hooks:
             h.remove()
-        self._hooks, self._pre_hooks = [], []
+        self._hooks = []
+        self._layers.drop_hooks()
         self._sync_grads.close()
         ref = _ACTIVE.get(self.module)
         if ref is not None and ref() is self:
@@ -340,12 +335,12 @@ class DataParallel(nn.Module):
     @property
     def layer_names(self) -> list[str]:
         """Learnable layers' names in forward order (known after the first forward)."""
-        return [name for name, _ in self._layers or []]
+        return [name for name, _ in self._layers.layers or []]
 
     @property
     def layer_numels(self) -> list[int]:
         """Parameters per learnable layer, forward order (a shared parameter counts in its first layer)."""
-        return [sum(p.numel() for p in ps) for ps in self._params_per_layer]
+        return [sum(p.numel() for p in ps) for ps in self._layers.params_per_layer]
 
     @property
     def batch_size(self) -> int:
@@ -371,13 +366,10 @@ class DataParallel(nn.Module):
 
     # ----------------------------------------------------------------- hooks
 
-    def _pre_hook(self, owner: int) -> Callable[..., None]:
-        def hook(_mod: nn.Module, _inputs: Any) -> None:
-            self._it.pre.setdefault(owner, time.perf_counter())
-            if self._prefetch is not None:
-                self._prefetch.before_layer(self._layer_of_owner[owner], self._sync_grads.wait)
-
-        return hook
+    def _on_layer_call(self, owner: int) -> None:
+        self._it.pre.setdefault(owner, time.perf_counter())
+        if self._prefetch is not None:
+            self._prefetch.before_layer(self._layers.layer_of_owner[owner], self._sync_grads.wait)
 
     def _on_backward_start(self, grad: torch.Tensor) -> None:
         if self._it.bwd_start is None:
@@ -398,15 +390,8 @@ class DataParallel(nn.Module):
 
     def _adopt_layer_order(self) -> None:
         """After the first forward: learnable layers in call order, their parameters, the first plan."""
-        pre = self._it.pre
-        called = sorted(pre, key=pre.__getitem__)
-        self._order = called + [i for i in range(len(self._owners)) if i not in pre]  # owner per layer
-        self._layers = [self._owners[i] for i in self._order]
-        self._layer_of_owner = [0] * len(self._order)
-        for layer, owner in enumerate(self._order):
-            self._layer_of_owner[owner] = layer
-        self._params_per_layer = layer_params(self.module, self._layers)
-        L = len(self._layers)
+        self._layers.adopt(self._it.pre)
+        L = len(self._layers.layers)
         if self._driver is not None:  # e.g. one all-reduce after backward while profiling (MG-WFBP Alg. 1)
             self._use(*self._driver.begin(self))
             return
@@ -423,21 +408,19 @@ class DataParallel(nn.Module):
         """Run ``plan`` from the next iteration on (new buckets only where its groups differ)."""
         self.phase, self._running = phase, plan
         self.plan = plan if phase is Phase.STEADY else None
-        self._sync_grads.use(plan, self._params_per_layer, self._names, self.reduce_dtype)
+        self._sync_grads.use(plan, self._layers.params_per_layer, self._names, self.reduce_dtype)
 
     def _drop_pre_hooks_if_unused(self) -> None:
         """Pre-hooks serve layer ordering, profiling and lp-alg1; once done, modules run hook-free."""
-        if self.phase is Phase.STEADY and self._layers is not None and self.mode != "lp-alg1":
-            for h in self._pre_hooks:
-                h.remove()
-            self._pre_hooks = []
+        if self.phase is Phase.STEADY and self._layers.known and self.mode != "lp-alg1":
+            self._layers.drop_hooks()
 
     def _close_backward(self) -> None:
         """Fold the last backward's span into the iteration (called at the next forward or at step)."""
         it = self._it
         closed = self._timeline.close_backward(it)
-        if closed and self.phase is Phase.PROFILE and it.ready and self._layers is not None:
-            pre = [it.pre.get(owner) for owner in self._order]  # by layer, forward order
+        if closed and self.phase is Phase.PROFILE and it.ready and self._layers.known:
+            pre = self._layers.by_layer(it.pre)
             ready = [it.ready.get(layer) for layer in range(len(pre))]
             self._driver.layer_times(*layer_times(pre, it.fwd_end, ready, it.bwd_start))
         it.bwd_start = it.bwd_last = None
