@@ -8,8 +8,8 @@ import pytest
 from dpcomm.costmodel import PRESETS, allreduce_cost
 from dpcomm.costmodel.base import LinearCost
 from dpcomm.errors import UserError
-from dpcomm.planner import make_plan
 from dpcomm.plan import Plan
+from dpcomm.planner import make_plan
 from dpcomm.sim import simulate, sweep
 from dpcomm.sim.chrome import chrome_trace, write_chrome_trace
 from dpcomm.sim.scaling import plot_scaling

@@ -28,6 +28,7 @@ from dpcomm.collectives.base import Collective, get, names, register
 from dpcomm.costmodel import Network, resolve_network
 from dpcomm.costmodel.collective import ALGORITHMS, collective_cost
 from dpcomm.errors import UserError
+from dpcomm.topology import bcube_shape
 
 __all__ = ["Auto", "CANDIDATES", "choose"]
 
@@ -43,8 +44,6 @@ def _network(spec: str | Network | None) -> Network:
 
 
 def _bcube_opts(nodes: int) -> dict[str, int] | None:
-    from dpcomm.collectives.bcube import bcube_shape
-
     try:
         n, k = bcube_shape(nodes)
     except UserError:

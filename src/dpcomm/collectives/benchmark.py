@@ -15,7 +15,7 @@ Reported, as nccl-tests does:
   on the same input, exactly (inputs are small integers, so every dtype sums exactly): ``ok`` or ``FAIL``;
   ``skipped`` without ``check``, and for ``noop`` (which moves nothing by design).
 
-``bcube`` needs ``P = n^k`` (:func:`dpcomm.collectives.bcube.bcube_shape`): when P is not such a power,
+``bcube`` needs ``P = n^k`` (:func:`dpcomm.topology.bcube_shape`): when P is not such a power,
 bcube is left out with a note if other algorithms were asked for, and is an error when it was the only one
 or when ``bcube=(n, k)`` was given explicitly.
 
@@ -169,7 +169,7 @@ class BenchConfig:
         """The config with bcube dropped (and a note) where P is not ``n^k``; an error if nothing is left."""
         if "bcube" not in self.algos or self.world == 1 or self.bcube is not None:
             return self
-        from dpcomm.collectives.bcube import bcube_shape
+        from dpcomm.topology import bcube_shape
 
         try:
             bcube_shape(self.world)
@@ -453,10 +453,10 @@ class FitReport:
 def _features(op: str, algo: str, nbytes: int, nodes: int, block_bytes: int | None) -> np.ndarray | None:
     """``(dT/d alpha, dT/d beta, dT/d gamma)`` of ``algo``'s formula, which is linear in them (LP with the
     block it ran with: ``block_bytes``, or LP's default, the optimum for its default network ``10gbe``)."""
-    from dpcomm.collectives.bcube import bcube_shape
     from dpcomm.costmodel.collective import ALGORITHMS, collective_cost
     from dpcomm.costmodel.lp import lp_optimal_block
     from dpcomm.costmodel.network import Network, resolve_network
+    from dpcomm.topology import bcube_shape
 
     if algo not in ALGORITHMS:
         return None

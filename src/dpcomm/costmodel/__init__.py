@@ -6,7 +6,6 @@ Measuring a real allreduce: :mod:`dpcomm.costmodel.calibrate` (``calibrate(Calib
 """
 
 from dpcomm.costmodel.base import CommCost, LinearCost, MeasuredCost
-from dpcomm.costmodel.bcube import bcube_shape
 from dpcomm.costmodel.collective import (
     ALGORITHMS,
     COST_OPS,
@@ -33,7 +32,6 @@ __all__ = [
     "Algorithm",
     "allreduce_cost",
     "allreduce_linear",
-    "bcube_shape",
     "collective_cost",
     "lp_optimal_block",
     "p2p",

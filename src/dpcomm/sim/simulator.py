@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.planner._common import check_nodes
 from dpcomm.plan import Plan
+from dpcomm.planner._common import check_nodes
 from dpcomm.trace.format import Trace
 
 __all__ = ["CommEvent", "ComputeEvent", "SimResult", "simulate"]
