@@ -3,7 +3,7 @@
     # ring/lp/be/mst/native busbw on star:4 (links, not the CPUs, must be the bottleneck: low rate)
     .venv/bin/python benchmarks/testbed_allreduce.py busbw --rate 100mbit --sizes 1MB,4MB,16MB,64MB
     # BML (bcube on bcube:3,2) against the P2P parameter server (ps on star:9), same per-NIC rate
-    .venv/bin/python benchmarks/testbed_allreduce.py gst --rate 100mbit --sizes 12.5MB,50MB
+    .venv/bin/python benchmarks/testbed_allreduce.py gst --rate 100mbit --sizes 12500000,50000000
 
 Needs root (``dpcomm testbed``). Each part builds its testbed (name ``bench``), launches
 ``python -m dpcomm.testbed.measure`` on every server, tears the testbed down, prints measured numbers next to
@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 
 from dpcomm.testbed import TestbedConfig, down, launch_workers, names, parse_rate, qdiscs, up
-from dpcomm.testbed.measure import parse_size
 from dpcomm.topology import parse_topology
+from dpcomm.utils.sizes import parse_size
 
 NAME = "bench"
 
@@ -243,7 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("gst")
     g.add_argument("--bcube", default="bcube:3,2")
     g.add_argument("--rate", default="100mbit")
-    g.add_argument("--sizes", default="12.5MB,50MB")
+    g.add_argument(
+        "--sizes", default="12500000,50000000", help="bytes: T_F = 1 s and 4 s at 100 Mbit/s; MB = 2**20"
+    )
     g.add_argument("--bml-algorithms", default="bcube,ps")
     g.add_argument("--ps-algorithms", default="ps,native")
     for q in (b, g):

@@ -120,12 +120,6 @@ def test_a_failed_check_exits_1(monkeypatch, capsys):
     assert "FAIL" in capsys.readouterr().err
 
 
-def test_sizes_parse():
-    assert bm.parse_sizes("4,1K,64K,1M,16MB,1GiB") == (4, 1024, 65536, 1 << 20, 16 << 20, 1 << 30)
-    with pytest.raises(UserError):
-        bm.parse_sizes("1.5M")
-
-
 def test_fit_recovers_known_alpha_beta_gamma_from_synthetic_rows():
     truth = Network(name="truth", alpha=37e-6, beta=2.5e-9, gamma=0.4e-9)
     rows = []

@@ -19,7 +19,7 @@ from dpcomm.planner import (
     SCHEDULES,
     make_plan,
     parse_schedules,
-    parse_size,
+    parse_bucket_size,
     plan_mgwfbp,
     plan_optimal,
 )
@@ -149,14 +149,14 @@ def test_bucket_rule(params, size):
     ],
 )
 def test_parse_size(text, nbytes):
-    assert parse_size(text) == nbytes
-    assert DDP_BUCKET_BYTES == parse_size("25MB") and HOROVOD_FUSION_BYTES == parse_size("128MB")
+    assert parse_bucket_size(text) == nbytes
+    assert DDP_BUCKET_BYTES == parse_bucket_size("25MB") and HOROVOD_FUSION_BYTES == parse_bucket_size("128MB")
 
 
 @pytest.mark.parametrize("text", ["abc", "0", "-1MB", "5XB", "", "0.1", "MB", "1e3"])
 def test_parse_size_rejects(text):
     with pytest.raises(UserError) as err:
-        parse_size(text)
+        parse_bucket_size(text)
     assert "\n" not in str(err.value)
 
 

@@ -34,7 +34,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ops", default="allreduce,broadcast,reduce", help="comma-separated ops (default all)"
     )
-    parser.add_argument("--sizes", default="4,1K,64K,1M,16M", help="bytes, K/M/G suffixes (default 4..16M)")
+    parser.add_argument(
+        "--sizes", default="4,1K,64K,1M,16M", help="bytes, K/M/G = 2**10/2**20/2**30 (default 4..16M)"
+    )
     parser.add_argument("--dtype", default="float32", help="element type (default float32)")
     parser.add_argument(
         "--iters", default="5", metavar="N", help="timed calls per case, mean kept (default 5)"
@@ -72,7 +74,8 @@ def _list(text: str) -> tuple[str, ...]:
 
 
 def config_from_args(args: argparse.Namespace):
-    from dpcomm.collectives.benchmark import BenchConfig, parse_sizes
+    from dpcomm.collectives.benchmark import BenchConfig
+    from dpcomm.utils.sizes import parse_sizes
 
     bcube = None
     if args.bcube is not None:

@@ -31,7 +31,6 @@ Each algorithm's own one-algorithm fit is reported alongside: it says whether th
 from __future__ import annotations
 
 import math
-import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -49,11 +48,9 @@ __all__ = [
     "busbw_factor",
     "fit_network",
     "measure_memory",
-    "parse_sizes",
     "run_bench",
 ]
 
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 _DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
 _OPS = ("allreduce", "broadcast", "reduce")
 _FIT_ALGOS = ("ring", "lp", "mst", "be", "ps")
@@ -66,22 +63,6 @@ def busbw_factor(op: str, nproc: int) -> float:
 
 
 BUSBW_FACTOR = {"allreduce": "2(P-1)/P", "broadcast": "1", "reduce": "1"}
-
-
-def parse_sizes(text: str | list[str] | tuple[str, ...]) -> tuple[int, ...]:
-    """``"4,1K,64K,1M"`` (or a list of such) -> bytes; K/M/G are powers of 1024, an optional ``B``/``iB``."""
-    parts = [text] if isinstance(text, str) else list(text)
-    out = []
-    for item in (s.strip() for part in parts for s in str(part).split(",")):
-        if not item:
-            continue
-        m = re.fullmatch(r"(\d+)\s*([KMG]?)(?:I?B)?", item.upper())
-        if not m:
-            raise UserError(f"--sizes: cannot read {item!r} as a size in bytes (e.g. 4, 1K, 64K, 16M)")
-        out.append(int(m.group(1)) * _UNITS[m.group(2)])
-    if not out:
-        raise UserError("--sizes: give at least one size")
-    return tuple(dict.fromkeys(out))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -14,26 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from typing import Any
 
 from dpcomm.testbed._node_args import add_node_args, launch_options
+from dpcomm.utils.sizes import parse_sizes
 
-__all__ = ["main", "parse_size"]
-
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$", re.IGNORECASE)
-_SCALE = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 2**10, "mib": 2**20, "gib": 2**30}
-
-
-def parse_size(text: str) -> int:
-    """``"12.5MB"`` -> 12_500_000 bytes (decimal units; KiB/MiB/GiB binary)."""
-    m = _SIZE.match(text)
-    if not m:
-        raise ValueError(f"bad size '{text}' (e.g. 4MB, 512KiB)")
-    return int(float(m.group(1)) * _SCALE[(m.group(2) or "b").lower()])
-
+__all__ = ["main"]
 
 def _worker(algorithms: list[str], sizes: list[int], repeat: int) -> list[dict[str, Any]]:
     import torch
@@ -90,14 +78,14 @@ def main(argv: list[str] | None = None) -> int:
         default="native",
         help="comma list of registered collectives, e.g. ring,lp:block_bytes=65536",
     )
-    p.add_argument("--sizes", default="1MB,16MB", help="comma list of message sizes (e.g. 12.5MB)")
+    p.add_argument("--sizes", default="1MB,16MB", help="comma list of sizes (e.g. 12.5MB; MB = 2**20 bytes)")
     p.add_argument("--repeat", type=int, default=3)
     args = p.parse_args(argv)
 
     from dpcomm.launch import launch
 
     opts = launch_options(args)
-    sizes = [parse_size(s) for s in args.sizes.split(",")]
+    sizes = list(parse_sizes(args.sizes))
     for rows in launch(_worker, opts, args.algorithms.split(","), sizes, args.repeat):
         for row in rows:
             print(json.dumps(row), flush=True)
