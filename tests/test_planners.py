@@ -18,8 +18,8 @@ from dpcomm.planner import (
     HOROVOD_FUSION_BYTES,
     SCHEDULES,
     make_plan,
-    parse_schedules,
     parse_bucket_size,
+    parse_schedules,
     plan_mgwfbp,
     plan_optimal,
 )
@@ -150,7 +150,9 @@ def test_bucket_rule(params, size):
 )
 def test_parse_size(text, nbytes):
     assert parse_bucket_size(text) == nbytes
-    assert DDP_BUCKET_BYTES == parse_bucket_size("25MB") and HOROVOD_FUSION_BYTES == parse_bucket_size("128MB")
+    assert DDP_BUCKET_BYTES == parse_bucket_size("25MB") and HOROVOD_FUSION_BYTES == parse_bucket_size(
+        "128MB"
+    )
 
 
 @pytest.mark.parametrize("text", ["abc", "0", "-1MB", "5XB", "", "0.1", "MB", "1e3"])

@@ -20,11 +20,11 @@ from collections.abc import Callable
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
+from dpcomm.plan import Plan
 from dpcomm.planner._common import check_nodes
 from dpcomm.planner.bucket import DDP_BUCKET_BYTES, HOROVOD_FUSION_BYTES, parse_bucket_size, plan_bucket
 from dpcomm.planner.mgwfbp import plan_mgwfbp
 from dpcomm.planner.optimal import optimal_partition, plan_optimal
-from dpcomm.plan import Plan
 from dpcomm.planner.single import plan_single
 from dpcomm.planner.wfbp import plan_wfbp
 from dpcomm.trace.format import Trace
