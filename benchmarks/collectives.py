@@ -29,7 +29,9 @@ from pathlib import Path
 
 import torch
 
-from dpcomm.collectives.benchmark import BenchConfig, _features, fit_network, measure_memory, run_bench
+from dpcomm.collectives.bench_fit import features, fit_network
+from dpcomm.collectives.benchmark import BenchConfig, run_bench
+from dpcomm.collectives.memory import measure_memory
 from dpcomm.utils.io import atomic_write_json
 
 ALGOS = ("ring", "lp", "mst", "be", "bcube", "ps", "native")
@@ -128,7 +130,7 @@ def markdown(data: dict) -> str:
         cells = []
         for op in OPS:
             r = next((r for r in size_rows if (r["op"], r["algo"], r["bytes"]) == (op, algo, big)), None)
-            f = _features(op, algo, big, 4, None) if r else None
+            f = features(op, algo, big, 4, None) if r else None
             pred = sum(c * x for c, x in zip(coef, f, strict=True)) if f is not None else None
             cells += [_ms(r["time_s"]) if r else "", _ms(pred) if pred is not None else ""]
         lines.append(f"| {algo} | " + " | ".join(cells) + " |")

@@ -110,7 +110,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from dpcomm.collectives.benchmark import fit_network, run_bench
+    from dpcomm.collectives.bench_fit import fit_network
+    from dpcomm.collectives.benchmark import run_bench
     from dpcomm.costmodel.network import save_network
 
     cfg = config_from_args(args).resolved()

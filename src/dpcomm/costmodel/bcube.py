@@ -36,6 +36,7 @@ from dpcomm.topology.bcube import bcube_shape
 
 __all__ = ["allreduce", "allreduce_ab", "broadcast", "reduce"]
 
+
 def allreduce_ab(
     nodes: int, net: Network, *, n: int | None = None, k: int | None = None
 ) -> tuple[float, float]:

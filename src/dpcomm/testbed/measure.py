@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from typing import Any
 
 from dpcomm.testbed._node_args import add_node_args, launch_options
@@ -29,6 +28,7 @@ def _worker(algorithms: list[str], sizes: list[int], repeat: int) -> list[dict[s
 
     from dpcomm.collectives import get
     from dpcomm.launch import init_worker
+    from dpcomm.timing import slowest, time_calls
 
     rank, world = init_worker(timeout_s=600)
     rows = []
@@ -40,15 +40,8 @@ def _worker(algorithms: list[str], sizes: list[int], repeat: int) -> list[dict[s
             t = torch.full((numel,), float(rank + 1))
             _call(algo, t)  # warm-up: connections, groups, allocations
             exact = bool(torch.equal(t, torch.full_like(t, world * (world + 1) / 2)))
-            times = []
-            for _ in range(repeat):
-                t.fill_(1.0)
-                dist.barrier()
-                t0 = time.perf_counter()
-                _call(algo, t)
-                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-                times.append(dt.item())
+            # each repeat after a barrier, timed as the slowest rank's wall time (dpcomm.timing)
+            times = slowest(time_calls(lambda a=algo, x=t: _call(a, x), repeat, barrier="each"))
             rows.append(
                 {"algorithm": name, "bytes": numel * 4, "world": world, "exact": exact, "seconds": times}
             )
