@@ -32,10 +32,10 @@ import torch
 from dpcomm.collectives.bench_fit import features, fit_network
 from dpcomm.collectives.benchmark import BenchConfig, run_bench
 from dpcomm.collectives.memory import measure_memory
+from dpcomm.ops import OPS
 from dpcomm.utils.io import atomic_write_json
 
 ALGOS = ("ring", "lp", "mst", "be", "bcube", "ps", "native")
-OPS = ("allreduce", "broadcast", "reduce")
 
 
 def _loadavg() -> str:

@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from dpcomm.costmodel import (
     ALGORITHMS,
-    COST_OPS,
     PRESETS,
     LinearCost,
     MeasuredCost,
@@ -29,6 +28,7 @@ from dpcomm.costmodel import (
 )
 from dpcomm.costmodel import lp as lp_mod
 from dpcomm.errors import UserError
+from dpcomm.ops import OPS
 
 # Round numbers for hand arithmetic: at M = 1000 bytes, alpha = 1, beta*M = 10, gamma*M = 1.
 NET = Network(name="hand", alpha=1.0, beta=0.01, gamma=0.001)
@@ -150,7 +150,7 @@ def test_bcube_prices_the_shape_the_algorithm_runs():
 
 def test_one_node_or_zero_bytes_costs_nothing():
     for name in ALGORITHMS:
-        for op in COST_OPS:
+        for op in OPS:
             assert cost(op, name, 1) == 0.0
             assert cost(op, name, 4, nbytes=0) == 0.0
         assert allreduce_cost(NET, 1, name)(M) == 0.0
@@ -286,7 +286,7 @@ def test_allreduce_linear_lp_is_the_large_m_form(nodes):
 @settings(max_examples=100, deadline=None)
 @given(
     algo=st.sampled_from(sorted(ALGORITHMS)),
-    op=st.sampled_from(COST_OPS),
+    op=st.sampled_from(OPS),
     nodes=st.integers(1, 40),
     m1=st.floats(0, 1e9),
     m2=st.floats(0, 1e9),

@@ -8,7 +8,6 @@ Measuring a real allreduce: :mod:`dpcomm.costmodel.calibrate` (``calibrate(Calib
 from dpcomm.costmodel.base import CommCost, LinearCost, MeasuredCost
 from dpcomm.costmodel.collective import (
     ALGORITHMS,
-    COST_OPS,
     Algorithm,
     allreduce_cost,
     allreduce_linear,
@@ -28,7 +27,6 @@ from dpcomm.costmodel.p2p import p2p
 
 __all__ = [
     "ALGORITHMS",
-    "COST_OPS",
     "Algorithm",
     "allreduce_cost",
     "allreduce_linear",
