@@ -157,13 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", help=argparse.SUPPRESS)
     args, rest = p.parse_known_args(argv)
     if args.worker:
-        from dpcomm.launch import launch
-        from dpcomm.testbed._node_args import add_node_args, launch_options
+        from dpcomm.launch import add_launch_arguments, launch, launch_options_from_args
         from dpcomm.utils.sizes import parse_size
 
         q = argparse.ArgumentParser()
-        add_node_args(q)
-        opts = launch_options(q.parse_args(rest))
+        add_launch_arguments(q, required=True)
+        q.add_argument("--nproc", type=int, default=1)
+        opts = launch_options_from_args(q.parse_args(rest))
         launch(_worker, opts, args.algorithm, parse_size(args.size), args.repeat, args.log_dir)
         return 0
     if os.geteuid() != 0:

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from dpcomm.errors import UserError
+from dpcomm.launch import add_launch_arguments, launch_options_from_args
 
 COMMAND = "bench"
 HELP = (
@@ -57,10 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", default="120", metavar="S", help="seconds before a stuck peer fails the run"
     )
-    parser.add_argument("--nnodes", default="1", help="machines (static rendezvous, as torchrun; default 1)")
-    parser.add_argument("--node-rank", default="0", help="this machine's rank (default 0)")
-    parser.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (default 127.0.0.1)")
-    parser.add_argument("--master-port", default="0", help="rendezvous port (0: pick one; one machine)")
+    add_launch_arguments(parser)
 
 
 def _int(flag: str, text: str) -> int:
@@ -85,8 +83,9 @@ def config_from_args(args: argparse.Namespace):
         bcube = (int(m.group(1)), int(m.group(2)))
         if bcube[0] < 2 or bcube[1] < 1:
             raise UserError(f"--bcube needs n >= 2 and k >= 1, got {args.bcube!r}")
+    where = launch_options_from_args(args)
     return BenchConfig(
-        nproc=_int("--nproc", args.nproc),
+        nproc=where.nproc,
         algos=_list(args.algos),
         ops=_list(args.ops),
         sizes=parse_sizes(args.sizes),
@@ -98,10 +97,10 @@ def config_from_args(args: argparse.Namespace):
         bcube=bcube,
         block_bytes=None if args.block_bytes is None else _int("--block-bytes", args.block_bytes),
         timeout_s=_int("--timeout", args.timeout),
-        nnodes=_int("--nnodes", args.nnodes),
-        node_rank=_int("--node-rank", args.node_rank),
-        master_addr=args.master_addr,
-        master_port=_int("--master-port", args.master_port),
+        nnodes=where.nnodes,
+        node_rank=where.node_rank,
+        master_addr=where.master_addr,
+        master_port=where.master_port,
         progress=not args.json and sys.stderr.isatty(),
     )
 

@@ -95,9 +95,9 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         from dpcomm.collectives.base import names
+        from dpcomm.launch import check_launch
 
-        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or self.nproc < 1:
-            raise UserError(f"--nproc must be an integer >= 1, got {self.nproc!r}")
+        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port)
         if not self.algos:
             raise UserError("--algos: give at least one algorithm")
         known = names()
@@ -120,14 +120,6 @@ class BenchConfig:
             )
         if self.block_bytes is not None and self.block_bytes < 1:
             raise UserError(f"--block-bytes must be >= 1, got {self.block_bytes}")
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
-            raise UserError(
-                f"need --nnodes >= 1 and 0 <= --node-rank < nnodes, got {self.nnodes}, {self.node_rank}"
-            )
-        if not 0 <= self.master_port < 65536 or (self.nnodes > 1 and self.master_port == 0):
-            raise UserError(
-                f"--master-port must be a port number (and given when --nnodes > 1), got {self.master_port}"
-            )
         if self.bcube is not None and self.world != self.bcube[0] ** self.bcube[1]:
             n, k = self.bcube
             raise UserError(f"--bcube {n},{k} is {n**k} ranks, not {self.world} (--nproc x --nnodes)")

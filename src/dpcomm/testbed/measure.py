@@ -17,7 +17,7 @@ import json
 import sys
 from typing import Any
 
-from dpcomm.testbed._node_args import add_node_args, launch_options
+from dpcomm.launch import add_launch_arguments, launch_options_from_args
 from dpcomm.utils.sizes import parse_sizes
 
 __all__ = ["main"]
@@ -65,7 +65,8 @@ def _call(algo: Any, t: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dpcomm.testbed.measure", description=__doc__.splitlines()[0])
-    add_node_args(p)
+    add_launch_arguments(p, required=True)
+    p.add_argument("--nproc", type=int, default=1)
     p.add_argument(
         "--algorithms",
         default="native",
@@ -77,7 +78,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dpcomm.launch import launch
 
-    opts = launch_options(args)
+    opts = launch_options_from_args(args)
     sizes = list(parse_sizes(args.sizes))
     for rows in launch(_worker, opts, args.algorithms.split(","), sizes, args.repeat):
         for row in rows:

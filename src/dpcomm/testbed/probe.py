@@ -28,7 +28,7 @@ import sys
 import time
 from typing import Any
 
-from dpcomm.testbed._node_args import add_node_args, launch_options
+from dpcomm.launch import add_launch_arguments, launch_options_from_args
 from dpcomm.utils.sizes import parse_size
 
 __all__ = ["main", "level_groups"]
@@ -142,7 +142,8 @@ def _worker(algorithms: list[str], count: int, level_bytes: int) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dpcomm.testbed.probe", description=__doc__.splitlines()[0])
-    add_node_args(p)
+    add_launch_arguments(p, required=True)
+    p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--algorithms", default="native", help="comma list; native = torch.distributed")
     p.add_argument("--count", type=int, default=1000, help="elements per allreduce check")
     p.add_argument("--level-bytes", type=int, default=0, help="bytes per level-binding transfer (BCube)")
@@ -150,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dpcomm.launch import launch
 
-    opts = launch_options(args)
+    opts = launch_options_from_args(args)
     for res in launch(_worker, opts, args.algorithms.split(","), args.count, args.level_bytes):
         print(json.dumps(res), flush=True)
     return 0

@@ -118,10 +118,11 @@ def _check_dpcomm_command(argv: list[str]) -> None:
     """A ``dpcomm SUB`` without the multi-node flags would fail on every server: say so once, up front."""
     if len(argv) < 2 or argv[0] != "dpcomm" or any(ph in a for a in argv for ph in _PLACEHOLDERS):
         return
-    from dpcomm.cli.main import build_parser
+    from dpcomm.cli.main import command_parser
+    from dpcomm.launch import takes_launch_arguments
 
-    sub = build_parser()._subparsers._group_actions[0].choices.get(argv[1])  # type: ignore[union-attr]
-    if sub is not None and "--nnodes" not in sub._option_string_actions:
+    sub = command_parser(argv[1])
+    if sub is not None and not takes_launch_arguments(sub):
         raise TestbedError(
             f"`dpcomm {argv[1]}` has no --nnodes/--node-rank/--master-addr/--master-port, so it cannot run "
             "across the servers; use `python -m dpcomm.testbed.measure` (collectives) or placeholders"
