@@ -29,16 +29,12 @@ import threading
 import time
 from pathlib import Path
 
+from _common import loadavg
 from dpcomm.testbed import TestbedConfig, down, launch_workers, names, parse_rate, qdiscs, up
 from dpcomm.topology import parse_topology
 from dpcomm.utils.sizes import parse_size
 
 NAME = "bench"
-
-
-def _loadavg() -> str:
-    with open("/proc/loadavg") as fh:
-        return " ".join(fh.read().split()[:3])
 
 
 def _ceiling(mtu: int) -> float:
@@ -101,7 +97,7 @@ def measure(
             name=NAME, topology=topology, rate_bps=rate_bps, mtu=mtu, congestion_control=congestion_control
         )
     )
-    load_before = _loadavg()
+    load_before = loadavg()
     samples: list = []
     stop = threading.Event()
     sampler = threading.Thread(target=_sample, args=(names.host_ns(NAME, 0), samples, stop), daemon=True)
@@ -143,7 +139,7 @@ def measure(
         "congestion_control": congestion_control,
         "rows": rows,
         "loadavg_before": load_before,
-        "loadavg_after": _loadavg(),
+        "loadavg_after": loadavg(),
         "seconds": res.seconds,
     }
 

@@ -231,7 +231,7 @@ def test_optimal_never_loses_and_simulator_agrees(trace, cost):
         plan = make_plan(s, trace, cost, 4)
         ref = ref_t_iter(trace, plan.groups, cost)
         sim = simulate(trace, plan, cost, 4).t_iter_s
-        assert sim == pytest.approx(ref, rel=1e-12, abs=1e-12)  # the simulator is the model
+        assert sim == pytest.approx(ref, rel=1e-12, abs=1e-12)  # the simulator is MG-WFBP's timing model
         results[s] = ref
         if s == "optimal":
             t_opt = ref

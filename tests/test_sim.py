@@ -1,4 +1,4 @@
-"""The simulator: the issue's timing model on hand-worked numbers, N = 1, update time, zero-parameter layers,
+"""The simulator: MG-WFBP's timing model on hand-worked numbers, N = 1, update time, zero-parameter layers,
 sweeps, and the timeline PNG / Chrome trace / scaling plot it draws. Budget: ~5 s (matplotlib Agg)."""
 
 import json

@@ -41,7 +41,6 @@ __all__ = [
     "count_traffic",
     "flat_view",
     "global_rank",
-    "group_rank_of",
     "reduce_into",
     "scratch",
 ]
@@ -99,13 +98,6 @@ def global_rank(group: Any, rank: int) -> int:
     if group is None or group is dist.GroupMember.WORLD:
         return rank
     return dist.get_global_rank(group, rank)
-
-
-def group_rank_of(group: Any, global_rank_: int) -> int:
-    """Rank within ``group`` of the process whose global rank is ``global_rank_``."""
-    if group is None or group is dist.GroupMember.WORLD:
-        return global_rank_
-    return dist.get_group_rank(group, global_rank_)
 
 
 def flat_view(tensor: torch.Tensor, algo: str) -> torch.Tensor:

@@ -1,4 +1,4 @@
-"""``noop``: does nothing -- measures the headroom of everything around communication (STYLE.md).
+"""``noop``: does nothing -- measures the headroom of everything around communication.
 
 Steps 0, bytes 0, time 0, extra memory 0. Results are *not* reduced, so it is excluded from correctness
 tests; with it, a training run shows the time the rest of the iteration takes.

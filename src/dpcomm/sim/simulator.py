@@ -1,4 +1,4 @@
-"""Trace-driven timing of one S-SGD iteration under a plan: MG-WFBP Eq. 6-8 and 19-21 (issue 3's model).
+"""Trace-driven timing of one S-SGD iteration under a plan: MG-WFBP Eq. 6-8 and 19-21.
 
 Layers ``l = 0..L-1`` in forward order: forward runs ``0 .. L-1`` back to back (``t_f = sum f_l``), then
 backward ``L-1 .. 0``; layer ``l``'s gradient is ready at ``R_l = t_f + sum_{j >= l} b_j``. The plan's
