@@ -1,4 +1,4 @@
-"""A tiny reference of MG-WFBP's timing model (Eq. 6-8, 19-21), written apart from dpcomm.sim and the planners, for tests."""
+"""A tiny reference of MG-WFBP's timing model (Eq. 6-8, 19-21), apart from dpcomm.sim and the planners."""
 
 from __future__ import annotations
 

@@ -33,7 +33,6 @@ from dpcomm.ops import OPS
 __all__ = ["allreduce", "allreduce_ab", "broadcast", "lp_optimal_block", "reduce"]
 
 
-
 def lp_optimal_block(nbytes: float, nodes: int, net: Network, op: str = "allreduce") -> float:
     """Block size ``b*`` (bytes) minimising the LP cost of ``op``: ``sqrt(n alpha / ((p-1) c))`` in [1, n]."""
     check(nbytes, nodes)

@@ -22,6 +22,7 @@ from dpcomm.utils.sizes import parse_sizes
 
 __all__ = ["main"]
 
+
 def _worker(algorithms: list[str], sizes: list[int], repeat: int) -> list[dict[str, Any]]:
     import torch
     import torch.distributed as dist
