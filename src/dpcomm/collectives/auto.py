@@ -13,6 +13,13 @@ first candidate in the order above. The network is the ``network`` option (a pre
 a :class:`~dpcomm.costmodel.Network`), else ``$DPCOMM_NETWORK``, else ``10gbe``; ``dpcomm bench --fit``
 writes a network file measured on the machine at hand.
 
+One call: price every candidate, run the cheapest (the choice is cached per (op, bytes, P)). For a 1 MiB
+allreduce on P = 8 ranks of the ``10gbe`` preset (``choose("allreduce", 2**20, 8, PRESETS["10gbe"])``)::
+
+    ring 2.10 ms | lp 4.37 ms | mst 5.30 ms | be 1.74 ms | ps 2.10 ms
+                                             ^^^^^^^^^^
+                                    argmin: be.allreduce(tensor)
+
 Cost, steps, bytes and memory: those of the chosen algorithm (see its module).
 """
 

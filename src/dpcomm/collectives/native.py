@@ -8,6 +8,15 @@ Extra memory per call: whatever the backend allocates (gloo: up to one message-s
 2. ``broadcast``: ``dist.broadcast(tensor, src=root)``.
 3. ``reduce``: ``dist.reduce(tensor, dst=root, SUM)``.
 
+One call, as dpcomm sees it: a single step handed to the backend, which runs its own schedule inside::
+
+    rank 0 --+                         +--> rank 0
+    rank 1 --+--> dist.all_reduce --+--> rank 1     (gloo: its ring; NCCL: ring or tree)
+    rank 2 --+    (one blocking call) +--> rank 2
+
+Cost (as dpcomm prices it, :mod:`dpcomm.costmodel`): ring's for allreduce, the binomial tree's (``mst``)
+for broadcast and reduce.
+
 A backend failure (dead or absent peer, group timeout) becomes a :class:`CollectiveError` naming the op.
 
 ``allreduce_async`` starts the backend's all-reduce with ``async_op=True`` and returns its work handle: the
