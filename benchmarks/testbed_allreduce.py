@@ -6,7 +6,7 @@
     .venv/bin/python benchmarks/testbed_allreduce.py gst --rate 100mbit --sizes 12500000,50000000
 
 Needs root (``dpcomm testbed``). Each part builds its testbed (name ``bench``), launches
-``python -m dpcomm.testbed.measure`` on every server, tears the testbed down, prints measured numbers next to
+``dpcomm bench`` on every server (``--repeat`` times), tears the testbed down, prints measured numbers next to
 the theory and writes JSON (``--out``). Theory, with ``r`` the link rate and ``S`` the message:
 
 - the TCP ceiling: a 1500-byte MTU frame (1514 B on the wire, as tbf counts it) carries 1448 payload bytes,
@@ -105,22 +105,39 @@ def measure(
     try:
         from dpcomm.testbed import load_state
 
-        res = launch_workers(
-            load_state(NAME),
-            [
-                "python",
-                "-m",
-                "dpcomm.testbed.measure",
-                "--algorithms",
-                ",".join(algorithms),
-                "--sizes",
-                ",".join(sizes),
-                "--repeat",
-                str(repeat),
-            ],
-            master_port=port,
-            timeout_s=1800,
-        )
+        # `repeat` launches of `dpcomm bench` (one warm-up call checked against torch.distributed, then one
+        # call timed after a barrier, as the slowest rank saw it): each row keeps every launch's time
+        runs, seconds = [], 0.0
+        for _ in range(repeat):
+            res = launch_workers(
+                load_state(NAME),
+                [
+                    "python",
+                    "-m",
+                    "dpcomm",
+                    "bench",
+                    "--ops",
+                    "allreduce",
+                    "--algos",
+                    ",".join(algorithms),
+                    "--sizes",
+                    ",".join(sizes),
+                    "--iters",
+                    "1",
+                    "--warmup",
+                    "1",
+                    "--check",
+                    "--json",
+                    "--timeout",
+                    "600",
+                ],
+                master_port=port,
+                timeout_s=1800,
+            )
+            seconds += res.seconds
+            if not res.ok:
+                break
+            runs.append(json.loads(res.stdout(0).strip().splitlines()[-1]))
         losses = _losses(load_state(NAME))
     finally:
         stop.set()
@@ -129,7 +146,16 @@ def measure(
     if not res.ok:
         tail = [line for i in range(len(res.returncodes)) for line in res.stderr(i).splitlines()[-2:]]
         raise SystemExit(f"launch failed {res.returncodes}: {' | '.join(tail[-4:])}")
-    rows = [json.loads(line) for line in res.stdout(0).splitlines() if line.startswith("{")]
+    rows = [
+        {
+            "algorithm": first["algo"],
+            "bytes": first["bytes"],
+            "world": first["nproc"],
+            "exact": all(run[i]["check"] == "ok" for run in runs),
+            "seconds": [run[i]["time_s"] for run in runs],
+        }
+        for i, first in enumerate(runs[0])
+    ]
     return {
         "host0_tx_samples": samples,
         "losses": losses,
@@ -140,7 +166,7 @@ def measure(
         "rows": rows,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
-        "seconds": res.seconds,
+        "seconds": seconds,
     }
 
 

@@ -125,7 +125,7 @@ def _check_dpcomm_command(argv: list[str]) -> None:
     if sub is not None and not takes_launch_arguments(sub):
         raise TestbedError(
             f"`dpcomm {argv[1]}` has no --nnodes/--node-rank/--master-addr/--master-port, so it cannot run "
-            "across the servers; use `python -m dpcomm.testbed.measure` (collectives) or placeholders"
+            "across the servers; use `dpcomm bench` (collectives) or placeholders"
         )
 
 
