@@ -162,7 +162,8 @@ def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 cause = first_line
-"""First line of an exception's message, as a CollectiveError names its cause (``errors.first_line``)."""
+"""The same function as :func:`dpcomm.errors.first_line` (the one error shortener), under the name the
+runtime imported before it used ``dpcomm.errors`` directly."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -198,7 +199,7 @@ class P2P:
             raise ValueError(f"{algo} {op}: this process is not a member of the group")
 
     def _fail(self, step: int | str, peer: int, what: str, exc: BaseException) -> CollectiveError:
-        return CollectiveError(f"{self.algo} {self.op}: step {step}: peer {peer} ({what}): {cause(exc)}")
+        return CollectiveError(f"{self.algo} {self.op}: step {step}: peer {peer} ({what}): {first_line(exc)}")
 
     def isend(self, tensor: torch.Tensor, peer: int, step: int | str) -> Pending:
         nbytes = tensor.numel() * tensor.element_size()

@@ -90,7 +90,7 @@ from dpcomm.collectives._bcube_schedule import (
 )
 from dpcomm.collectives._p2p import CollectiveError
 from dpcomm.collectives.base import register
-from dpcomm.errors import UserError
+from dpcomm.errors import UserError, first_line
 from dpcomm.topology.bcube import BCube, bcube_shape
 
 __all__ = [
@@ -249,6 +249,6 @@ def _run_thread(
             for peer, what, work in pending:  # noqa: B007 (peer, what name the failure below)
                 work.wait()
         except Exception as exc:
-            raise CollectiveError(f"{where}: peer {peer} ({what}): {_p2p.cause(exc)}") from exc
+            raise CollectiveError(f"{where}: peer {peer} ({what}): {first_line(exc)}") from exc
         for buf, lo, hi in sums:
             _p2p.reduce_into(flat[lo:hi], buf)

@@ -33,8 +33,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpcomm.collectives._p2p import CollectiveError, cause, global_rank
+from dpcomm.collectives._p2p import CollectiveError, global_rank
 from dpcomm.collectives.base import register
+from dpcomm.errors import first_line
 
 __all__ = ["Native"]
 
@@ -50,7 +51,7 @@ class Native:
         try:
             fn()
         except Exception as exc:
-            raise CollectiveError(f"native {op}: step 1: backend collective: {cause(exc)}") from exc
+            raise CollectiveError(f"native {op}: step 1: backend collective: {first_line(exc)}") from exc
 
     def allreduce(self, tensor: torch.Tensor, *, group: Any = None) -> None:
         self._run("allreduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group))
@@ -60,7 +61,7 @@ class Native:
         try:
             return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
         except Exception as exc:
-            raise CollectiveError(f"native allreduce: step 1: backend collective: {cause(exc)}") from exc
+            raise CollectiveError(f"native allreduce: step 1: backend collective: {first_line(exc)}") from exc
 
     def broadcast(self, tensor: torch.Tensor, *, root: int = 0, group: Any = None) -> None:
         src = global_rank(group, root)
