@@ -19,9 +19,9 @@ from typing import Any, Protocol
 
 import torch
 
-from dpcomm import registry
 from dpcomm.errors import UserError
 from dpcomm.ops import OPS
+from dpcomm.registry import add_implementation, entry, implemented
 
 __all__ = ["Collective", "OPS", "register", "get", "names"]
 
@@ -41,7 +41,7 @@ def register(name: str) -> Callable[[Callable[..., Collective]], Callable[..., C
     :mod:`dpcomm.registry`, next to the cost formulas of the same name)."""
 
     def deco(factory: Callable[..., Collective]) -> Callable[..., Collective]:
-        registry.add_implementation(name, factory)
+        add_implementation(name, factory)
         return factory
 
     return deco
@@ -55,13 +55,13 @@ def _load_all() -> None:
 def names() -> list[str]:
     """Every algorithm with an implementation, in registration order."""
     _load_all()
-    return registry.implemented()
+    return implemented()
 
 
 def get(name: str, **options: Any) -> Collective:
     """Build the algorithm registered as ``name``; an unknown name is a :class:`UserError`."""
     _load_all()
-    e = registry.entry(name)
+    e = entry(name)
     if e is None or e.factory is None:
         raise UserError(f"unknown collective algorithm '{name}' (choose from {', '.join(names())})")
     return e.factory(**options)

@@ -13,13 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from dpcomm import registry
 from dpcomm.costmodel import bcube, be, binary_tree, lp, mst, ps, recursive_doubling, ring
 from dpcomm.costmodel._steps import check
 from dpcomm.costmodel.base import CommCost, LinearCost, MeasuredCost
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.ops import OPS
+from dpcomm.registry import CostTable, add_cost
 
 __all__ = ["ALGORITHMS", "Algorithm", "allreduce_cost", "allreduce_linear", "collective_cost"]
 
@@ -123,9 +123,9 @@ for _a in (
         source="MG-WFBP Table II (Recursive doubling)",
     ),
 ):
-    registry.add_cost(_a.name, _a)
+    add_cost(_a.name, _a)
 
-ALGORITHMS: Mapping[str, Algorithm] = registry.CostTable()
+ALGORITHMS: Mapping[str, Algorithm] = CostTable()
 """Every algorithm with cost formulas, by name: a view of :mod:`dpcomm.registry` (which also holds the
 implementations)."""
 

@@ -30,6 +30,7 @@ from dpcomm.planner.wfbp import plan_wfbp
 from dpcomm.trace.format import Trace
 
 __all__ = [
+    "check_nodes",
     "DDP_BUCKET_BYTES",
     "HOROVOD_FUSION_BYTES",
     "SCHEDULES",

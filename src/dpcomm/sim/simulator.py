@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
-from dpcomm.planner._common import check_nodes
+from dpcomm.planner import check_nodes
 from dpcomm.timeline.span import Span
 from dpcomm.trace.format import Trace
 
