@@ -66,7 +66,7 @@ def bcube_shape(nodes: int, n: int | None = None, k: int | None = None) -> tuple
         want = f"{n}^{k} = {n**k}"
     else:
         want = f"n^{k}" if k is not None else f"{n}^k" if n is not None else "n^k with n >= 2, k >= 2"
-    raise UserError(f"bcube needs a world size of {want}, got {nodes} (set --bcube n,k to choose)")
+    raise UserError(f"bcube needs a world size of {want}, got {nodes} (or give the shape n,k explicitly)")
 
 
 def server_digits(server: int, n: int, k: int) -> tuple[int, ...]:
