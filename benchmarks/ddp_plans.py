@@ -63,7 +63,7 @@ def worker(model_name: str, batch: int, iters: int, warmup: int, threads: int) -
     from dpcomm.launch import init_worker
     from dpcomm.models import example_input, get_model, num_classes
     from dpcomm.models.layers import layer_params, learnable_layers
-    from dpcomm.runtime.data_parallel import DataParallel
+    from dpcomm.train.online import DataParallel
 
     rank, world = init_worker()
     torch.set_num_threads(threads)

@@ -17,7 +17,7 @@ Alg. 1 lines 1-7, "benchmarks in the first several iterations"), but before DDP 
    ``single`` and DDP's default buckets, the three are timed round-robin on the example batch
    (``verify_iters`` forward/backward passes each, no optimizer step; buffers restored) and the fastest,
    as the slowest rank saw it, is kept (of those within 2%, the one with the fewest buckets), as
-   ``dpcomm.DataParallel`` does (:class:`dpcomm.runtime.autoplan.Trial`).
+   ``dpcomm.DataParallel`` does (:class:`dpcomm.train.autoplan.Trial`).
 
 Buckets equal the plan from the second iteration on (DDP rebuilds them in gradient-ready order after the
 first; see :mod:`dpcomm.ddp.buckets`); a DDP kept from the timed trial has rebuilt them already.
@@ -95,10 +95,13 @@ def plan_on_workers(
     the same plan, trace and cost. ``mgwfbp`` and ``optimal`` need ``example`` (one input batch)."""
     from dpcomm.collectives import get
     from dpcomm.costmodel.collective import ALGORITHMS
-    from dpcomm.runtime import autoplan
+    from dpcomm.runtime.broadcast import check_same_plan
+    from dpcomm.train import autoplan
+    from dpcomm.train.schedule import PlannerSchedule
 
     world = dist.get_world_size(process_group)
-    name = schedule.partition(":")[0].strip().lower()
+    parsed = PlannerSchedule.parse(schedule)  # an unknown name is a one-line error before any work
+    name = parsed.name
     if example is None:
         if name in _TIMED:
             raise UserError(f"planner '{schedule}' needs the layers' times: pass example=<one input batch>")
@@ -132,8 +135,8 @@ def plan_on_workers(
             lambda t: algo.allreduce(t, group=process_group), scratch, process_group
         )
         cost = autoplan.fit_linear(points)
-    plan = autoplan.plan_on_root(schedule, trace, cost, world, process_group, root=0)
-    autoplan.check_same_plan(plan, process_group)
+    plan = autoplan.plan_on_root(parsed, trace, cost, world, process_group, root=0)
+    check_same_plan(plan, process_group)
     return plan, trace, cost
 
 
@@ -213,8 +216,8 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs)
     the kept plan's caps, its DDP (buckets already rebuilt) and each candidate's median (see step 4)."""
     import gc
 
-    from dpcomm.runtime.autoplan import Trial, candidates
     from dpcomm.trace.profiler import default_loss
+    from dpcomm.train.autoplan import Trial, candidates
 
     world = dist.get_world_size(group)
     options = [caps] + [

@@ -1,0 +1,166 @@
+"""The replica kind ``ddp`` with a planner: ``--schedule ddp:mgwfbp`` (``ddp:optimal``, ``ddp:wfbp``,
+``ddp:single``, ``ddp:bucket:SIZE``) is stock PyTorch DDP whose buckets are the planner's plan
+(:func:`dpcomm.ddp.wrap`); plain ``ddp`` stays DDP with its default buckets (:mod:`dpcomm.train.ddp_replica`).
+
+This module registers kind ``ddp`` again (a later registration replaces the earlier), checking the schedule
+and handing plain ``ddp`` to the baseline replica. With a planner, the first iteration's batch is the example
+``wrap`` profiles the layers on (so the layers are timed on the data actually trained); planning, the timed
+trial of candidate plans (``mgwfbp``/``optimal``) and that first iteration are one ``profile`` record, the
+rest are steady. ``--collective`` other than ``native`` runs as a dpcomm comm hook on its own thread.
+When resuming, the checkpoint's plan is rebuilt as it was (no new planning).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch.nn.functional as F
+
+from dpcomm.errors import UserError
+from dpcomm.plan import Plan
+from dpcomm.runtime.records import Phase, Span
+from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
+from dpcomm.train.ddp_replica import DDPReplica
+from dpcomm.train.ddp_replica import check as check_baseline
+from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
+from dpcomm.train.schedule import PlannerSchedule
+from dpcomm.train.setup import build_model
+
+__all__ = ["DDPPlanReplica", "build", "check"]
+
+_KEEP_SPANS = 50
+
+
+def check(cfg: TrainConfig, schedule: str) -> PlannerSchedule | None:
+    """``ddp`` (the baseline's rules) or ``ddp:PLANNER`` (a planner schedule; overlap mode only)."""
+    name, sep, planner = schedule.strip().partition(":")
+    if not sep:
+        return check_baseline(cfg, schedule)
+    if cfg.mode != "overlap":
+        raise UserError(
+            f"--schedule {schedule} runs PyTorch's DDP; --mode {cfg.mode} needs a dpcomm schedule"
+        )
+    if not planner.strip():
+        raise UserError("schedule 'ddp:' needs a planner, e.g. ddp:mgwfbp or ddp:optimal")
+    return PlannerSchedule.parse(planner)
+
+
+def build(ctx: ReplicaContext) -> Any:
+    return DDPReplica(ctx) if ctx.parsed is None else DDPPlanReplica(ctx)
+
+
+class DDPPlanReplica:
+    """DDP with a dpcomm plan on this rank (see :mod:`dpcomm.train.replica`)."""
+
+    def __init__(self, ctx: ReplicaContext):
+        s = build_model(ctx)
+        self.cfg, self.schedule, self.rank, self.world = ctx.cfg, ctx.schedule, ctx.rank, ctx.world
+        self.model, self.optimizer, self._update, self.start = s.model, s.optimizer, s.update, s.start
+        self.log: list[str] = []
+        self.records: list[dict[str, Any]] = []
+        self.loss = float("nan")
+        self._spans: list[list[Span]] = []
+        self._parsed: PlannerSchedule = ctx.parsed
+        saved = (ctx.state or {}).get("plan")
+        self._resume_plan = Plan.from_dict(saved) if saved is not None else None
+        self.wrapper: Any = None
+        self._ready = 0.0
+        stamp = self._stamp
+        for p in self.model.parameters():  # the last gradient accumulated marks the end of backward compute
+            if p.requires_grad:
+                p.register_post_accumulate_grad_hook(stamp)
+
+    def _stamp(self, _p: Any) -> None:
+        self._ready = time.perf_counter()
+
+    def _build(self, x: Any) -> None:
+        from dpcomm.ddp import wrap
+
+        cfg = self.cfg
+        t0 = time.perf_counter()
+        self.wrapper = wrap(
+            self.model, self._resume_plan or self._parsed.text, example=x, collective=cfg.collective,
+            profile_iters=cfg.profile_iters, verify_iters=cfg.verify_iters,
+        )  # fmt: skip
+        w = self.wrapper.dpcomm
+        sizes = "+".join(str(len(g)) for g in w.plan.groups)
+        trial = ""
+        if w.trial:
+            trial = "; timed " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in w.trial.items())
+        self.log.append(
+            f"[rank {self.rank}] DDP with plan '{w.plan.schedule}' ({len(w.plan.groups)} buckets, layers "
+            f"{sizes}) from ddp:{self._parsed.text}, decided in {time.perf_counter() - t0:.1f} s{trial}"
+        )
+        if w.caps.note:
+            self.log.append(f"[rank {self.rank}] {w.caps.note}")
+
+    def iteration(self, x: Any, y: Any) -> float:
+        first = self.wrapper is None
+        if first:
+            self._build(x)
+        self.optimizer.zero_grad(set_to_none=True)
+        self._update.reset()
+        t0 = time.perf_counter()
+        out = self.wrapper(x)
+        t1 = time.perf_counter()
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        t2 = time.perf_counter()
+        self.optimizer.step()
+        t3 = time.perf_counter()
+        ready = min(max(self._ready, t1), t2)
+        phase = Phase.PROFILE if first else Phase.STEADY
+        self.records.append(
+            {"iteration": len(self.records), "forward_s": t1 - t0, "backward_s": ready - t1,
+             "exposed_comm_s": t2 - ready, "step_s": t3 - t2, "total_s": t3 - t0, "comm_s": None,
+             "phase": phase, "plan": self.wrapper.dpcomm.plan.schedule, "update_s": self._update.last_s}
+        )  # fmt: skip
+        wall = time.time() - time.perf_counter()
+        rows = [("forward", "compute", t0, t1), ("backward", "compute", t1, ready),
+                ("exposed all-reduce wait", "comm", ready, t2), ("step", "compute", t2, t3)]  # fmt: skip
+        self._spans.append([Span(name=n, row=r, start=a + wall, end=b + wall) for n, r, a, b in rows])
+        del self._spans[:-_KEEP_SPANS]
+        self.loss = float(loss.detach())
+        return self.loss
+
+    @property
+    def plan(self) -> Plan | None:
+        return self.wrapper.dpcomm.plan if self.wrapper is not None else self._resume_plan
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {}
+
+    def spans(self) -> list[list[Span]]:
+        return [list(s) for s in self._spans]
+
+    def finish(self) -> None:
+        pass
+
+    def params_sha256(self) -> str:
+        from dpcomm.train.setup import params_sha256
+
+        return params_sha256(self.model)
+
+    def result_fields(self) -> dict[str, Any]:
+        w = self.wrapper.dpcomm if self.wrapper is not None else None
+        cost = None
+        if w is not None and w.cost is not None:
+            cost = {"a": getattr(w.cost, "a", None), "b": getattr(w.cost, "b", None), "points": []}
+        return {
+            "collective": self.cfg.collective,
+            "trace": w.trace.to_dict() if w is not None and w.trace is not None else None,
+            "cost": cost,
+            "grad_buffer_bytes": sum(int(c * (1 << 20)) for c in w.caps.bucket_cap_mb_list) if w else None,
+        }
+
+    def close(self) -> None:
+        if self.wrapper is not None and self.wrapper.dpcomm.hook_state is not None:
+            self.wrapper.dpcomm.hook_state.close()
+
+
+register_kind(
+    ReplicaKind(
+        name=SCHEDULE_DDP, build=build, check=check, summary="PyTorch DDP (ddp:PLANNER: a dpcomm plan)"
+    )
+)
