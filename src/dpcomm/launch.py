@@ -43,7 +43,7 @@ __all__ = [
 
 LAUNCH_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port")
 """The multi-node flags, named as ``torchrun`` names them."""
-_MARK = "dpcomm_launch_flags"  # a parser default that says the flags were added
+_MARK = "_dpcomm_launch_flags"  # a parser default that says the flags were added
 
 
 class WorkerFailure(RuntimeError):

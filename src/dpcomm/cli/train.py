@@ -63,18 +63,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=60.0,
         help="seconds a collective waits for a peer",
     )
-    p.add_argument("--nnodes", type=int, default=1, help="machines (static rendezvous, as torchrun)")
-    p.add_argument("--node-rank", type=int, default=0, help="this machine's rank")
-    p.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (default 127.0.0.1)")
-    p.add_argument("--master-port", type=int, default=0, help="rendezvous port (0: pick one; one node)")
+    from dpcomm.launch import add_launch_arguments
+
+    add_launch_arguments(p)
 
 
 def _config(args: argparse.Namespace):
     """The flags as a :class:`TrainConfig`: every field whose name is a flag's ``dest`` (``--timeout`` is
     ``timeout_s``); fields without a flag keep their defaults. The config checks its values itself."""
+    from dpcomm.launch import launch_options_from_args
     from dpcomm.train.config import TrainConfig
 
-    given = vars(args)
+    launch = launch_options_from_args(args)  # the multi-node flags, read and checked as bench reads them
+    given = vars(args) | {f.name: getattr(launch, f.name) for f in dataclasses.fields(launch)}
     return TrainConfig(**{f.name: given[f.name] for f in dataclasses.fields(TrainConfig) if f.name in given})
 
 

@@ -20,7 +20,6 @@ in the first several iterations"); :mod:`dpcomm.train.online` runs them in order
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +27,10 @@ import torch
 import torch.distributed as dist
 
 from dpcomm.costmodel.base import CommCost, LinearCost
+from dpcomm.costmodel.fit import fit_line
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
+from dpcomm.timing import slowest, time_calls
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.train.schedule import PlannerSchedule
 
@@ -93,33 +94,20 @@ def measure_allreduce(
     for m in sizes:
         piece = scratch.narrow(0, 0, m)
         piece.zero_()
-        allreduce(piece)
-        runs = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            allreduce(piece)
-            runs.append(time.perf_counter() - t0)
+        allreduce(piece)  # warm-up
+        runs = time_calls(lambda piece=piece: allreduce(piece), reps, barrier="none", group=group)
         times.append(statistics.median(runs))
-    worst = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-    return [(m * scratch.element_size(), t) for m, t in zip(sizes, worst.tolist(), strict=True)]
+    worst = slowest(times, group)  # a collective ends for everyone when its slowest member is done
+    return [(m * scratch.element_size(), t) for m, t in zip(sizes, worst, strict=True)]
 
 
 def fit_linear(points: list[tuple[int, float]]) -> LinearCost:
-    """Least-squares ``T(M) = a + b*M`` through ``(bytes, seconds)`` points, with ``a, b >= 0``."""
-    xs = [float(m) for m, _ in points]
-    ys = [float(t) for _, t in points]
-    if len(set(xs)) < 2:
-        return LinearCost(max(0.0, statistics.fmean(ys)), 0.0)
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    a = my - b * mx
-    if b < 0:  # noise larger than the size effect: a constant cost
-        return LinearCost(max(0.0, my), 0.0)
-    if a < 0:  # refit through the origin
-        b = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
-        a = 0.0
+    """Least-squares ``T(M) = a + b*M`` through ``(bytes, seconds)`` points, with ``a, b >= 0``
+    (:func:`dpcomm.costmodel.fit.fit_line`); one size only gives a flat cost, their mean."""
+    try:
+        a, b = fit_line(points, weighting="ols", nonneg=True).coef
+    except ValueError:  # a single size: no slope to see
+        return LinearCost(max(0.0, statistics.fmean(float(t) for _, t in points)), 0.0)
     return LinearCost(a, b)
 
 

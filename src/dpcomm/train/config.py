@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from dpcomm.errors import UserError
+from dpcomm.launch import check_launch
 
 __all__ = [
     "COMPAT_KEYS",
@@ -95,7 +96,7 @@ class TrainConfig:
             if not ok:
                 raise UserError(msg)
 
-        need(self.nproc >= 1, f"--nproc must be >= 1, got {self.nproc}")
+        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port)  # the one launch check
         need(self.batch_size >= 1, f"--batch-size must be positive, got {self.batch_size}")
         need(self.iters is None or self.epochs is None, "give --iters or --epochs, not both")
         need(self.iters is None or self.iters >= 1, f"--iters must be >= 1, got {self.iters}")
@@ -108,10 +109,6 @@ class TrainConfig:
         need(not self.checkpoint_every or bool(self.checkpoint), "--checkpoint-every needs --checkpoint DIR")
         need(self.profile_iters >= 1, f"profile iterations must be >= 1, got {self.profile_iters}")
         need(self.verify_iters >= 0, f"--verify-iters must be >= 0, got {self.verify_iters}")
-        need(self.nnodes >= 1, f"--nnodes must be >= 1, got {self.nnodes}")
-        need(0 <= self.node_rank < self.nnodes, f"--node-rank must be in 0..{self.nnodes - 1}")
-        need(0 <= self.master_port < 65536, f"--master-port must be a port number, got {self.master_port}")
-        need(self.nnodes == 1 or self.master_port > 0, "a multi-node run needs --master-port")
         need(self.timeout_s > 0, f"timeout must be positive, got {self.timeout_s}")
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")
 

@@ -30,10 +30,9 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from typing import Any
 
-from dpcomm.errors import UserError
+from dpcomm.errors import UserError, first_line
 from dpcomm.train.checks import check
 from dpcomm.train.config import TrainConfig, TrainResult, compat, data_args, total_iterations
 from dpcomm.train.replica import Replica
@@ -42,7 +41,6 @@ __all__ = ["compare_schedules", "train"]
 
 _KILL_ENV = "DPCOMM_TEST_KILL"
 _KILL_EXIT = 17
-_SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\] ")
 
 
 def train(cfg: TrainConfig) -> TrainResult:
@@ -97,7 +95,7 @@ def _worker(cfg: TrainConfig, schedules: list[tuple[str, Any]]) -> list[dict[str
     except Exception as exc:  # noqa: BLE001 - turn a lost peer / timeout into one clear line
         it = where["iteration"]
         at = f" at iteration {it}" if it is not None else ""
-        raise RuntimeError(f"rank {rank} of {world} stopped{at}: {_first_line(exc)}") from None
+        raise RuntimeError(f"rank {rank} of {world} stopped{at}: {first_line(exc, with_type=True)}") from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -112,14 +110,6 @@ def _threads(cfg: TrainConfig, local: int) -> int:
     if omp.isdigit() and int(omp) >= 1:
         return int(omp)
     return max(1, (os.cpu_count() or 1) // local)
-
-
-def _first_line(exc: BaseException) -> str:
-    text = " ".join(str(exc).split())  # one line
-    text = _SOURCE_LOCATION.sub("", text)  # gloo prefixes "[/path/pair.cc:553] "; keep the readable part
-    cut = text.find(". This is typically")
-    text = text[:cut] if cut > 0 else text
-    return f"{type(exc).__name__}: {text[:300]}"
 
 
 def _train_rank(

@@ -31,14 +31,14 @@ class PlannerSchedule:
     @classmethod
     def parse(cls, text: str) -> PlannerSchedule:
         """Check and parse one schedule; several (``wfbp,single``) or an unknown one is a UserError."""
-        from dpcomm.planner import parse_schedules, parse_size
+        from dpcomm.planner import parse_bucket_size, parse_schedules
 
         names = parse_schedules(text)
         if len(names) != 1:
             raise UserError(f"one schedule per run, got {text!r}")
         name, sep, arg = names[0].partition(":")
         name = name.strip().lower()
-        return cls(text=names[0], name=name, size_bytes=parse_size(arg.strip()) if sep else None)
+        return cls(text=names[0], name=name, size_bytes=parse_bucket_size(arg.strip()) if sep else None)
 
     def plan(self, trace: Trace, cost: CommCost, nodes: int) -> Plan:
         """The planner's plan of ``trace`` on ``nodes`` workers with the all-reduce ``cost``."""
