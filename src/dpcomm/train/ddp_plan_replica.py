@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
 import torch.nn.functional as F
 
 from dpcomm.errors import UserError
@@ -97,8 +98,10 @@ class DDPPlanReplica:
 
     def iteration(self, x: Any, y: Any) -> float:
         first = self.wrapper is None
-        if first:
+        if first:  # planning runs forward passes (dropout draws): this iteration's draws stay the loop's
+            rng = torch.get_rng_state()
             self._build(x)
+            torch.set_rng_state(rng)
         self.optimizer.zero_grad(set_to_none=True)
         self._update.reset()
         t0 = time.perf_counter()
