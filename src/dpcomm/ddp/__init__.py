@@ -3,7 +3,8 @@
 - :func:`bucket_caps` (:mod:`dpcomm.ddp.buckets`): the ``bucket_cap_mb_list`` that makes DDP form a plan's
   groups, or the nearest plan it can form;
 - :func:`wrap` (:mod:`dpcomm.ddp.wrap`): DDP built with a plan or a planner name decided on the workers;
-- :func:`collective_hook` (:mod:`dpcomm.ddp.hooks`): a dpcomm collective as ``hook(state, bucket)``.
+- :func:`collective_hook` (:mod:`dpcomm.ddp.hooks`): a dpcomm collective as ``hook(state, bucket)``;
+- :mod:`dpcomm.ddp.replica`: ``dpcomm train --schedule ddp:PLANNER`` (a replica kind of the training loop).
 """
 
 from __future__ import annotations
