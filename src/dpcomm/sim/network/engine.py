@@ -60,14 +60,17 @@ class FlowModel:
         rev = np.where(fwd >= 0, fwd ^ 1, -1)  # the ACKs go back over the same cables
         return np.concatenate([fwd, rev], axis=1)
 
-    def rates(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """Max-min payload rates (bytes/s) of flows ``src[i] -> dst[i]`` running together (cached)."""
+    def rates(self, src: np.ndarray, dst: np.ndarray, links: np.ndarray | None = None) -> np.ndarray:
+        """Max-min payload rates (bytes/s) of flows ``src[i] -> dst[i]`` running together (cached by the
+        flows' signature); ``links``: their routes with reverse links, if already known."""
         key = (src.tobytes(), dst.tobytes())
         got = self._rates.get(key)
         if got is None:
             if len(self._rates) >= _CACHE_MAX:
                 self._rates.clear()
-            got = maxmin_rates(self.fabric.capacity, self._links(src, dst), self._weights)
+            got = maxmin_rates(
+                self.fabric.capacity, self._links(src, dst) if links is None else links, self._weights
+            )
             self.rate_solves += 1
             self._rates[key] = got
         return got
@@ -78,9 +81,13 @@ class FlowModel:
         src, dst = src[keep], dst[keep]
         left = nbytes[keep].astype(float)
         idx = np.arange(len(src))
+        links = None
         t = 0.0
         while idx.size:
-            r = self.rates(src[idx], dst[idx])
+            key = (src[idx].tobytes(), dst[idx].tobytes())
+            if key not in self._rates and links is None:
+                links = self._links(src, dst)  # routed once per step, whatever the events
+            r = self.rates(src[idx], dst[idx], None if links is None else links[idx])
             need = left[idx] / r
             dt = float(need.min())
             done = need <= dt * (1 + _TOGETHER)

@@ -22,22 +22,20 @@ def maxmin_rates(capacity: np.ndarray, links: np.ndarray, weights: np.ndarray) -
     ``weights``: ``(F, K)`` (or ``(K,)``, the same for every flow) wire bytes per payload byte on that link.
     A flow on no link with positive weight gets ``inf``.
     """
-    links = np.asarray(links, dtype=np.int64)
+    links = np.asarray(links)
     f_count = links.shape[0]
     w = np.broadcast_to(np.asarray(weights, dtype=float), links.shape)
     use = (links >= 0) & (w > 0)
-    flow_of = np.nonzero(use)[0]
+    flow_of = np.nonzero(use)[0]  # one entry per (flow, link) pair; shrinks as flows freeze
     link_of = links[use]
     wt = w[use]
-    rate = np.zeros(f_count)
     active = np.zeros(f_count, dtype=bool)
     active[flow_of] = True
-    rate[~active] = np.inf
+    rate = np.where(active, 0.0, np.inf)
     left = np.asarray(capacity, dtype=float).copy()
     n_links = len(left)
-    while active.any():
-        on = active[flow_of]
-        load = np.bincount(link_of[on], weights=wt[on], minlength=n_links)
+    while flow_of.size:
+        load = np.bincount(link_of, weights=wt, minlength=n_links)
         loaded = load > 0
         share = np.full(n_links, np.inf)
         share[loaded] = left[loaded] / load[loaded]
@@ -47,6 +45,8 @@ def maxmin_rates(capacity: np.ndarray, links: np.ndarray, weights: np.ndarray) -
         full = loaded & (share <= d * (1 + 1e-9))
         left[full] = 0.0
         frozen = np.zeros(f_count, dtype=bool)
-        frozen[flow_of[on & full[link_of]]] = True
+        frozen[flow_of[full[link_of]]] = True
         active &= ~frozen
+        keep = active[flow_of]
+        flow_of, link_of, wt = flow_of[keep], link_of[keep], wt[keep]
     return rate
