@@ -64,8 +64,9 @@ def measure(quick: bool) -> list[dict]:
                     }
                 )
                 print(
-                    f"{spec:>12} {fabric.servers:5d} {algo:>5}: {wall:7.2f} s wall, {model.rate_solves:5d} solves, "
-                    f"{row.steps:5d} steps, simulated {row.time_s * 1e3:9.2f} ms",
+                    f"{spec:>12} {fabric.servers:5d} {algo:>5}: {wall:7.2f} s wall, "
+                    f"{model.rate_solves:5d} solves, {row.steps:5d} steps, "
+                    f"simulated {row.time_s * 1e3:9.2f} ms",
                     flush=True,
                 )
     return rows
