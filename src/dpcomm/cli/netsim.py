@@ -47,6 +47,26 @@ def _number(flag: str, text: str, kind=float) -> float:
     return kind(text)
 
 
+def flow_cost_for(args: argparse.Namespace, most_nodes: int):
+    """``nodes -> CommCost`` by the flow model for ``dpcomm simulate --topology T --rate R --mtu M``: the
+    ``--algo`` all-reduce on the first ``nodes`` servers of T, alpha from ``--network``."""
+    from dpcomm.costmodel import resolve_network
+    from dpcomm.sim.network import Goodput, make_fabric
+    from dpcomm.sim.network.pricing import flow_cost_factory
+    from dpcomm.testbed.config import parse_rate
+
+    if args.linear_cost:
+        raise UserError("--linear-cost and --topology are two different costs: give one")
+    fabric = make_fabric(
+        args.topology, parse_rate(args.rate), Goodput(mtu=int(_number("--mtu", args.mtu, int)))
+    )
+    if most_nodes > fabric.servers:
+        raise UserError(
+            f"--nodes {most_nodes} does not fit on the {fabric.servers} servers of {args.topology}"
+        )
+    return flow_cost_factory(fabric, args.algo, resolve_network(args.network).alpha)
+
+
 def run(args: argparse.Namespace) -> int:
     from dpcomm.collectives.benchmark import parse_sizes
     from dpcomm.sim.network import FlowModel, Goodput, make_fabric, simulate_allreduce

@@ -95,11 +95,19 @@ def bml_steps(cube: BCube, numel: int, elem_size: int = ELEM) -> list[Step]:
 
 
 def schedule(
-    algo: str, fabric: Fabric, nbytes: int, alpha_s: float, block_bytes: int | None = None
+    algo: str,
+    fabric: Fabric,
+    nbytes: int,
+    alpha_s: float,
+    block_bytes: int | None = None,
+    ranks: int | None = None,
 ) -> list[Step]:
-    """The steps of ``algo``'s allreduce of ``nbytes`` bytes on every server of ``fabric``."""
+    """The steps of ``algo``'s allreduce of ``nbytes`` bytes on ``ranks`` ranks (default: every server of
+    ``fabric``), rank ``i`` on server ``i`` (a partly filled topology fills its first edge switches first)."""
     name, arg = parse_algorithm(algo)
-    p, numel = fabric.servers, nbytes // ELEM
+    p, numel = fabric.servers if ranks is None else ranks, nbytes // ELEM
+    if not 1 <= p <= fabric.servers:
+        raise UserError(f"{p} ranks do not fit on the {fabric.servers} servers of {fabric.topology.spec}")
     if name in _MODULES:
         return _MODULES[name].steps(p, numel, ELEM)
     if name == "lp":
@@ -117,6 +125,10 @@ def schedule(
         return ps.dedicated_steps(p - servers, servers, numel, ELEM)
     if not isinstance(fabric.topology, BCube):
         raise UserError(f"bml runs on a bcube:n,k topology, not {fabric.topology.spec}")
+    if p != fabric.servers:
+        raise UserError(
+            f"bml needs one rank per server of {fabric.topology.spec} ({fabric.servers}), not {p}"
+        )
     return bml_steps(fabric.topology, numel, ELEM)
 
 
@@ -140,13 +152,20 @@ class NetsimRow:
 
 
 def simulate_allreduce(
-    model: FlowModel, algo: str, nbytes: int, *, block_bytes: int | None = None, links: bool = False
+    model: FlowModel,
+    algo: str,
+    nbytes: int,
+    *,
+    block_bytes: int | None = None,
+    links: bool = False,
+    ranks: int | None = None,
 ) -> tuple[NetsimRow, FlowRun]:
-    """Price ``algo``'s allreduce of ``nbytes`` on ``model``'s fabric: the table row and the run."""
+    """Price ``algo``'s allreduce of ``nbytes`` on ``model``'s fabric (``ranks`` of its servers, default
+    all): the table row and the run."""
     fabric = model.fabric
-    steps = schedule(algo, fabric, nbytes, model.alpha_s, block_bytes)
+    steps = schedule(algo, fabric, nbytes, model.alpha_s, block_bytes, ranks)
     run = model.run(steps, links=links)
-    p, t = fabric.servers, run.time_s
+    p, t = fabric.servers if ranks is None else ranks, run.time_s
     name, arg = parse_algorithm(algo)
     workers = p - (arg if arg is not None else max(1, p // 2)) if name == "ps-dedicated" else p
     algbw = nbytes / t / 1e9 if t > 0 else float("inf")
