@@ -91,16 +91,22 @@ def run(args: argparse.Namespace) -> int:
     p = fabric.servers
     if any(parse_algorithm(a)[0] == "ps" for a in algos) and p * (p - 1) > _MAX_FLOWS:
         raise UserError(f"ps on {p} servers is {p * (p - 1):,} flows per step, more than {_MAX_FLOWS:,}")
+    from rich.progress import Progress
+
     model = FlowModel(fabric, alpha_s=alpha)
     rows, runs = [], []
     t0 = time.perf_counter()
-    for a in algos:
-        for s in sizes:
-            want_links = bool(args.plot) and s == max(sizes)
-            row, flow_run = simulate_allreduce(model, a, s, block_bytes=block, links=want_links)
-            rows.append(row)
-            if want_links:
-                runs.append((a, flow_run))
+    with Progress(transient=True, disable=args.json or not sys.stderr.isatty()) as bar:
+        task = bar.add_task(f"{fabric.topology.spec}", total=len(algos) * len(sizes))
+        for a in algos:
+            for s in sizes:
+                bar.update(task, description=f"{fabric.topology.spec}: {a}, {s:,} bytes")
+                want_links = bool(args.plot) and s == max(sizes)
+                row, flow_run = simulate_allreduce(model, a, s, block_bytes=block, links=want_links)
+                rows.append(row)
+                if want_links:
+                    runs.append((a, flow_run))
+                bar.advance(task)
     wall = time.perf_counter() - t0
     written = []
     if args.plot:

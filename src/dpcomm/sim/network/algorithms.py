@@ -168,7 +168,7 @@ def simulate_allreduce(
     p, t = fabric.servers if ranks is None else ranks, run.time_s
     name, arg = parse_algorithm(algo)
     workers = p - (arg if arg is not None else max(1, p // 2)) if name == "ps-dedicated" else p
-    algbw = nbytes / t / 1e9 if t > 0 else float("inf")
+    algbw = nbytes / t / 1e9 if t > 0 else 0.0  # one rank: nothing moves, reported as 0 (as JSON allows)
     busbw = algbw * 2 * (workers - 1) / workers if workers > 1 else 0.0
     row = NetsimRow(
         topology=fabric.topology.spec,
