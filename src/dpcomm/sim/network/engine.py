@@ -84,10 +84,10 @@ class FlowModel:
         links = None
         t = 0.0
         while idx.size:
-            key = (src[idx].tobytes(), dst[idx].tobytes())
-            if key not in self._rates and links is None:
+            s, d = src[idx], dst[idx]
+            if links is None and (s.tobytes(), d.tobytes()) not in self._rates:
                 links = self._links(src, dst)  # routed once per step, whatever the events
-            r = self.rates(src[idx], dst[idx], None if links is None else links[idx])
+            r = self.rates(s, d, None if links is None else links[idx])
             need = left[idx] / r
             dt = float(need.min())
             done = need <= dt * (1 + _TOGETHER)

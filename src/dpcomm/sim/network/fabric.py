@@ -150,11 +150,6 @@ class Fabric:
         out[np.asarray(src) == np.asarray(dst)] = -1
         return out
 
-    def server_links(self) -> np.ndarray:
-        """Ids of the links between servers and their first switch (both directions)."""
-        n = self.servers * (self.topology.nics_per_server if isinstance(self.topology, BCube) else 1)
-        return np.arange(2 * n)
-
 
 def _pad(cols: list[np.ndarray], width: int, n: int) -> np.ndarray:
     out = np.full((n, width), -1, dtype=np.int64)
