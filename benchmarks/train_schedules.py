@@ -6,7 +6,7 @@ gradient-buffer memory, and the simulator's prediction for each plan against the
         [--out out/bench]
 
 For each model, one launch of ``--nproc`` gloo workers holds one replica per schedule and runs them
-interleaved, iteration by iteration on the same synthetic batches (:func:`dpcomm.runtime.train.
+interleaved, iteration by iteration on the same synthetic batches (:func:`dpcomm.train.
 compare_schedules`), so every schedule sees the same machine load; ``t_iter`` is the median over the
 steady iterations (after profiling). Checked, not just printed: every schedule's replicas end bitwise
 identical across ranks, and all schedules reach the same loss (they compute the same averaged gradients,
@@ -50,7 +50,7 @@ def _mb(n: float | None) -> str:
 
 
 def run_model(args: argparse.Namespace, model: str, schedules: list[str]) -> dict:
-    from dpcomm.runtime.train import TrainConfig, compare_schedules, predict
+    from dpcomm.train import TrainConfig, compare_schedules, predict
 
     cfg = TrainConfig(
         model=model,
@@ -116,7 +116,7 @@ def run_model(args: argparse.Namespace, model: str, schedules: list[str]) -> dic
 
 def memory_alone(args: argparse.Namespace, model: str, schedules: list[str]) -> dict[str, int]:
     """Peak resident memory of rank 0 with one schedule per launch (a few iterations each)."""
-    from dpcomm.runtime.train import TrainConfig, compare_schedules
+    from dpcomm.train import TrainConfig, compare_schedules
 
     out = {}
     for s in schedules:
