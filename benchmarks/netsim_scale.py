@@ -18,6 +18,7 @@ import platform
 import time
 from pathlib import Path
 
+from _common import loadavg
 from dpcomm.sim.network import FlowModel, make_fabric, simulate_allreduce
 from dpcomm.utils.io import atomic_write_bytes, atomic_write_json
 
@@ -30,10 +31,6 @@ FAMILIES = {
     "bcube": [f"bcube:{n},2" for n in (4, 8, 16, 32, 64)],
 }
 ALGOS = ("ring", "be", "mst", "lp", "ps", "bml")
-
-
-def _load() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def measure(quick: bool) -> list[dict]:
@@ -104,10 +101,10 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="stop at 256 servers")
     ap.add_argument("--out", default="docs", help="folder for data/netsim_scale.json and netsim_scale.png")
     args = ap.parse_args()
-    before = _load()
+    before = loadavg()
     print(f"load before: {before}; {platform.node()}, {platform.processor() or platform.machine()}")
     rows = measure(args.quick)
-    after = _load()
+    after = loadavg()
     print(f"load after: {after}")
     out = Path(args.out)
     atomic_write_json(

@@ -20,6 +20,7 @@ import io
 import time
 from pathlib import Path
 
+from _common import loadavg
 from dpcomm.costmodel.network import PRESETS
 from dpcomm.sim.network import FlowModel, Goodput, make_fabric, simulate_allreduce
 from dpcomm.utils.io import atomic_write_bytes, atomic_write_json
@@ -35,10 +36,6 @@ CUBES = {
     4096: [(64, 2), (16, 3), (8, 4)],
 }
 FATTREE = {16: "fattree:4", 1024: "fattree:16"}
-
-
-def _load() -> str:
-    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
 
 
 def _gst(spec: str, algo: str, nbytes: int, alpha: float = ALPHA) -> float:
@@ -125,12 +122,14 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="docs/reproductions", help="folder for bml_scaling.json and .png")
     args = ap.parse_args()
-    before = _load()
+    before = loadavg()
     rows = measure()
     out = Path(args.out)
-    atomic_write_json(out / "bml_scaling.json", {"load_before": before, "load_after": _load(), "rows": rows})
+    atomic_write_json(
+        out / "bml_scaling.json", {"load_before": before, "load_after": loadavg(), "rows": rows}
+    )
     plot(rows, out / "bml_scaling.png")
-    print(f"load {before} -> {_load()}; wrote {out / 'bml_scaling.json'} and {out / 'bml_scaling.png'}")
+    print(f"load {before} -> {loadavg()}; wrote {out / 'bml_scaling.json'} and {out / 'bml_scaling.png'}")
     print(
         "| N | S | BCube | switches k N/n (5 N/n) | BML theory | BML | PS theory | PS on Fat-Tree "
         "| ring on Fat-Tree | PS on BCube | BML / PS | BML / PS, alpha = 0 | 1/k |"

@@ -2,9 +2,10 @@
 
 Example: ``dpcomm netsim --topology fattree:16 --algorithms ring,be,ps --sizes 1M,64M --rate 10gbit
 --plot links.png``. Topologies: ``star:N``, ``fattree:k``, ``bcube:n,k`` (``bml`` needs it),
-``leafspine:L,H,R`` (R: oversubscription). Every server runs one rank. Sizes take K/M/G suffixes (powers of
-1024) and are float32 bytes. ``--mtu 0`` prices an ideal network (no headers, no ACKs); the default 1500
-gives TCP's 95.6% / 93.6% ceilings. ``--plot`` draws each algorithm's link utilisation at the largest size.
+``leafspine:L,H,R`` (R: oversubscription). Every server runs one rank. Sizes are read as ``dpcomm bench``
+reads them (K/M/G are powers of 1024) and are float32 bytes. ``--mtu 0`` prices an ideal network (no
+headers, no ACKs); the default 1500 gives TCP's 95.6% / 93.6% ceilings. ``--plot`` draws each algorithm's
+link utilisation at the largest size.
 """
 
 from __future__ import annotations
@@ -68,10 +69,10 @@ def flow_cost_for(args: argparse.Namespace, most_nodes: int):
 
 
 def run(args: argparse.Namespace) -> int:
-    from dpcomm.collectives.benchmark import parse_sizes
     from dpcomm.sim.network import FlowModel, Goodput, make_fabric, simulate_allreduce
     from dpcomm.sim.network.algorithms import parse_algorithm
     from dpcomm.testbed.config import parse_rate
+    from dpcomm.utils.sizes import parse_sizes
 
     rate = parse_rate(args.rate)
     mtu = int(_number("--mtu", args.mtu, int))
@@ -79,9 +80,7 @@ def run(args: argparse.Namespace) -> int:
     block = None if args.block_bytes is None else int(_number("--block-bytes", args.block_bytes, int))
     if block is not None and block < 1:
         raise UserError("--block-bytes must be >= 1")
-    sizes = parse_sizes(args.sizes)
-    if min(sizes) < 4:
-        raise UserError(f"--sizes: each size must be at least 4 bytes (one float32), got {min(sizes)}")
+    sizes = parse_sizes(args.sizes, what="--sizes", minimum=4)  # at least one float32
     algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     if not algos:
         raise UserError("--algorithms: give at least one")
