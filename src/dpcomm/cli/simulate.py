@@ -26,6 +26,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schedules", default="wfbp,single,mgwfbp,optimal", metavar="S,S,..", help="schedules to compare"
     )
     add_cost_arguments(parser)
+    parser.add_argument(
+        "--topology",
+        metavar="T",
+        help="price each all-reduce by the flow model on star:N, fattree:k, bcube:n,k "
+        "or leafspine:L,H,R (alpha from --network; docs/netsim.md)",
+    )
+    parser.add_argument(
+        "--rate", default="10gbit", help="link rate per direction with --topology (default 10gbit)"
+    )
+    parser.add_argument("--mtu", default="1500", help="MTU of the TCP overhead with --topology; 0: none")
     parser.add_argument("--plot", metavar="PNG", help="write speedup vs nodes per schedule")
     parser.add_argument("--timeline", metavar="PNG", help="write a Gantt chart of one iteration per schedule")
     parser.add_argument("--chrome-trace", metavar="JSON", help="write a Chrome/Perfetto trace of the same")
@@ -43,7 +53,13 @@ def run(args: argparse.Namespace) -> int:
     if shown not in nodes_list:
         raise UserError(f"--timeline-nodes {shown} is not one of --nodes {args.nodes}")
     trace = load_trace_arg(args.trace)
-    rows = sweep(trace, cost_for(args), nodes_list, schedules, update_s=update_s)
+    if args.topology:
+        from dpcomm.cli.netsim import flow_cost_for
+
+        cost = flow_cost_for(args, max(nodes_list))
+    else:
+        cost = cost_for(args)
+    rows = sweep(trace, cost, nodes_list, schedules, update_s=update_s)
     written = []
     if args.plot:
         from dpcomm.sim.scaling import plot_scaling
