@@ -185,8 +185,9 @@ class PsServer:
                         (dist.irecv(buf, w, group=self.group, tag=tag), f"push {g} from rank {w}")
                     )
 
-    def serve(self, pulls: Sequence[tuple[int, int]]) -> float:
-        """Sum the pushes, update the shard, post the next pushes, send ``pulls``; returns the update time."""
+    def serve(self, pulls: Sequence[tuple[int, int]], *, post_next: bool = True) -> float:
+        """Sum the pushes, update the shard, post the next pushes (unless this was the last iteration: a
+        receive left posted would catch a later run's messages), send ``pulls``; returns the update time."""
         for work, what in self._sends:  # last iteration's pulls must be out before the shard changes
             _wait(work, what, self.rank)
         for work, what in self._works:
@@ -208,7 +209,8 @@ class PsServer:
         self.optimizer.step()
         self.shard.grad = None
         update_s = time.perf_counter() - t0
-        self.post_pushes()
+        if post_next:
+            self.post_pushes()
         self.send(pulls, _PULL_TAG)
         return update_s
 

@@ -52,10 +52,11 @@ class PsRank:
     def __init__(
         self, model: nn.Module, optimizer: torch.optim.SGD, spec: PsSpec, *, rank: int, workers: int,
         start: int = 0, ckpt_at: Callable[[int], bool] = lambda _t: False, sample: torch.Tensor | None = None,
-        group: Any = None, log: Callable[[str], None] = lambda _m: None,
+        group: Any = None, log: Callable[[str], None] = lambda _m: None, stop: int | None = None,
+        resumed: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         self.model, self.optimizer, self.spec, self.rank, self.group = model, optimizer, spec, rank, group
-        self.ckpt_at, self.it, self.log = ckpt_at, start, log
+        self.ckpt_at, self.it, self.log, self.stop = ckpt_at, start, log, stop
         self.params = list(model.parameters())
         mods = layer_modules(model)
         index = {id(p): i for i, p in enumerate(self.params)}
@@ -81,8 +82,11 @@ class PsRank:
         self.units = list(self.pull_plan.batches)
         self.tickets: list[Ticket] = []
         self._hooks: list[Any] = []
+        self.residuals: dict[int, torch.Tensor] = {}  # rank 0, at a checkpoint: every worker's residual
         if self.worker is not None:
             self._install_hooks(mods)
+            if resumed and resumed.get("residuals") is not None and rank in resumed["residuals"]:
+                self._load_residual(resumed["residuals"][rank])
         if self.server is not None:
             self.server.post_pushes()
         self.records: list[dict[str, Any]] = []
@@ -222,7 +226,7 @@ class PsRank:
             self.loss = float(loss.detach())
         t2 = time.perf_counter()
         if self.server is not None:
-            update_s = self.server.serve(self.units)
+            update_s = self.server.serve(self.units, post_next=self.stop is None or self.it + 1 < self.stop)
         if self.worker is not None:
             self.tickets = self.worker.pull(self.units)
         if self.ckpt_at(self.it):
@@ -272,6 +276,39 @@ class PsRank:
                 self.optimizer.state[p]["momentum_buffer"] = buf.view_as(p)
         for w in works:
             w.wait()
+        if self.spec.sparsify:  # error feedback: each worker's residual is state too
+            works = []
+            if self.worker is not None and self.rank != 0:
+                works.append(dist.isend(self._residual_flat(), 0, group=self.group, tag=_MOMENTUM_TAG + 1))
+            if self.rank == 0:
+                n = sum(n for _, n in self._residual_parts())
+                self.residuals = {0: self._residual_flat()}
+                for w in range(1, self.layout.workers):
+                    self.residuals[w] = torch.empty(n)
+                    works.append(dist.irecv(self.residuals[w], w, group=self.group, tag=_MOMENTUM_TAG + 1))
+            for w in works:
+                w.wait()
+
+    def _residual_parts(self) -> list[tuple[tuple[int, int], int]]:
+        """``((group, server), elements)`` of every push message, in a fixed order."""
+        return [((g, s), sum(k.numel for k in self.layout.message(u, s)))
+                for g, u in enumerate(self.pushes) for s in range(self.layout.servers)]  # fmt: skip
+
+    def _residual_flat(self) -> torch.Tensor:
+        parts = [self.worker.residual.get(key, torch.zeros(n)) for key, n in self._residual_parts()]
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    def _load_residual(self, flat: torch.Tensor) -> None:
+        off = 0
+        for key, n in self._residual_parts():
+            if n:
+                self.worker.residual[key] = flat[off : off + n].clone()
+            off += n
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint needs beyond ``model`` and ``optimizer``: the pull plan, and with top-k pushes
+        every worker's unsent residual (rank 0 holds them after a checkpoint iteration)."""
+        return {"pull_plan": self.pull_plan.to_dict(), "residuals": dict(self.residuals) or None}
 
     def finish(self) -> None:
         """Make every worker current (wait for the pulls posted after the last update)."""

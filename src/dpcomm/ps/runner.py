@@ -120,7 +120,8 @@ def _rank_main(cfg: PsTrainConfig) -> dict[str, Any]:
     logs: list[str] = []
     sample = data.batch(start)[0] if rank == 0 and data is not None else None
     ps = PsRank(model, opt, cfg.spec, rank=rank, workers=W, start=start, ckpt_at=cfg.ckpt_at, sample=sample,
-                log=logs.append)  # fmt: skip
+                log=logs.append, stop=cfg.iters,
+                resumed=(state or {}).get("replica"))  # fmt: skip
     kill = os.environ.get("DPCOMM_TEST_KILL", "")
     victim, _, at = kill.partition(":")
     losses = []
@@ -134,7 +135,7 @@ def _rank_main(cfg: PsTrainConfig) -> dict[str, Any]:
             save_checkpoint(cfg.checkpoint, {
                 "iteration": it + 1, "config": {"model": cfg.model, "data": cfg.data, "seed": cfg.seed,
                 "batch_size": cfg.batch_size, "world_size": W}, "model": model.state_dict(),
-                "optimizer": opt.state_dict(), "plan": None, "replica": {"pull_plan": ps.pull_plan.to_dict()},
+                "optimizer": opt.state_dict(), "plan": None, "replica": ps.checkpoint_state(),
                 "loss": ps.loss,
             })  # fmt: skip
     ps.finish()
