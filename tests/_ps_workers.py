@@ -29,8 +29,15 @@ def _build(seed: int = 0):
 
 
 def _data(rank: int, workers: int, batch: int) -> TrainData:
-    return TrainData("digits", input_shape=input_shape("lenet5"), num_classes=10, batch_size=batch,
-                     world_size=workers, rank=rank, seed=0)  # fmt: skip
+    return TrainData(
+        "digits",
+        input_shape=input_shape("lenet5"),
+        num_classes=10,
+        batch_size=batch,
+        world_size=workers,
+        rank=rank,
+        seed=0,
+    )
 
 
 def _run(spec, rank, workers, iters, batch, group, start=0, state=None, ckpt_at=lambda _t: False):
@@ -40,16 +47,30 @@ def _run(spec, rank, workers, iters, batch, group, start=0, state=None, ckpt_at=
         opt.load_state_dict(state["optimizer"])
     data = _data(rank, workers, batch) if rank < workers else None
     sample = data.batch(start)[0] if rank == 0 else None
-    ps = PsRank(model, opt, spec, rank=rank, workers=workers, start=start, sample=sample, group=group,
-                ckpt_at=ckpt_at, stop=iters, resumed=(state or {}).get("replica"))  # fmt: skip
+    ps = PsRank(
+        model,
+        opt,
+        spec,
+        rank=rank,
+        workers=workers,
+        start=start,
+        sample=sample,
+        group=group,
+        ckpt_at=ckpt_at,
+        stop=iters,
+        resumed=(state or {}).get("replica"),
+    )
     saved = None
     for it in range(start, iters):
         x, y = data.batch(it) if data is not None else (None, None)
         torch.manual_seed(derive_seed(0, rank, it))
         ps.iteration(x, y)
         if rank == 0 and ckpt_at(it):
-            saved = {"model": copy.deepcopy(model.state_dict()), "optimizer": copy.deepcopy(opt.state_dict()),
-                     "replica": copy.deepcopy(ps.checkpoint_state())}  # fmt: skip
+            saved = {
+                "model": copy.deepcopy(model.state_dict()),
+                "optimizer": copy.deepcopy(opt.state_dict()),
+                "replica": copy.deepcopy(ps.checkpoint_state()),
+            }
     ps.finish()
     ps.close()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
@@ -62,20 +83,28 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
     colocated = dist.new_group(list(range(workers)))
     out = []
     for case in cases:
-        spec = PsSpec(**case["spec"])
+        spec = PsSpec(**case["spec"], probe_rounds=1)
         group = colocated if not spec.servers else None
         if not spec.servers and rank >= workers:
             out.append(None)
             dist.barrier()
             continue
-        flat, sha, saved, plan = _run(spec, rank, workers, case["iters"], case["batch"], group,
-                                      ckpt_at=(lambda t, c=case: t == c.get("ckpt", -1)))  # fmt: skip
+        flat, sha, saved, plan = _run(
+            spec,
+            rank,
+            workers,
+            case["iters"],
+            case["batch"],
+            group,
+            ckpt_at=(lambda t, c=case: t == c.get("ckpt", -1)),
+        )
         row = {"sha": sha, "flat": flat if rank < workers else None, "plan": plan}
         if "ckpt" in case:  # resume from the state saved after iteration ckpt, on every rank
             box = [saved]
             dist.broadcast_object_list(box, src=0, group=group)
-            flat2, sha2, _, _ = _run(spec, rank, workers, case["iters"], case["batch"], group,
-                                     start=case["ckpt"] + 1, state=box[0])  # fmt: skip
+            flat2, sha2, _, _ = _run(
+                spec, rank, workers, case["iters"], case["batch"], group, start=case["ckpt"] + 1, state=box[0]
+            )
             row["resumed_sha"] = sha2
         out.append(row)
         dist.barrier()

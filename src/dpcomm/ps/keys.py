@@ -40,7 +40,7 @@ class Key:
 
 
 def _bounds(n: int, parts: int) -> list[int]:
-    """Cut points of ``n`` elements into ``parts`` near-equal pieces (the first ``n % parts`` get one more)."""
+    """Cut points of ``n`` elements into ``parts`` near-equal pieces (the first ``n % parts`` one more)."""
     q, r = divmod(n, parts)
     cuts, at = [0], 0
     for j in range(parts):

@@ -141,15 +141,26 @@ class PsServer:
     """Server ``s``: its shard of parameters, the optimizer on it, the pushes it expects."""
 
     def __init__(
-        self, layout: Layout, s: int, flat_params: Sequence[torch.Tensor], pushes: Sequence[tuple[int, int]],
-        *, lr: float, momentum: float, weight_decay: float = 0.0, sparsify: float | None = None,
+        self,
+        layout: Layout,
+        s: int,
+        flat_params: Sequence[torch.Tensor],
+        pushes: Sequence[tuple[int, int]],
+        *,
+        lr: float,
+        momentum: float,
+        weight_decay: float = 0.0,
+        sparsify: float | None = None,
         group: Any = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.layout, self.s, self.pushes, self.sparsify, self.group = layout, s, list(pushes), sparsify, group
         self.rank = layout.server_rank(s)
         keys = layout.shard_keys(s)
-        data = torch.cat([flat_params[k.tensor].detach().reshape(-1)[k.start : k.stop] for k in keys]) if keys \
-            else torch.zeros(0)  # fmt: skip
+        data = (
+            torch.cat([flat_params[k.tensor].detach().reshape(-1)[k.start : k.stop] for k in keys])
+            if keys
+            else torch.zeros(0)
+        )
         self.shard = torch.nn.Parameter(data.clone(), requires_grad=False)
         self.optimizer = torch.optim.SGD([self.shard], lr=lr, momentum=momentum, weight_decay=weight_decay)
         self.slices = [layout.shard_slice(u, s) for u in pushes]
@@ -248,9 +259,15 @@ class PsWorker:
     """A worker's view: ``push(unit) -> ticket``, ``pull(units) -> tickets``, ``wait(ticket)``."""
 
     def __init__(
-        self, layout: Layout, rank: int, params: Sequence[torch.Tensor], *, sparsify: float | None = None,
-        server: PsServer | None = None, group: Any = None,
-    ) -> None:  # fmt: skip
+        self,
+        layout: Layout,
+        rank: int,
+        params: Sequence[torch.Tensor],
+        *,
+        sparsify: float | None = None,
+        server: PsServer | None = None,
+        group: Any = None,
+    ) -> None:
         self.layout, self.rank, self.params, self.sparsify = layout, rank, list(params), sparsify
         self.server, self.group = server, group  # the co-located server of this rank, if any
         self.residual: dict[tuple[int, int], torch.Tensor] = {}  # (group, server) -> unsent gradient

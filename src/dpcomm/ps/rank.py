@@ -50,11 +50,21 @@ class PsRank:
     """This rank's part of a parameter-server run (module docstring)."""
 
     def __init__(
-        self, model: nn.Module, optimizer: torch.optim.SGD, spec: PsSpec, *, rank: int, workers: int,
-        start: int = 0, ckpt_at: Callable[[int], bool] = lambda _t: False, sample: torch.Tensor | None = None,
-        group: Any = None, log: Callable[[str], None] = lambda _m: None, stop: int | None = None,
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.SGD,
+        spec: PsSpec,
+        *,
+        rank: int,
+        workers: int,
+        start: int = 0,
+        ckpt_at: Callable[[int], bool] = lambda _t: False,
+        sample: torch.Tensor | None = None,
+        group: Any = None,
+        log: Callable[[str], None] = lambda _m: None,
+        stop: int | None = None,
         resumed: dict[str, Any] | None = None,
-    ) -> None:  # fmt: skip
+    ) -> None:
         self.model, self.optimizer, self.spec, self.rank, self.group = model, optimizer, spec, rank, group
         self.ckpt_at, self.it, self.log, self.stop = ckpt_at, start, log, stop
         self.params = list(model.parameters())
@@ -62,22 +72,36 @@ class PsRank:
         index = {id(p): i for i, p in enumerate(self.params)}
         layer_params = tuple(tuple(index[id(p)] for p in m.parameters(recurse=False)) for m in mods)
         servers = spec.servers or workers
-        self.layout = Layout(workers=workers, servers=servers, colocated=not spec.servers,
-                             numels=tuple(p.numel() for p in self.params), layer_params=layer_params)  # fmt: skip
+        self.layout = Layout(
+            workers=workers,
+            servers=servers,
+            colocated=not spec.servers,
+            numels=tuple(p.numel() for p in self.params),
+            layer_params=layer_params,
+        )
         L = len(mods)
         self.pushes = [(l, l) for l in range(L - 1, -1, -1)] if spec.push == "wfbp" else [(0, L - 1)]
         g_cfg = optimizer.param_groups[0]
         s = self.layout.server_of(rank)
         self.server = None
         if s is not None:
-            self.server = PsServer(self.layout, s, self.params, self.pushes, lr=g_cfg["lr"],
-                                   momentum=g_cfg["momentum"], weight_decay=g_cfg["weight_decay"],
-                                   sparsify=spec.sparsify, group=group)  # fmt: skip
+            self.server = PsServer(
+                self.layout,
+                s,
+                self.params,
+                self.pushes,
+                lr=g_cfg["lr"],
+                momentum=g_cfg["momentum"],
+                weight_decay=g_cfg["weight_decay"],
+                sparsify=spec.sparsify,
+                group=group,
+            )
             self._load_server_momentum()
         self.worker = None
         if self.layout.is_worker(rank):
-            self.worker = PsWorker(self.layout, rank, self.params, sparsify=spec.sparsify, server=self.server,
-                                   group=group)  # fmt: skip
+            self.worker = PsWorker(
+                self.layout, rank, self.params, sparsify=spec.sparsify, server=self.server, group=group
+            )
         self.pull_plan = self._plan_pulls(mods, sample)
         self.units = list(self.pull_plan.batches)
         self.tickets: list[Ticket] = []
@@ -94,7 +118,7 @@ class PsRank:
 
     # --- set-up --------------------------------------------------------------------------------------------
     def _load_server_momentum(self) -> None:
-        """A resumed run: the worker's optimizer holds the checkpoint's momentum; hand the server its slice."""
+        """Resuming: the worker optimizer holds the checkpoint's momentum; hand the server its slice."""
         bufs = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in self.params]
         if self.server is None or all(b is None for b in bufs):
             return
@@ -107,8 +131,10 @@ class PsRank:
         if self.spec.pull in ("all", "layer"):
             return plan_pulls([0.0] * L, [0.0] * L, 0.0, self.spec.pull)
         Ts, beta = self._probe(L)
-        layer_bytes = [sum(self.params[i].numel() * self.params[i].element_size() for i in self.layout.layer_params[l])
-                       for l in range(L)]  # fmt: skip
+        layer_bytes = [
+            sum(self.params[i].numel() * self.params[i].element_size() for i in self.layout.layer_params[l])
+            for l in range(L)
+        ]
         C = self._time_forward(mods, sample) if self.rank == 0 else None
         box: list[Any] = [None]
         if self.rank == 0:
@@ -120,8 +146,10 @@ class PsRank:
         dist.all_gather_object(shas, plan.sha256(), group=self.group)
         if len(set(shas)) != 1:
             raise PsError(f"parameter server: ranks disagree on the pull plan: {shas}")
-        self.log(f"[rank {self.rank}] {self.spec.pull} pulls: {plan.messages} batch(es) {list(plan.batches)}, "
-                 f"Ts {Ts * 1e6:.0f} us, beta {beta * 1e9:.2f} ns/B, model {plan.time_s * 1e3:.2f} ms")  # fmt: skip
+        self.log(
+            f"[rank {self.rank}] {self.spec.pull} pulls: {plan.messages} batch(es) {list(plan.batches)}, "
+            f"Ts {Ts * 1e6:.0f} us, beta {beta * 1e9:.2f} ns/B, model {plan.time_s * 1e3:.2f} ms"
+        )
         return plan
 
     def _probe(self, L: int) -> tuple[float, float]:
@@ -233,11 +261,21 @@ class PsRank:
             self._collect_state()
         t3 = time.perf_counter()
         pull_wait = self.worker.wait_s if self.worker is not None else 0.0
-        self.records.append({
-            "iteration": self.it, "forward_s": fwd, "backward_s": bwd, "exposed_comm_s": (t3 - t2) + pull_wait,
-            "pull_wait_s": pull_wait, "step_s": t3 - t2, "total_s": t3 - t0, "comm_s": None,
-            "phase": "steady", "plan": self.spec.label(), "update_s": update_s,
-        })  # fmt: skip
+        self.records.append(
+            {
+                "iteration": self.it,
+                "forward_s": fwd,
+                "backward_s": bwd,
+                "exposed_comm_s": (t3 - t2) + pull_wait,
+                "pull_wait_s": pull_wait,
+                "step_s": t3 - t2,
+                "total_s": t3 - t0,
+                "comm_s": None,
+                "phase": "steady",
+                "plan": self.spec.label(),
+                "update_s": update_s,
+            }
+        )
         self.it += 1
         return self.loss
 
@@ -291,8 +329,11 @@ class PsRank:
 
     def _residual_parts(self) -> list[tuple[tuple[int, int], int]]:
         """``((group, server), elements)`` of every push message, in a fixed order."""
-        return [((g, s), sum(k.numel for k in self.layout.message(u, s)))
-                for g, u in enumerate(self.pushes) for s in range(self.layout.servers)]  # fmt: skip
+        return [
+            ((g, s), sum(k.numel for k in self.layout.message(u, s)))
+            for g, u in enumerate(self.pushes)
+            for s in range(self.layout.servers)
+        ]
 
     def _residual_flat(self) -> torch.Tensor:
         parts = [self.worker.residual.get(key, torch.zeros(n)) for key, n in self._residual_parts()]

@@ -46,7 +46,7 @@ class PsTrainConfig:
     seed: int = 0
     """Seeds the model, the data order and dropout."""
     checkpoint: str | None = None
-    """Folder for ``checkpoint.pt`` (rank 0 writes it every ``checkpoint_every`` iterations and at the end)."""
+    """Folder for ``checkpoint.pt`` (rank 0 writes it every ``checkpoint_every`` iterations and last)."""
     checkpoint_every: int = 0
     """Iterations between checkpoints; 0: only at the end."""
     resume: bool = False
@@ -115,13 +115,30 @@ def _rank_main(cfg: PsTrainConfig) -> dict[str, Any]:
         start = int(state["iteration"])
     data = None
     if rank < W:
-        data = TrainData(cfg.data, input_shape=input_shape(cfg.model), num_classes=10 if classes else 1000,
-                         batch_size=cfg.batch_size, world_size=W, rank=rank, seed=cfg.seed)  # fmt: skip
+        data = TrainData(
+            cfg.data,
+            input_shape=input_shape(cfg.model),
+            num_classes=10 if classes else 1000,
+            batch_size=cfg.batch_size,
+            world_size=W,
+            rank=rank,
+            seed=cfg.seed,
+        )
     logs: list[str] = []
     sample = data.batch(start)[0] if rank == 0 and data is not None else None
-    ps = PsRank(model, opt, cfg.spec, rank=rank, workers=W, start=start, ckpt_at=cfg.ckpt_at, sample=sample,
-                log=logs.append, stop=cfg.iters,
-                resumed=(state or {}).get("replica"))  # fmt: skip
+    ps = PsRank(
+        model,
+        opt,
+        cfg.spec,
+        rank=rank,
+        workers=W,
+        start=start,
+        ckpt_at=cfg.ckpt_at,
+        sample=sample,
+        log=logs.append,
+        stop=cfg.iters,
+        resumed=(state or {}).get("replica"),
+    )
     kill = os.environ.get("DPCOMM_TEST_KILL", "")
     victim, _, at = kill.partition(":")
     losses = []
@@ -132,12 +149,24 @@ def _rank_main(cfg: PsTrainConfig) -> dict[str, Any]:
         torch.manual_seed(derive_seed(cfg.seed, rank, it))
         losses.append(ps.iteration(x, y))
         if rank == 0 and cfg.ckpt_at(it):
-            save_checkpoint(cfg.checkpoint, {
-                "iteration": it + 1, "config": {"model": cfg.model, "data": cfg.data, "seed": cfg.seed,
-                "batch_size": cfg.batch_size, "world_size": W}, "model": model.state_dict(),
-                "optimizer": opt.state_dict(), "plan": None, "replica": ps.checkpoint_state(),
-                "loss": ps.loss,
-            })  # fmt: skip
+            save_checkpoint(
+                cfg.checkpoint,
+                {
+                    "iteration": it + 1,
+                    "config": {
+                        "model": cfg.model,
+                        "data": cfg.data,
+                        "seed": cfg.seed,
+                        "batch_size": cfg.batch_size,
+                        "world_size": W,
+                    },
+                    "model": model.state_dict(),
+                    "optimizer": opt.state_dict(),
+                    "plan": None,
+                    "replica": ps.checkpoint_state(),
+                    "loss": ps.loss,
+                },
+            )
     ps.finish()
     ps.close()
     accuracy = None
