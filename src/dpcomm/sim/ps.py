@@ -59,6 +59,9 @@ class PsCost:
     """W, data-parallel workers."""
     servers: int = 0
     """S dedicated server machines; 0: co-located (every worker serves ``1/W``)."""
+    push_ratio: float = 1.0
+    """Bytes on the wire per byte of dense gradient pushed: 1 dense; top-k with ratio ``r`` sends a value and
+    a 32-bit index per kept entry, ``2 r`` (Aji and Heafield's sparsification, the paper's Fig. 6)."""
 
     def __post_init__(self) -> None:
         if self.workers < 1:
@@ -93,7 +96,8 @@ class PsCost:
             return 0.0
         W, S = self.workers, self.servers
         sums = (W - 1) / W if not S else W / S  # bytes summed per byte pushed, on the busiest server
-        return self.startup_s + self._share() * self.net.beta * nbytes + sums * self.net.gamma * nbytes
+        wire = nbytes * self.push_ratio
+        return self.startup_s + self._share() * self.net.beta * wire + sums * self.net.gamma * wire
 
     __call__ = push_s
 
@@ -206,14 +210,21 @@ def ps_sweep(
     *,
     servers: int = 0,
     push: str = "wfbp",
+    push_ratio: float = 1.0,
 ) -> list[SweepRow]:
     """Rows like :func:`dpcomm.sim.sweep` for PS schedules ``ps-all``, ``ps-layer``, ``ps-ibatch``,
     ``ps-optimal``; pushes grouped by the gradient schedule ``push`` planned under the push cost.
-    ``servers``: 0 co-located, else that many dedicated servers at every node count."""
+    ``servers``: 0 co-located, else that many dedicated servers at every node count. ``net`` may be a
+    function of the node count (a cluster whose per-node bandwidth shrinks as nodes share NICs)."""
     methods = [pull_method_of(s) for s in schedules]
     rows = []
     for nodes in nodes_list:
-        cost = PsCost(net=net, workers=int(nodes), servers=servers)
+        cost = PsCost(
+            net=net(int(nodes)) if callable(net) else net,
+            workers=int(nodes),
+            servers=servers,
+            push_ratio=push_ratio,
+        )
         push_plan = make_plan(push, trace, cost, max(int(nodes), 1))
         C, Tt, Ts = ps_inputs(trace, cost)
         for method in methods:
