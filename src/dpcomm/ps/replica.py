@@ -58,6 +58,9 @@ class PsReplica:
             return bool(cfg.checkpoint) and (it + 1 == total or bool(every and (it + 1) % every == 0))
 
         sample = torch.randn(cfg.batch_size, *input_shape(cfg.model)) if ctx.rank == 0 else None
+        # A process group of its own: replicas of several schedules run interleaved in one loop, and another
+        # parameter server's messages (same tags) must never land in this one's posted receives.
+        group = torch.distributed.new_group(list(range(ctx.world)))
         self._ps = PsRank(
             self.model,
             self.optimizer,
@@ -69,6 +72,7 @@ class PsReplica:
             sample=sample,
             log=self.log.append,
             stop=total,
+            group=group,
             resumed=(ctx.state or {}).get("replica"),
         )
         self.records = self._ps.records
