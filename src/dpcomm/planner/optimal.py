@@ -72,29 +72,38 @@ def optimal_partition(ready_backward: np.ndarray, bytes_backward: np.ndarray, co
 
 
 def _fewest_groups(r: np.ndarray, P: np.ndarray, cost: CommCost, t_best: float) -> tuple[float, list[int]]:
-    """The least ``k`` whose ``E_k[L-1]`` reaches ``t_best`` (module docstring), with its group sizes."""
+    """The least ``k`` whose ``E_k[L-1]`` reaches ``t_best`` (module docstring), with its group sizes.
+
+    Each ``k`` is one pass over the upper triangle ``s <= i`` in row blocks (a block of rows ``s`` only
+    needs columns ``i >= s``); the ``E_k`` rows are kept and the cuts found again along the answer's path.
+    """
     L = r.size
     limit = t_best + TIE_REL * max(1.0, abs(t_best))
     span = P[None, 1:] - P[:-1, None]  # span[s, i] = m_s + .. + m_i (bytes) where s <= i
     inside = np.triu(np.ones((L, L), dtype=bool))
     T = np.where(inside, cost_many(cost, np.where(inside, span, 0.0)), np.inf)  # seconds; inf: no group
-    T_rest = np.ascontiguousarray(T[1:, :])  # rows s = 1..L-1
-    E = r + T[0]  # E_1[i]: one group 0..i
-    cuts: list[np.ndarray] = [np.zeros(L, dtype=np.int64)]
-    buf = np.empty((L - 1, L))
-    while E[L - 1] > limit and len(cuts) < L:
-        np.maximum(E[:-1, None], r[None, :], out=buf)  # start of group s..i after k-1 groups on 0..s-1
-        buf += T_rest
-        s = np.argmin(buf, axis=0)  # earliest s among equals: the largest last group
-        E = buf[s, np.arange(L)]
-        cuts.append(s + 1)
+    del span, inside
+    rows = [r + T[0]]  # E_1[i]: one group 0..i
+    block = 256
+    buf = np.empty((min(block, max(L - 1, 1)), L))
+    while rows[-1][L - 1] > limit and len(rows) < L:
+        E, new = rows[-1], np.full(L, np.inf)
+        for a in range(1, L, block):  # rows s = a..b-1, columns i = a..L-1
+            b = min(L, a + block)
+            view = buf[: b - a, : L - a]
+            np.maximum(E[a - 1 : b - 1, None], r[None, a:], out=view)  # start of group s..i
+            view += T[a:b, a:]
+            np.minimum(new[a:], view.min(axis=0), out=new[a:])
+        rows.append(new)
     sizes, i = [], L - 1
-    for k in range(len(cuts) - 1, -1, -1):  # the last group first
-        s = int(cuts[k][i])
+    for k in range(len(rows) - 1, 0, -1):  # the last group first: find its start s again
+        cand = np.maximum(rows[k - 1][:i], r[i]) + T[1 : i + 1, i]  # s = 1..i
+        s = 1 + int(np.argmin(cand))  # earliest s among equals: the largest last group
         sizes.append(i - s + 1)
         i = s - 1
+    sizes.append(i + 1)  # the first group 0..i
     sizes.reverse()  # communication order starts with backward index 0
-    return float(E[L - 1]), sizes
+    return float(rows[-1][L - 1]), sizes
 
 
 def plan_optimal(trace: Trace, cost: CommCost, nodes: int, **opts) -> Plan:
