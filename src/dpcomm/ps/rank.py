@@ -131,14 +131,15 @@ class PsRank:
         if self.spec.pull in ("all", "layer"):
             return plan_pulls([0.0] * L, [0.0] * L, 0.0, self.spec.pull)
         Ts, beta = self._probe(L)
-        layer_bytes = [
-            sum(self.params[i].numel() * self.params[i].element_size() for i in self.layout.layer_params[l])
-            for l in range(L)
-        ]
+        remote = [0] * L  # bytes of each layer this rank pulls over the network (not from its own shard)
+        layer_of = {i: l for l, ps in enumerate(self.layout.layer_params) for i in ps}
+        for k in self.layout.keys:
+            if self.layout.server_rank(k.server) != self.rank:
+                remote[layer_of[k.tensor]] += k.numel * self.params[k.tensor].element_size()
         C = self._time_forward(mods, sample) if self.rank == 0 else None
         box: list[Any] = [None]
         if self.rank == 0:
-            box = [plan_pulls(C, [beta * b for b in layer_bytes], Ts, self.spec.pull)]
+            box = [plan_pulls(C, [beta * b for b in remote], Ts, self.spec.pull)]
             box[0].meta.update({"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C})
         dist.broadcast_object_list(box, src=0, group=self.group)
         plan = box[0]
