@@ -1,4 +1,4 @@
-"""Reproduce the iBatch paper's scaling figures (Fig. 5, and Fig. 6 with sparsification) with dpcomm's PS model.
+"""Reproduce the iBatch paper's scaling (Fig. 5; Fig. 6 with sparsification) with dpcomm's PS model.
 
     .venv/bin/python benchmarks/ibatch_reproduce.py [--out docs/reproductions]
 
@@ -36,7 +36,12 @@ from dpcomm.trace.analytic import DevicePreset, analytic_trace
 from dpcomm.utils.io import atomic_write_bytes
 
 MODELS = ["googlenet", "inception-v3", "vgg19", "vgg19-22k"]
-LABELS = {"googlenet": "GoogLeNet", "inception-v3": "Inception-V3", "vgg19": "VGG19", "vgg19-22k": "VGG19-22K"}
+LABELS = {
+    "googlenet": "GoogLeNet",
+    "inception-v3": "Inception-V3",
+    "vgg19": "VGG19",
+    "vgg19-22k": "VGG19-22K",
+}
 NODES = [1, 2, 4, 6, 8, 16, 24, 30, 36, 48, 60, 72]
 SCHEDULES = ["ps-all", "ps-layer", "ps-ibatch", "ps-optimal"]
 NAMES = {"ps-all": "default PS", "ps-layer": "layer by layer", "ps-ibatch": "iBatch", "ps-optimal": "optimal"}
@@ -45,24 +50,34 @@ BATCH = 32
 SPARSE = 0.01
 # The paper's numbers quoted in its text (Fig. 5 is only a plot): speedups at 30 nodes per network
 # (default PS, layer by layer, iBatch) and VGG19-22K at 72 nodes.
-PAPER_30 = {"googlenet": (26, 25, 29), "inception-v3": (25, 24, 28), "vgg19": (23, 22, 26), "vgg19-22k": (22, 21, 25)}
+PAPER_30 = {
+    "googlenet": (26, 25, 29),
+    "inception-v3": (25, 24, 28),
+    "vgg19": (23, 22, 26),
+    "vgg19-22k": (22, 21, 25),
+}
 PAPER_72_VGG22K = (26, 32, 45)
 
 
 def cluster(nodes: int):
     """The paper's cluster: 10 GbE per blade, shared by the ceil(W/8) nodes on it."""
     base = PRESETS["10gbe"]
-    return replace(base, name=f"10gbe/{math.ceil(nodes / BLADES)}", beta=base.beta * math.ceil(nodes / BLADES))
+    share = math.ceil(nodes / BLADES)
+    return replace(base, name=f"10gbe/{share}", beta=base.beta * share)
 
 
 def preset(flops: float) -> DevicePreset:
     return DevicePreset(
-        name="paper-cpu", peak_flops=flops, efficiency=1.0, mem_bw=flops / 25, mem_efficiency=1.0,
+        name="paper-cpu",
+        peak_flops=flops,
+        efficiency=1.0,
+        mem_bw=flops / 25,
+        mem_efficiency=1.0,
         source="fitted: VGG19-22K default PS at 72 nodes = 26x (the iBatch paper's Fig. 5(d))",
-    )  # fmt: skip
+    )
 
 
-def speedups(model: str, flops: float, nodes: list[int], push_ratio: float = 1.0) -> dict[tuple[int, str], float]:
+def speedups(model: str, flops: float, nodes: list[int], push_ratio: float = 1.0) -> dict:
     trace = analytic_trace(model, BATCH, preset(flops))
     rows = ps_sweep(trace, cluster, nodes, SCHEDULES, push="single", push_ratio=push_ratio)
     return {(r.nodes, r.schedule): r.speedup for r in rows}
@@ -114,21 +129,25 @@ def main() -> int:
         trace = analytic_trace(model, BATCH, preset(flops))
         results[model] = sp = speedups(model, flops, NODES)
         cells = [" / ".join(f"{sp[n, s]:.1f}" for s in SCHEDULES) for n in NODES[1:]]
-        print(f"| {LABELS[model]} | {trace.num_layers} | {trace.total_params / 1e6:.1f} | "
-              f"{trace.t_f + trace.t_b:.2f} | " + " | ".join(cells) + " |")  # fmt: skip
+        print(
+            f"| {LABELS[model]} | {trace.num_layers} | {trace.total_params / 1e6:.1f} | "
+            f"{trace.t_f + trace.t_b:.2f} | " + " | ".join(cells) + " |"
+        )
         for n in NODES:
             if sp[n, "ps-optimal"] < max(sp[n, s] for s in SCHEDULES) - 1e-9:
                 ok = False
     print("\n(each cell: default PS / layer by layer / iBatch / optimal)\n")
-    print("| network, nodes | default PS: paper / ours | layer by layer: paper / ours | iBatch: paper / ours | "
-          "optimal (ours) |")  # fmt: skip
+    print(
+        "| network, nodes | default PS: paper / ours | layer by layer: paper / ours "
+        "| iBatch: paper / ours | optimal (ours) |"
+    )
     print("|---|---|---|---|---|")
     rows = [(m, 30, PAPER_30[m]) for m in MODELS] + [("vgg19-22k", 72, PAPER_72_VGG22K)]
     for model, n, paper in rows:
         sp = results[model]
         ours = [sp[n, s] for s in SCHEDULES]
-        print(f"| {LABELS[model]}, {n} | " + " | ".join(f"{p}x / {o:.1f}x" for p, o in zip(paper, ours)) +
-              f" | {ours[3]:.1f}x |")  # fmt: skip
+        cells = " | ".join(f"{p}x / {o:.1f}x" for p, o in zip(paper, ours[:3], strict=True))
+        print(f"| {LABELS[model]}, {n} | {cells} | {ours[3]:.1f}x |")
     sparse = {m: speedups(m, flops, NODES, push_ratio=2 * SPARSE) for m in ("inception-v3", "vgg19")}
     print(f"\nWith top-{SPARSE:.0%} pushes (Fig. 6), speedup at 72 nodes:\n")
     print("| network | default PS | layer by layer | iBatch | optimal |")

@@ -33,8 +33,9 @@ into exactly ``k`` groups, obeys the same recurrence with ``E_{k-1}`` on the rig
 19 groups and MG-WFBP reaches the same time with 11 (tested in ``tests/test_pull.py``).
 
 Cost: ``L(L+1)/2`` evaluations of ``T``, one numpy row per ``i`` (``O(L^2)`` work, ``O(L)`` Python
-steps), then ``L^2`` work per group count tried up to the answer ``k`` (``O(k L^2)``, one ``L x L``
-numpy pass per ``k``): ResNet-50 (161 layers) and 2,000 layers are timed in ``benchmarks/planners.py``.
+steps), then ``L^2/2`` work per group count tried up to the answer ``k`` (``O(k L^2)``, one pass over
+the upper triangle per ``k``): ResNet-50 (161 layers) and 2,000 layers are timed in
+``benchmarks/planners.py``.
 """
 
 from __future__ import annotations
