@@ -3,8 +3,10 @@
     .venv/bin/python benchmarks/ibatch_testbed.py --topology star:4 --rate 1gbit --model lenet5 --batch 64
 
 Needs root. Builds one testbed (name ``h5ps``), runs one process per server, co-located servers, and in
-that one run trains one parameter-server replica per pull method, interleaved iteration by iteration on the
-same batches (each replica on its own process group), so the methods see the same load. Each replica's
+that one run trains one parameter-server replica per pull method on the same batches, one method after the
+other (each replica on its own process group). Not interleaved iteration by iteration: a replica posts its
+pulls at the end of an iteration, and they must travel under its own next forward, not under another
+replica's iteration. Each replica's
 ``F_N`` (pulls + forward: the forward's wall time, pre-hooks waiting on pulls included) is measured per
 iteration; the model's prediction uses the ``Ts``/``beta`` that the ``ibatch`` replica's probe measured on
 these links and the forward times rank 0 profiled: ``pull_time(batches, C, Tt, Ts)`` for every method's
@@ -70,9 +72,9 @@ def worker(args: argparse.Namespace) -> None:
             group=group,
             stop=args.iters,
         )
-    for it in range(args.iters):
-        x, y = data.batch(it)
-        for m in METHODS:
+    for m in METHODS:  # one method after the other: a replica's pulls must run under its own next forward,
+        for it in range(args.iters):  # not under another replica's iteration (as interleaving would have it)
+            x, y = data.batch(it)
             torch.manual_seed(derive_seed(0, rank, it))
             reps[m].iteration(x, y)
     for r in reps.values():
