@@ -56,6 +56,50 @@ def _traced_wait() -> None:
                 EVENTS.append((kind, str(p.step), p.peer, t0, time.time()))
 
     _p2p.P2P.wait = wait
+    _traced_bcube()
+
+
+class _TracedGroup:
+    """A level group of BML whose ``send``/``recv`` hand back works that record when their wait returned."""
+
+    def __init__(self, pg, level: int) -> None:
+        self.pg, self.level = pg, level
+
+    def _op(self, kind: str, bufs, peer: int, tag: int):
+        work, t0 = getattr(self.pg, kind)(bufs, peer, tag), time.time()
+        step = f"tag{tag}/L{self.level}"  # the tag names BML's thread and phase, the level its step
+        group = self
+
+        class _Work:
+            def wait(self):
+                out = work.wait()
+                EVENTS.append((kind, step, f"L{group.level}:{peer}", t0, time.time()))
+                return out
+
+        return _Work()
+
+    def send(self, bufs, peer, tag):
+        return self._op("send", bufs, peer, tag)
+
+    def recv(self, bufs, peer, tag):
+        return self._op("recv", bufs, peer, tag)
+
+
+def _traced_bcube() -> None:
+    """BML's steps run on its level groups inside k threads: record each of their sends and receives."""
+    import dataclasses
+
+    from dpcomm.collectives import bcube
+
+    original = bcube.Bcube.level_groups
+
+    def level_groups(self, group=None):
+        lg = original(self, group)
+        if lg.groups and isinstance(lg.groups[0], _TracedGroup):
+            return lg
+        return dataclasses.replace(lg, groups=tuple(_TracedGroup(g, i) for i, g in enumerate(lg.groups)))
+
+    bcube.Bcube.level_groups = level_groups
 
 
 def _worker(algorithm: str, nbytes: int, repeat: int, log_dir: str) -> list[dict]:
