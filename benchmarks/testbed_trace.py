@@ -11,6 +11,8 @@ Needs root. For each congestion control: builds the testbed ``trace``, launches 
 while the parent samples ``tc -s qdisc`` of server 0's NIC; tears the testbed down. Printed per call: wall
 time, busbw, the link's wire rate and payload share while the call ran, and per step the slowest rank's
 time. The wrapper only observes: it calls the original ``wait`` and adds a clock read per completed wait.
+BML (``bcube``) sends on its level groups instead, so those are wrapped the same way (step ``tag<t>/L<l>``:
+BML's thread and phase, and the level). Each call also records every server's TCP loss counters.
 """
 
 from __future__ import annotations
