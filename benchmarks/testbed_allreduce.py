@@ -34,7 +34,7 @@ from dpcomm.testbed import TestbedConfig, down, launch_workers, names, parse_rat
 from dpcomm.topology import parse_topology
 from dpcomm.utils.sizes import parse_size
 
-NAME = "bench"
+NAME = "bench"  # the testbed's name; --name changes it (testbeds of others running at the same time)
 
 
 def _ceiling(mtu: int) -> float:
@@ -89,18 +89,25 @@ def measure(
     mtu: int = 1500,
     port: int = 29450,
     congestion_control: str = "reno",
+    queue_ms: float = 20.0,
+    name: str = NAME,
 ) -> dict:
     """Build ``topology``, time ``algorithms`` x ``sizes`` on it, tear it down; returns rows and context."""
-    down(NAME)
+    down(name)
     up(
         TestbedConfig(
-            name=NAME, topology=topology, rate_bps=rate_bps, mtu=mtu, congestion_control=congestion_control
+            name=name,
+            topology=topology,
+            rate_bps=rate_bps,
+            mtu=mtu,
+            congestion_control=congestion_control,
+            queue_ms=queue_ms,
         )
     )
     load_before = loadavg()
     samples: list = []
     stop = threading.Event()
-    sampler = threading.Thread(target=_sample, args=(names.host_ns(NAME, 0), samples, stop), daemon=True)
+    sampler = threading.Thread(target=_sample, args=(names.host_ns(name, 0), samples, stop), daemon=True)
     sampler.start()
     try:
         from dpcomm.testbed import load_state
@@ -110,7 +117,7 @@ def measure(
         runs, seconds = [], 0.0
         for _ in range(repeat):
             res = launch_workers(
-                load_state(NAME),
+                load_state(name),
                 [
                     "python",
                     "-m",
@@ -138,11 +145,11 @@ def measure(
             if not res.ok:
                 break
             runs.append(json.loads(res.stdout(0).strip().splitlines()[-1]))
-        losses = _losses(load_state(NAME))
+        losses = _losses(load_state(name))
     finally:
         stop.set()
         sampler.join()
-        down(NAME)
+        down(name)
     if not res.ok:
         tail = [line for i in range(len(res.returncodes)) for line in res.stderr(i).splitlines()[-2:]]
         raise SystemExit(f"launch failed {res.returncodes}: {' | '.join(tail[-4:])}")
@@ -163,6 +170,7 @@ def measure(
         "rate_bps": rate_bps,
         "mtu": mtu,
         "congestion_control": congestion_control,
+        "queue_ms": queue_ms,
         "rows": rows,
         "loadavg_before": load_before,
         "loadavg_after": loadavg(),
@@ -180,6 +188,8 @@ def busbw(args: argparse.Namespace) -> dict:
         args.repeat,
         args.mtu,
         congestion_control=args.cc,
+        queue_ms=args.queue_ms,
+        name=args.name,
     )
     p = parse_topology(args.topology).servers
     ceiling, duplex = _ceiling(args.mtu), _duplex_ceiling(args.mtu)
@@ -209,12 +219,30 @@ def gst(args: argparse.Namespace) -> dict:
     rate = parse_rate(args.rate)
     sizes = args.sizes.split(",")
     bml = measure(
-        args.bcube, rate, args.bml_algorithms.split(","), sizes, args.repeat, args.mtu, 29451, args.cc
+        args.bcube,
+        rate,
+        args.bml_algorithms.split(","),
+        sizes,
+        args.repeat,
+        args.mtu,
+        29451,
+        args.cc,
+        args.queue_ms,
+        args.name,
     )
     n_servers = parse_topology(args.bcube).servers
     k = parse_topology(args.bcube).nics_per_server
     star = measure(
-        f"star:{n_servers}", rate, args.ps_algorithms.split(","), sizes, args.repeat, args.mtu, 29452, args.cc
+        f"star:{n_servers}",
+        rate,
+        args.ps_algorithms.split(","),
+        sizes,
+        args.repeat,
+        args.mtu,
+        29452,
+        args.cc,
+        args.queue_ms,
+        args.name,
     )
     ceiling = _ceiling(args.mtu)
     print(
@@ -274,6 +302,10 @@ def main(argv: list[str] | None = None) -> int:
         q.add_argument("--repeat", type=int, default=3)
         q.add_argument("--mtu", type=int, default=1500)
         q.add_argument("--cc", default="reno", help="TCP congestion control in the namespaces (reno, bbr)")
+        q.add_argument("--queue-ms", type=float, default=20.0, help="switch-port queue (tbf latency), ms")
+        q.add_argument(
+            "--name", default=NAME, help="testbed name (unique among testbeds up at the same time)"
+        )
         q.add_argument("--out", default=None, help="write the results as JSON here")
     args = p.parse_args(argv)
     if os.geteuid() != 0:
@@ -281,6 +313,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     result = busbw(args) if args.part == "busbw" else gst(args)
     result["command"] = " ".join(sys.argv)
+    result["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -11,6 +11,8 @@ Needs root. For each congestion control: builds the testbed ``trace``, launches 
 while the parent samples ``tc -s qdisc`` of server 0's NIC; tears the testbed down. Printed per call: wall
 time, busbw, the link's wire rate and payload share while the call ran, and per step the slowest rank's
 time. The wrapper only observes: it calls the original ``wait`` and adds a clock read per completed wait.
+BML (``bcube``) sends on its level groups instead, so those are wrapped the same way (step ``tag<t>/L<l>``:
+BML's thread and phase, and the level). Each call also records every server's TCP loss counters.
 """
 
 from __future__ import annotations
@@ -26,8 +28,19 @@ import threading
 import time
 from pathlib import Path
 
-NAME = "trace"
+NAME = "trace"  # the testbed's name; --name changes it
 EVENTS: list[tuple] = []
+TCP_COUNTERS = ("RetransSegs", "TCPTimeouts", "TCPLossProbes", "TCPFastRetrans", "TCPSpuriousRTOs")
+
+
+def _tcp_counters() -> dict[str, int]:
+    """This network namespace's TCP loss counters (``/proc/net/snmp`` and ``netstat``, as ``nstat`` reads)."""
+    out: dict[str, int] = {}
+    for path in ("/proc/net/snmp", "/proc/net/netstat"):
+        lines = Path(path).read_text().splitlines()
+        for head, vals in zip(lines[::2], lines[1::2], strict=False):
+            out.update(zip(head.split()[1:], map(int, vals.split()[1:]), strict=False))
+    return {k: out.get(k, 0) for k in TCP_COUNTERS}
 
 
 def _traced_wait() -> None:
@@ -45,6 +58,50 @@ def _traced_wait() -> None:
                 EVENTS.append((kind, str(p.step), p.peer, t0, time.time()))
 
     _p2p.P2P.wait = wait
+    _traced_bcube()
+
+
+class _TracedGroup:
+    """A level group of BML whose ``send``/``recv`` hand back works that record when their wait returned."""
+
+    def __init__(self, pg, level: int) -> None:
+        self.pg, self.level = pg, level
+
+    def _op(self, kind: str, bufs, peer: int, tag: int):
+        work, t0 = getattr(self.pg, kind)(bufs, peer, tag), time.time()
+        step = f"tag{tag}/L{self.level}"  # the tag names BML's thread and phase, the level its step
+        group = self
+
+        class _Work:
+            def wait(self):
+                out = work.wait()
+                EVENTS.append((kind, step, f"L{group.level}:{peer}", t0, time.time()))
+                return out
+
+        return _Work()
+
+    def send(self, bufs, peer, tag):
+        return self._op("send", bufs, peer, tag)
+
+    def recv(self, bufs, peer, tag):
+        return self._op("recv", bufs, peer, tag)
+
+
+def _traced_bcube() -> None:
+    """BML's steps run on its level groups inside k threads: record each of their sends and receives."""
+    import dataclasses
+
+    from dpcomm.collectives import bcube
+
+    original = bcube.Bcube.level_groups
+
+    def level_groups(self, group=None):
+        lg = original(self, group)
+        if lg.groups and isinstance(lg.groups[0], _TracedGroup):
+            return lg
+        return dataclasses.replace(lg, groups=tuple(_TracedGroup(g, i) for i, g in enumerate(lg.groups)))
+
+    bcube.Bcube.level_groups = level_groups
 
 
 def _worker(algorithm: str, nbytes: int, repeat: int, log_dir: str) -> list[dict]:
@@ -63,9 +120,12 @@ def _worker(algorithm: str, nbytes: int, repeat: int, log_dir: str) -> list[dict
         t.fill_(1.0)
         dist.barrier()
         EVENTS.clear()
+        tcp0 = _tcp_counters()
         t0 = time.time()
         algo.allreduce(t)
-        calls.append({"call": i, "start": t0, "end": time.time(), "waits": list(EVENTS)})
+        t1 = time.time()
+        tcp = {k: v - tcp0[k] for k, v in _tcp_counters().items()}  # this server's losses during the call
+        calls.append({"call": i, "start": t0, "end": t1, "waits": list(EVENTS), "tcp": tcp})
     Path(log_dir, f"rank{rank}.json").write_text(json.dumps(calls))
     dist.destroy_process_group()
     return []
@@ -89,23 +149,36 @@ def _rate(samples: list, a: float, b: float) -> float | None:
     return (pts[-1][1] - pts[0][1]) * 8 / (pts[-1][0] - pts[0][0])
 
 
-def trace(topology: str, rate: str, mtu: int, cc: str, algorithm: str, size: str, repeat: int) -> dict:
+def trace(
+    topology: str,
+    rate: str,
+    mtu: int,
+    cc: str,
+    algorithm: str,
+    size: str,
+    repeat: int,
+    name: str = NAME,
+    queue_ms: float = 20.0,
+) -> dict:
     from dpcomm.testbed import TestbedConfig, down, launch_workers, load_state, names, parse_rate, up
     from dpcomm.topology import parse_topology
     from dpcomm.utils.sizes import parse_size
 
     rate_bps, nbytes, p = parse_rate(rate), parse_size(size), parse_topology(topology).servers
     log_dir = tempfile.mkdtemp(prefix="dpcomm-trace-")
-    down(NAME)
-    up(TestbedConfig(name=NAME, topology=topology, rate_bps=rate_bps, mtu=mtu, congestion_control=cc))
+    down(name)
+    cfg = TestbedConfig(
+        name=name, topology=topology, rate_bps=rate_bps, mtu=mtu, congestion_control=cc, queue_ms=queue_ms
+    )
+    up(cfg)
     load = [" ".join(open("/proc/loadavg").read().split()[:3])]
     samples: list = []
     stop = threading.Event()
-    sampler = threading.Thread(target=_sample, args=(names.host_ns(NAME, 0), samples, stop), daemon=True)
+    sampler = threading.Thread(target=_sample, args=(names.host_ns(name, 0), samples, stop), daemon=True)
     try:
         sampler.start()
         res = launch_workers(
-            load_state(NAME),
+            load_state(name),
             ["python", os.path.abspath(__file__), "--worker", "--algorithm", algorithm, "--size", size]
             + ["--repeat", str(repeat), "--log-dir", log_dir],
             master_port=29470,
@@ -115,7 +188,7 @@ def trace(topology: str, rate: str, mtu: int, cc: str, algorithm: str, size: str
     finally:
         stop.set()
         sampler.join()
-        down(NAME)
+        down(name)
     load.append(" ".join(open("/proc/loadavg").read().split()[:3]))
     if not res.ok:
         raise SystemExit(f"launch failed {res.returncodes}: {res.stderr(0)[-400:]}")
@@ -137,10 +210,11 @@ def trace(topology: str, rate: str, mtu: int, cc: str, algorithm: str, size: str
                 "host0_wire_bps": wire,
                 "step_done_s": steps,
                 "ranks": [r[i]["waits"] for r in ranks],
+                "tcp": {k: sum(r[i]["tcp"][k] for r in ranks) for k in TCP_COUNTERS},  # all servers
                 "start": start,
             }
         )
-    return {"cc": cc, "loadavg": load, "calls": calls, "host0_tx_samples": samples}
+    return {"cc": cc, "queue_ms": queue_ms, "loadavg": load, "calls": calls, "host0_tx_samples": samples}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,6 +226,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--algorithm", default="ring")
     p.add_argument("--size", default="64MB")
     p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--queue-ms", type=float, default=20.0, help="switch-port queue (tbf latency), ms")
+    p.add_argument("--name", default=NAME, help="testbed name (unique among testbeds up at the same time)")
     p.add_argument("--out", default=None)
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--log-dir", help=argparse.SUPPRESS)
@@ -171,9 +247,25 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     from dpcomm.testbed.config import parse_rate, tcp_ceiling
 
-    result = {"command": " ".join(sys.argv), "algorithm": args.algorithm, "size": args.size, "runs": []}
+    result = {
+        "command": " ".join(sys.argv),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "algorithm": args.algorithm,
+        "size": args.size,
+        "runs": [],
+    }
     for cc in args.cc.split(","):
-        run = trace(args.topology, args.rate, args.mtu, cc, args.algorithm, args.size, args.repeat)
+        run = trace(
+            args.topology,
+            args.rate,
+            args.mtu,
+            cc,
+            args.algorithm,
+            args.size,
+            args.repeat,
+            args.name,
+            args.queue_ms,
+        )
         result["runs"].append(run)
         rate = parse_rate(args.rate)
         print(
@@ -193,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
                 parts.append(f"{step}:{t - prev:.3f}")
                 prev = t
             print("    step durations (slowest rank) s:", " ".join(parts))
+            print("    TCP, all servers:", " ".join(f"{k} {v}" for k, v in c["tcp"].items()))
         print(f"    median call {statistics.median(c['seconds'] for c in run['calls']):.3f} s")
     if args.out:
         Path(args.out).write_text(json.dumps(result) + "\n")
