@@ -58,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.costmodel.calibrate import DEFAULT_SIZES, CalibrateOptions, calibrate
     from dpcomm.costmodel.network import save_network
     from dpcomm.launch import WorkerFailure
+    from dpcomm.utils.io import check_output_path
 
+    check_output_path(args.output)
     sizes = (
         [parse_size(s) for part in args.sizes for s in part.split(",") if s] if args.sizes else DEFAULT_SIZES
     )

@@ -45,7 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dpcomm.models import example_input, get_model
     from dpcomm.trace import save_trace
+    from dpcomm.utils.io import check_output_path
 
+    if args.output is not None:
+        check_output_path(args.output)
     if args.batch_size < 1:
         raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.iters < 1 or args.warmup < 0:

@@ -35,7 +35,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dpcomm.planner import parse_schedules
     from dpcomm.sim import sweep
+    from dpcomm.utils.io import check_figure_path, check_output_path
 
+    for fig in (args.plot, args.timeline):
+        if fig is not None:
+            check_figure_path(fig)
+    if args.chrome_trace is not None:
+        check_output_path(args.chrome_trace)
     nodes_list = parse_nodes(args.nodes)
     schedules = parse_schedules(args.schedules)
     update_s = check_update(args.update_s)
