@@ -139,7 +139,7 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
     lifecycle.check_host(opts.master_addr)
     lifecycle.check_nproc(opts.nproc)
     if opts.nnodes > 1 and opts.node_rank == 0:
-        lifecycle.check_port_free(opts.master_port)
+        lifecycle.check_port_free(opts.master_port)  # torch's store: *:port
     with contextlib.ExitStack() as stack:
         scratch = stack.enter_context(lifecycle.scratch_dir())
         env = {

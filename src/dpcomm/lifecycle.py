@@ -12,7 +12,8 @@ nothing behind and ends in one line.
 - **One scratch folder**, private (0700) and removed at exit, for the agent's logs and error files (torch
   would leave a ``torchelastic_*`` folder in the temporary directory per run).
 - **Workers that die with the launcher.** Each worker asks the kernel for SIGKILL when its parent dies
-  (``prctl(PR_SET_PDEATHSIG)``), so ``kill -9`` of the launcher leaves no worker behind.
+  (``prctl(PR_SET_PDEATHSIG)``), so ``kill -9`` of the launcher leaves no worker behind; ``testbed
+  launch`` does the same for the commands it starts in the namespaces (:func:`die_with_parent_preexec`).
 - **One Ctrl-C, one line.** The launcher ignores SIGINT for the few milliseconds in which it spawns the
   workers, so they start with SIGINT ignored (an ignored signal stays ignored across ``exec``, and a Python
   that starts that way installs no ``KeyboardInterrupt``): a Ctrl-C while they import torch prints no
@@ -43,9 +44,11 @@ from dpcomm.errors import UserError
 
 __all__ = [
     "WORKER_BYTES",
+    "check_buffer",
     "check_host",
     "check_nproc",
     "check_port_free",
+    "die_with_parent_preexec",
     "launcher_signals",
     "local_store",
     "scratch_dir",
@@ -90,6 +93,17 @@ def check_nproc(nproc: int) -> int:
     return nproc
 
 
+def check_buffer(nbytes: int, what: str = "--sizes") -> int:
+    """``nbytes`` if one buffer of that size fits in this machine's memory, else a one-line
+    :class:`UserError` (said before any worker starts, not by every worker after it has)."""
+    total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    if nbytes > total:
+        raise UserError(
+            f"{what}: {nbytes:,} bytes is more than this machine's memory ({total / 2**30:.1f} GiB)"
+        )
+    return nbytes
+
+
 def _mem_available() -> int:
     try:
         with open("/proc/meminfo") as fh:
@@ -104,7 +118,7 @@ def _mem_available() -> int:
 def _bind(addr: str, port: int) -> socket.socket:
     """A listening socket on ``addr:port``; a taken port or a foreign address is one line."""
     try:
-        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0]
+        family = socket.getaddrinfo(addr, port, type=socket.SOCK_STREAM)[0][0] if addr else socket.AF_INET
     except socket.gaierror as exc:
         raise UserError(f"--master-addr {addr}: cannot resolve ({exc.strerror})") from None
     sock = socket.socket(family, socket.SOCK_STREAM)
@@ -121,9 +135,10 @@ def _bind(addr: str, port: int) -> socket.socket:
     return sock
 
 
-def check_port_free(port: int) -> None:
-    """Node 0 of a multi-node run: torch's static store will listen on ``*:port``; say now if it cannot."""
-    _bind("", port).close()
+def check_port_free(port: int, addr: str = "") -> None:
+    """Say now, in one line, if ``addr:port`` cannot be listened on (``""``: every interface, as torch's
+    static store of a multi-node run's node 0 listens)."""
+    _bind(addr, port).close()
 
 
 @contextlib.contextmanager
@@ -222,15 +237,35 @@ def _spawned_children(pid: int) -> int:
     return n
 
 
+def _prctl() -> Callable[..., int] | None:
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None  # not Linux: the launcher's own clean-up still stops workers
+
+
 def _die_with_parent(launcher_pid: int | None) -> None:
     """SIGKILL this process when its parent dies; if the parent is already gone, exit now."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except (OSError, AttributeError):
-        return  # not Linux: the launcher's own clean-up still stops workers
+    prctl = _prctl()
+    if prctl is None:
+        return
+    prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if launcher_pid is not None and os.getppid() != launcher_pid:
         os._exit(1)  # the launcher died between fork and prctl
+
+
+def die_with_parent_preexec() -> Callable[[], None]:
+    """A ``preexec_fn`` for :class:`subprocess.Popen`: the child gets SIGKILL when this process dies
+    (``PR_SET_PDEATHSIG`` survives ``exec``, e.g. through ``ip netns exec``, which execs in place)."""
+    prctl, parent = _prctl(), os.getpid()  # resolved here: a forked child should not load libraries
+
+    def _preexec() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:
+                os._exit(1)
+
+    return _preexec
 
 
 def worker_entry(fn: Callable[..., Any], *args: Any) -> Any:

@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from dpcomm.errors import UserError
+from dpcomm.lifecycle import check_buffer, check_host, check_nproc, check_port_free
 
 __all__ = [
     "BUSBW_FACTOR",
@@ -54,7 +55,8 @@ __all__ = [
 ]
 
 _UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
+_DTYPES = tuple(_ITEMSIZE)
 _OPS = ("allreduce", "broadcast", "reduce")
 _FIT_ALGOS = ("ring", "lp", "mst", "be", "ps")
 """Algorithms whose formula models one link per rank: these set the fitted network."""
@@ -94,7 +96,7 @@ class BenchConfig:
     """Registered algorithm names, e.g. ``("ring", "lp", "native")``."""
     ops: tuple[str, ...] = _OPS
     sizes: tuple[int, ...] = (4, 1024, 65536, 1 << 20)
-    """Message sizes in bytes (rounded to whole elements, at least one)."""
+    """Message sizes in bytes, each a whole number of ``dtype`` elements that fits in memory."""
     dtype: str = "float32"
     iters: int = 5
     """Timed calls per (op, size, algo); the mean is kept."""
@@ -141,6 +143,15 @@ class BenchConfig:
             raise UserError("--sizes: give sizes >= 0 bytes")
         if self.dtype not in _DTYPES:
             raise UserError(f"--dtype: unknown dtype '{self.dtype}' (choose from {', '.join(_DTYPES)})")
+        esize = _ITEMSIZE[self.dtype]
+        for s in self.sizes:  # said here, once, rather than rounded or failed in every worker
+            if s % esize:
+                raise UserError(f"--sizes: {s} B is not a whole number of {self.dtype} elements ({esize} B)")
+            check_buffer(s)
+        if not self.timeout_s > 0:
+            raise UserError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
+        check_host(self.master_addr)
+        check_nproc(self.nproc)
         if self.iters < 1 or self.warmup < 0 or self.repeat < 1:
             raise UserError(
                 f"need --iters >= 1, --warmup >= 0, --repeat >= 1, "
@@ -159,6 +170,8 @@ class BenchConfig:
         if self.bcube is not None and self.world != self.bcube[0] ** self.bcube[1]:
             n, k = self.bcube
             raise UserError(f"--bcube {n},{k} is {n**k} ranks, not {self.world} (--nproc x --nnodes)")
+        if self.master_port and self.node_rank == 0:  # before the table's header, not after it
+            check_port_free(self.master_port, self.master_addr if self.nnodes == 1 else "")
 
     @property
     def world(self) -> int:
