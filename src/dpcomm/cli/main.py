@@ -66,7 +66,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args._run(args) or 0)
     except UserError as exc:
-        print(f"dpcomm: error: {exc}", file=sys.stderr)
+        text = str(exc).replace("\n", "\\n")  # one line, whatever the input quoted in it held
+        print(f"dpcomm: error: {text}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("dpcomm: interrupted", file=sys.stderr)

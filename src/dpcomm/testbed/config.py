@@ -137,7 +137,7 @@ class TestbedConfig:
         if self.burst_bytes is not None and self.burst_bytes < self.mtu + 14:
             raise UserError(f"burst {self.burst_bytes} B is smaller than one frame ({self.mtu + 14} B)")
         if not _CC.fullmatch(self.congestion_control):
-            raise UserError(f"bad congestion control '{self.congestion_control}' (e.g. reno, bbr)")
+            raise UserError(f"bad congestion control {self.congestion_control!r} (e.g. reno, bbr)")
 
     @property
     def topo(self) -> Topology:
