@@ -104,8 +104,12 @@ def _patched_env(extra: dict[str, str] | None) -> Iterator[None]:
 @contextlib.contextmanager
 def _quiet(enabled: bool) -> Iterator[None]:
     # torch gives some of its elastic loggers a level of their own ("Received 15 death signal"): set them all
-    names = ["torch.distributed.elastic"]
-    names += [n for n in logging.root.manager.loggerDict if n.startswith("torch.distributed.elastic.")]
+    # and torch.multiprocessing's "Terminating process N via signal SIGTERM" when one worker fails
+    roots = ("torch.distributed.elastic", "torch.multiprocessing")
+    names = [
+        *roots,
+        *(n for n in logging.root.manager.loggerDict if n.startswith(tuple(f"{r}." for r in roots))),
+    ]
     logs = [logging.getLogger(n) for n in names]
     levels = [log.level for log in logs]
     if enabled:
