@@ -29,18 +29,14 @@ from pathlib import Path
 
 import torch
 
-from dpcomm.collectives.benchmark import BenchConfig, _features, fit_network, measure_memory, run_bench
+from _common import loadavg
+from dpcomm.collectives.bench_fit import features, fit_network
+from dpcomm.collectives.benchmark import BenchConfig, run_bench
+from dpcomm.collectives.memory import measure_memory
+from dpcomm.ops import OPS
 from dpcomm.utils.io import atomic_write_json
 
 ALGOS = ("ring", "lp", "mst", "be", "bcube", "ps", "native")
-OPS = ("allreduce", "broadcast", "reduce")
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def _bench(nproc: int, algos, ops, sizes, iters: int, warmup: int = 1, repeat: int = 3) -> list[dict]:
@@ -57,7 +53,7 @@ def _bench(nproc: int, algos, ops, sizes, iters: int, warmup: int = 1, repeat: i
         check=True,
     )
     res = run_bench(cfg)
-    print(f"  P={nproc}: {len(res.rows)} rows in {time.time() - t0:.0f} s, load {_loadavg()}", flush=True)
+    print(f"  P={nproc}: {len(res.rows)} rows in {time.time() - t0:.0f} s, load {loadavg()}", flush=True)
     bad = [r for r in res.rows if r.check != "ok"]
     if bad:
         raise SystemExit(f"check failed: {[(r.op, r.algo, r.bytes) for r in bad]}")
@@ -128,7 +124,7 @@ def markdown(data: dict) -> str:
         cells = []
         for op in OPS:
             r = next((r for r in size_rows if (r["op"], r["algo"], r["bytes"]) == (op, algo, big)), None)
-            f = _features(op, algo, big, 4, None) if r else None
+            f = features(op, algo, big, 4, None) if r else None
             pred = sum(c * x for c, x in zip(coef, f, strict=True)) if f is not None else None
             cells += [_ms(r["time_s"]) if r else "", _ms(pred) if pred is not None else ""]
         lines.append(f"| {algo} | " + " | ".join(cells) + " |")
@@ -194,7 +190,7 @@ def main() -> None:
     out = Path(args.out)
     quick = args.quick
     print(
-        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, load {_loadavg()}"
+        f"machine: {platform.machine()}, {os.cpu_count()} CPUs, torch {torch.__version__}, load {loadavg()}"
     )
 
     sizes = (
@@ -271,7 +267,7 @@ def main() -> None:
     data = {
         "machine": f"{platform.machine()}, {os.cpu_count()} CPUs",
         "torch": torch.__version__,
-        "load_end": _loadavg(),
+        "load_end": loadavg(),
         "size_rows": size_rows,
         "ratio_rows": ratio_rows,
         "ring_over_native": ratios,
@@ -298,7 +294,7 @@ def main() -> None:
     for path in _figures(size_rows, scale_rows, out):
         print(f"wrote {path}")
     median = statistics.median(x["ring_over_native"] for x in ratios)
-    print(f"median ring/native: {median:.2f}x; load at end {_loadavg()}")
+    print(f"median ring/native: {median:.2f}x; load at end {loadavg()}")
 
 
 if __name__ == "__main__":

@@ -3,10 +3,10 @@
     .venv/bin/python benchmarks/planners.py [--repeat 20]
 
 Traces: ResNet-50 at batch 32 from the analytic K80 model (107 learnable layers in dpcomm's zoo: conv and
-batch-norm modules each own parameters), a synthetic 161-layer trace (the issue's L = 161, the layer count
+batch-norm modules each own parameters), a synthetic 161-layer trace (MG-WFBP's L = 161, the layer count
 of Caffe's ResNet-50 with its separate BatchNorm and Scale layers), and a synthetic 2,000-layer trace.
 Costs: ring all-reduce on the 10GbE preset at N = 16 (planning) and N = 1,024 (simulation).
-Goals (issue 3): optimal plans ResNet-50 in < 10 ms and 2,000 layers in < 1 s; simulating 1,024 nodes x
+Goals: optimal plans ResNet-50 in < 10 ms and 2,000 layers in < 1 s; simulating 1,024 nodes x
 ResNet-50 x the four schedules (plan + simulate each) takes < 1 s. It also times MG-WFBP's Algorithm 1
 transcribed literally (tau_c recomputed after every merge, O(L^2)) against dpcomm's O(L) form, checking
 that both merge the same layers, and checks that ``optimal`` never loses to another planner.

@@ -3,10 +3,10 @@
     # ring/lp/be/mst/native busbw on star:4 (links, not the CPUs, must be the bottleneck: low rate)
     .venv/bin/python benchmarks/testbed_allreduce.py busbw --rate 100mbit --sizes 1MB,4MB,16MB,64MB
     # BML (bcube on bcube:3,2) against the P2P parameter server (ps on star:9), same per-NIC rate
-    .venv/bin/python benchmarks/testbed_allreduce.py gst --rate 100mbit --sizes 12.5MB,50MB
+    .venv/bin/python benchmarks/testbed_allreduce.py gst --rate 100mbit --sizes 12500000,50000000
 
 Needs root (``dpcomm testbed``). Each part builds its testbed (name ``bench``), launches
-``python -m dpcomm.testbed.measure`` on every server, tears the testbed down, prints measured numbers next to
+``dpcomm bench`` on every server (``--repeat`` times), tears the testbed down, prints measured numbers next to
 the theory and writes JSON (``--out``). Theory, with ``r`` the link rate and ``S`` the message:
 
 - the TCP ceiling: a 1500-byte MTU frame (1514 B on the wire, as tbf counts it) carries 1448 payload bytes,
@@ -29,16 +29,12 @@ import threading
 import time
 from pathlib import Path
 
+from _common import loadavg
 from dpcomm.testbed import TestbedConfig, down, launch_workers, names, parse_rate, qdiscs, up
-from dpcomm.testbed.measure import parse_size
 from dpcomm.topology import parse_topology
+from dpcomm.utils.sizes import parse_size
 
 NAME = "bench"
-
-
-def _loadavg() -> str:
-    with open("/proc/loadavg") as fh:
-        return " ".join(fh.read().split()[:3])
 
 
 def _ceiling(mtu: int) -> float:
@@ -101,7 +97,7 @@ def measure(
             name=NAME, topology=topology, rate_bps=rate_bps, mtu=mtu, congestion_control=congestion_control
         )
     )
-    load_before = _loadavg()
+    load_before = loadavg()
     samples: list = []
     stop = threading.Event()
     sampler = threading.Thread(target=_sample, args=(names.host_ns(NAME, 0), samples, stop), daemon=True)
@@ -109,22 +105,39 @@ def measure(
     try:
         from dpcomm.testbed import load_state
 
-        res = launch_workers(
-            load_state(NAME),
-            [
-                "python",
-                "-m",
-                "dpcomm.testbed.measure",
-                "--algorithms",
-                ",".join(algorithms),
-                "--sizes",
-                ",".join(sizes),
-                "--repeat",
-                str(repeat),
-            ],
-            master_port=port,
-            timeout_s=1800,
-        )
+        # `repeat` launches of `dpcomm bench` (one warm-up call checked against torch.distributed, then one
+        # call timed after a barrier, as the slowest rank saw it): each row keeps every launch's time
+        runs, seconds = [], 0.0
+        for _ in range(repeat):
+            res = launch_workers(
+                load_state(NAME),
+                [
+                    "python",
+                    "-m",
+                    "dpcomm",
+                    "bench",
+                    "--ops",
+                    "allreduce",
+                    "--algos",
+                    ",".join(algorithms),
+                    "--sizes",
+                    ",".join(sizes),
+                    "--iters",
+                    "1",
+                    "--warmup",
+                    "1",
+                    "--check",
+                    "--json",
+                    "--timeout",
+                    "600",
+                ],
+                master_port=port,
+                timeout_s=1800,
+            )
+            seconds += res.seconds
+            if not res.ok:
+                break
+            runs.append(json.loads(res.stdout(0).strip().splitlines()[-1]))
         losses = _losses(load_state(NAME))
     finally:
         stop.set()
@@ -133,7 +146,16 @@ def measure(
     if not res.ok:
         tail = [line for i in range(len(res.returncodes)) for line in res.stderr(i).splitlines()[-2:]]
         raise SystemExit(f"launch failed {res.returncodes}: {' | '.join(tail[-4:])}")
-    rows = [json.loads(line) for line in res.stdout(0).splitlines() if line.startswith("{")]
+    rows = [
+        {
+            "algorithm": first["algo"],
+            "bytes": first["bytes"],
+            "world": first["nproc"],
+            "exact": all(run[i]["check"] == "ok" for run in runs),
+            "seconds": [run[i]["time_s"] for run in runs],
+        }
+        for i, first in enumerate(runs[0])
+    ]
     return {
         "host0_tx_samples": samples,
         "losses": losses,
@@ -143,8 +165,8 @@ def measure(
         "congestion_control": congestion_control,
         "rows": rows,
         "loadavg_before": load_before,
-        "loadavg_after": _loadavg(),
-        "seconds": res.seconds,
+        "loadavg_after": loadavg(),
+        "seconds": seconds,
     }
 
 
@@ -243,7 +265,9 @@ def main(argv: list[str] | None = None) -> int:
     g = sub.add_parser("gst")
     g.add_argument("--bcube", default="bcube:3,2")
     g.add_argument("--rate", default="100mbit")
-    g.add_argument("--sizes", default="12.5MB,50MB")
+    g.add_argument(
+        "--sizes", default="12500000,50000000", help="bytes: T_F = 1 s and 4 s at 100 Mbit/s; MB = 2**20"
+    )
     g.add_argument("--bml-algorithms", default="bcube,ps")
     g.add_argument("--ps-algorithms", default="ps,native")
     for q in (b, g):

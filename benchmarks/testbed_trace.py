@@ -91,8 +91,8 @@ def _rate(samples: list, a: float, b: float) -> float | None:
 
 def trace(topology: str, rate: str, mtu: int, cc: str, algorithm: str, size: str, repeat: int) -> dict:
     from dpcomm.testbed import TestbedConfig, down, launch_workers, load_state, names, parse_rate, up
-    from dpcomm.testbed.measure import parse_size
     from dpcomm.topology import parse_topology
+    from dpcomm.utils.sizes import parse_size
 
     rate_bps, nbytes, p = parse_rate(rate), parse_size(size), parse_topology(topology).servers
     log_dir = tempfile.mkdtemp(prefix="dpcomm-trace-")
@@ -157,13 +157,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--log-dir", help=argparse.SUPPRESS)
     args, rest = p.parse_known_args(argv)
     if args.worker:
-        from dpcomm.launch import launch
-        from dpcomm.testbed._node_args import add_node_args, launch_options
-        from dpcomm.testbed.measure import parse_size
+        from dpcomm.launch import add_launch_arguments, launch, launch_options_from_args
+        from dpcomm.utils.sizes import parse_size
 
         q = argparse.ArgumentParser()
-        add_node_args(q)
-        opts = launch_options(q.parse_args(rest))
+        add_launch_arguments(q, required=True)
+        q.add_argument("--nproc", type=int, default=1)
+        opts = launch_options_from_args(q.parse_args(rest))
         launch(_worker, opts, args.algorithm, parse_size(args.size), args.repeat, args.log_dir)
         return 0
     if os.geteuid() != 0:

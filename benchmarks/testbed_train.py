@@ -24,14 +24,10 @@ import os
 import sys
 from pathlib import Path
 
+from _common import loadavg
 from dpcomm.testbed import TestbedConfig, down, launch_workers, load_state, parse_rate, up
 
 NAME = "train"
-
-
-def _loadavg() -> str:
-    with open("/proc/loadavg") as fh:
-        return " ".join(fh.read().split()[:3])
 
 
 def run_configs(
@@ -66,7 +62,7 @@ def run_configs(
                 "300",
                 "--json",
             ]
-            load = _loadavg()
+            load = loadavg()
             res = launch_workers(state, argv, master_port=port + i, timeout_s=1200)
             row = {
                 **cfg,

@@ -6,13 +6,13 @@ gradient-buffer memory, and the simulator's prediction for each plan against the
         [--out out/bench]
 
 For each model, one launch of ``--nproc`` gloo workers holds one replica per schedule and runs them
-interleaved, iteration by iteration on the same synthetic batches (:func:`dpcomm.runtime.train.
+interleaved, iteration by iteration on the same synthetic batches (:func:`dpcomm.train.
 compare_schedules`), so every schedule sees the same machine load; ``t_iter`` is the median over the
 steady iterations (after profiling). Checked, not just printed: every schedule's replicas end bitwise
 identical across ranks, and all schedules reach the same loss (they compute the same averaged gradients,
 up to summation order).
 
-Goals (issue 5): the planned schedules (``mgwfbp``, ``optimal``; ``wfbp`` and ``single`` are the papers'
+Goals: the planned schedules (``mgwfbp``, ``optimal``; ``wfbp`` and ``single`` are the papers'
 fixed baselines) never more than 2% slower than DDP (ratio <= 1.02), faster whenever communication is
 exposed (that regime needs shaped links: ``benchmarks/testbed_train.py``); gradient buffers cost at most one
 extra copy of the gradients (buffer bytes / gradient bytes <= 1). ``--memory`` also runs each schedule
@@ -34,15 +34,10 @@ import sys
 import time
 from pathlib import Path
 
+from _common import loadavg
+
 PLANNED = ("mgwfbp", "optimal")
 """The schedules the goal is about: dpcomm's planners (wfbp and single are the papers' fixed baselines)."""
-
-
-def _loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
 
 
 def _mb(n: float | None) -> str:
@@ -50,7 +45,7 @@ def _mb(n: float | None) -> str:
 
 
 def run_model(args: argparse.Namespace, model: str, schedules: list[str]) -> dict:
-    from dpcomm.runtime.train import TrainConfig, compare_schedules, predict
+    from dpcomm.train import TrainConfig, compare_schedules, predict
 
     cfg = TrainConfig(
         model=model,
@@ -62,7 +57,7 @@ def run_model(args: argparse.Namespace, model: str, schedules: list[str]) -> dic
         profile_iters=args.profile_iters,
         chrome_trace=str(Path(args.out) / f"train_{model}.json"),
     )
-    load_before = _loadavg()
+    load_before = loadavg()
     t0 = time.perf_counter()
     results = compare_schedules(cfg, schedules)
     wall = time.perf_counter() - t0
@@ -106,7 +101,7 @@ def run_model(args: argparse.Namespace, model: str, schedules: list[str]) -> dic
         "batch_size": args.batch_size,
         "collective": args.collective,
         "loadavg_before": load_before,
-        "loadavg_after": _loadavg(),
+        "loadavg_after": loadavg(),
         "wall_s": wall,
         "peak_rss_bytes_all_replicas": results[0].peak_rss_bytes,
         "loss_spread": max(losses) - min(losses),
@@ -116,7 +111,7 @@ def run_model(args: argparse.Namespace, model: str, schedules: list[str]) -> dic
 
 def memory_alone(args: argparse.Namespace, model: str, schedules: list[str]) -> dict[str, int]:
     """Peak resident memory of rank 0 with one schedule per launch (a few iterations each)."""
-    from dpcomm.runtime.train import TrainConfig, compare_schedules
+    from dpcomm.train import TrainConfig, compare_schedules
 
     out = {}
     for s in schedules:

@@ -317,3 +317,17 @@ def dead_peer(
                 pr.kill()  # only processes this function started
                 pr.join()
     return out
+
+
+def timing(sizes: list[int]) -> dict:
+    """``dpcomm.timing`` on this group: torch's own and ``ring``, every barrier mode."""
+    from dpcomm.timing import time_collective
+
+    init_worker(timeout_s=60)
+    out = {}
+    for label, algo in (("torch", None), ("ring", get("ring"))):
+        for barrier in ("each", "once", "none"):
+            for op in OPS:
+                out[label, barrier, op] = time_collective(None, op, sizes, 3, algo=algo, barrier=barrier)
+    dist.destroy_process_group()
+    return out

@@ -20,7 +20,7 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.launch import init_worker
 from dpcomm.plan import Plan
-from dpcomm.runtime.data_parallel import DataParallel
+from dpcomm.train.online import DataParallel
 
 IN, OUT = 8, 4
 
@@ -185,7 +185,7 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                 path = dp.write_chrome_trace(case["trace"])
                 out["trace"] = str(path) if path else None
         out["plan"] = dp.plan.to_dict() if dp.plan else None
-        out["record_plans"] = [r.plan for r in dp.records]
+        out["record_plans"] = [(str(r.phase), r.plan) for r in dp.records]
         if dp.trace is not None:
             out["trace_layers"] = [(la.params, la.forward_s, la.backward_s) for la in dp.trace.layers]
             out["cost"] = (dp.cost.a, dp.cost.b)

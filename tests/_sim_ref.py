@@ -1,4 +1,4 @@
-"""A tiny reference of issue 3's timing model, written apart from dpcomm.sim and the planners, for tests."""
+"""A tiny reference of MG-WFBP's timing model (Eq. 6-8, 19-21), apart from dpcomm.sim and the planners."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ def make_trace(backward, forward=None, params=None, dtype_bytes=1) -> Trace:
 
 
 def ref_t_iter(trace: Trace, groups, cost, update_s: float = 0.0) -> float:
-    """t_iter by the issue's words: R_l = t_f + sum_{j>=l} b_j; a group is ready at its lowest layer's R,
+    """t_iter in words: R_l = t_f + sum_{j>=l} b_j; a group is ready at its lowest layer's R,
     starts at max(ready, previous end), lasts cost(bytes); t_iter = end of the last one (>= t_f + t_b)."""
     b = [layer.backward_s for layer in trace.layers]
     t_f = sum(layer.forward_s for layer in trace.layers)

@@ -10,6 +10,7 @@ import json
 import pytest
 
 from dpcomm.cli.main import main
+from dpcomm.collectives import bench_fit
 from dpcomm.collectives import benchmark as bm
 from dpcomm.costmodel import Network, load_network
 from dpcomm.costmodel.collective import collective_cost
@@ -18,6 +19,7 @@ from dpcomm.errors import UserError
 KEYS = {"op", "algo", "nproc", "bytes", "time_s", "algbw_GBps", "busbw_GBps", "check"}
 
 
+@pytest.mark.slow
 def test_tiny_real_run_json_check_and_fit(capsys, tmp_path):
     net_file = tmp_path / "net.json"
     argv = ["bench", "--nproc", "2", "--algos", "ring,auto", "--ops", "allreduce,reduce", "--sizes", "4,64K"]
@@ -67,6 +69,7 @@ def test_bad_arguments_are_one_line_and_exit_2(capsys, argv, words):
     assert err.count("\n") == 1 and err.startswith("dpcomm: error:") and words in err
 
 
+@pytest.mark.slow
 def test_two_machines_as_torchrun_runs_them(tmp_path):
     """``--nnodes 2`` on loopback: two `dpcomm bench` commands (one worker each) are one world of 2, and
     each prints the same rows, timed as the slowest of all ranks (what `testbed launch` runs per server)."""
@@ -120,12 +123,6 @@ def test_a_failed_check_exits_1(monkeypatch, capsys):
     assert "FAIL" in capsys.readouterr().err
 
 
-def test_sizes_parse():
-    assert bm.parse_sizes("4,1K,64K,1M,16MB,1GiB") == (4, 1024, 65536, 1 << 20, 16 << 20, 1 << 30)
-    with pytest.raises(UserError):
-        bm.parse_sizes("1.5M")
-
-
 def test_fit_recovers_known_alpha_beta_gamma_from_synthetic_rows():
     truth = Network(name="truth", alpha=37e-6, beta=2.5e-9, gamma=0.4e-9)
     rows = []
@@ -146,7 +143,7 @@ def test_fit_recovers_known_alpha_beta_gamma_from_synthetic_rows():
                             check="ok",
                         )
                     )
-    net, reports = bm.fit_network(rows, name="fit", block_bytes=65536)
+    net, reports = bench_fit.fit_network(rows, name="fit", block_bytes=65536)
     assert net.alpha == pytest.approx(truth.alpha, rel=1e-6)
     assert net.beta == pytest.approx(truth.beta, rel=1e-6)
     assert net.gamma == pytest.approx(truth.gamma, rel=1e-6)
@@ -162,6 +159,6 @@ def test_fit_reports_a_formula_that_does_not_fit():
                time_s=collective_cost("allreduce", "mst", m, p, truth))
         for algo in ("ring", "mst") for p in (2, 4, 8) for m in (1024, 1 << 20, 16 << 20)
     ]  # fmt: skip
-    _, reports = bm.fit_network(rows)
+    _, reports = bench_fit.fit_network(rows)
     by = {r.algo: r for r in reports}
     assert by["mst"].own_median_rel_err < 1e-6 and by["ring"].own_median_rel_err > 0.05

@@ -3,7 +3,10 @@
 import subprocess
 import sys
 
+import pytest
 
+
+@pytest.mark.slow
 def test_closed_stdout_exits_141_without_traceback():
     nodes = ",".join(str(n) for n in range(1, 3001))  # ~200 KB of JSON: more than a pipe buffer holds
     cmd = [sys.executable, "-m", "dpcomm", "simulate", "--trace", "lenet5", "--nodes", nodes, "--json"]

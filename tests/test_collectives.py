@@ -50,6 +50,7 @@ def test_lp_default_block_is_the_optimum_on_the_network_it_is_told(monkeypatch, 
     assert get("lp", network="10gbe").block_size(16_000_000, 4, "allreduce") > 500_000  # explicit wins
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("world", range(1, 9))
 def test_every_algorithm_matches_native(world):
     results = launch(W.matrix, world)
@@ -62,6 +63,7 @@ def test_every_algorithm_matches_native(world):
             assert "bcube" in r["algos"], r
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("algo", sorted(MINE | {"bcube"}))
 def test_dead_peer_becomes_a_named_error(algo):
     world, victim, timeout_s = 4, 2, 5.0
@@ -74,6 +76,7 @@ def test_dead_peer_becomes_a_named_error(algo):
         assert secs < timeout_s + 10, (rank, secs, msg)  # within the group's timeout (+ slack for load)
 
 
+@pytest.mark.slow
 def test_absent_peer_times_out_with_a_named_error():
     world, victim, timeout_s = 3, 1, 2.0
     out = W.dead_peer("lp", world, victim, timeout_s, deadline_s=4 * timeout_s + 30, absent=True)

@@ -1,16 +1,28 @@
 """The launcher runs real workers through the elastic agent and turns a worker's exception into one line."""
 
+import argparse
+
 import pytest
 
-from dpcomm.launch import LaunchOptions, WorkerFailure, launch
+from dpcomm.errors import UserError
+from dpcomm.launch import (
+    LaunchOptions,
+    WorkerFailure,
+    add_launch_arguments,
+    launch,
+    launch_options_from_args,
+    takes_launch_arguments,
+)
 from tests import _workers
 
 
+@pytest.mark.slow
 def test_launch_returns_results_by_rank():
     out = launch(_workers.allreduce_rank, 3, 5)
     assert out == [(r, 3, 3.0 * 5) for r in range(3)]  # sum of ranks 0+1+2 = 3, times 5
 
 
+@pytest.mark.slow
 def test_worker_exception_becomes_one_line():
     with pytest.raises(WorkerFailure) as exc:
         launch(_workers.fail_on_rank, 2, 1)
@@ -19,7 +31,31 @@ def test_worker_exception_becomes_one_line():
 
 
 def test_options_are_validated():
-    with pytest.raises(ValueError):
+    with pytest.raises(UserError, match="--nproc"):
         LaunchOptions(nproc=0)
-    with pytest.raises(ValueError):
+    with pytest.raises(UserError, match="--node-rank"):
         LaunchOptions(nproc=1, nnodes=2, node_rank=2, master_port=1234)
+    with pytest.raises(UserError, match="--master-port"):
+        LaunchOptions(nproc=1, nnodes=2, node_rank=1)
+
+
+def test_the_one_multi_node_option_set():
+    p = argparse.ArgumentParser()
+    p.add_argument("--nproc", default="2")
+    assert not takes_launch_arguments(p)
+    add_launch_arguments(p)
+    assert takes_launch_arguments(p)
+    args = p.parse_args(
+        ["--nnodes", "2", "--node-rank", "1", "--master-addr", "10.0.0.1", "--master-port", "29500"]
+    )
+    assert launch_options_from_args(args) == LaunchOptions(
+        nproc=2, nnodes=2, node_rank=1, master_addr="10.0.0.1", master_port=29500
+    )
+    assert launch_options_from_args(p.parse_args([]), nproc=3) == LaunchOptions(nproc=3)
+    for argv, flag in ((["--nnodes", "two"], "--nnodes"), (["--nnodes", "2"], "--master-port")):
+        with pytest.raises(UserError, match=flag):
+            launch_options_from_args(p.parse_args(argv))
+    server = argparse.ArgumentParser()
+    add_launch_arguments(server, required=True)
+    with pytest.raises(SystemExit):
+        server.parse_args(["--nnodes", "2"])  # a testbed server is always told all four

@@ -18,8 +18,8 @@ from dpcomm.planner import (
     HOROVOD_FUSION_BYTES,
     SCHEDULES,
     make_plan,
+    parse_bucket_size,
     parse_schedules,
-    parse_size,
     plan_mgwfbp,
     plan_optimal,
 )
@@ -149,14 +149,16 @@ def test_bucket_rule(params, size):
     ],
 )
 def test_parse_size(text, nbytes):
-    assert parse_size(text) == nbytes
-    assert DDP_BUCKET_BYTES == parse_size("25MB") and HOROVOD_FUSION_BYTES == parse_size("128MB")
+    assert parse_bucket_size(text) == nbytes
+    assert DDP_BUCKET_BYTES == parse_bucket_size("25MB") and HOROVOD_FUSION_BYTES == parse_bucket_size(
+        "128MB"
+    )
 
 
 @pytest.mark.parametrize("text", ["abc", "0", "-1MB", "5XB", "", "0.1", "MB", "1e3"])
 def test_parse_size_rejects(text):
     with pytest.raises(UserError) as err:
-        parse_size(text)
+        parse_bucket_size(text)
     assert "\n" not in str(err.value)
 
 
@@ -229,7 +231,7 @@ def test_optimal_never_loses_and_simulator_agrees(trace, cost):
         plan = make_plan(s, trace, cost, 4)
         ref = ref_t_iter(trace, plan.groups, cost)
         sim = simulate(trace, plan, cost, 4).t_iter_s
-        assert sim == pytest.approx(ref, rel=1e-12, abs=1e-12)  # the simulator is the model
+        assert sim == pytest.approx(ref, rel=1e-12, abs=1e-12)  # the simulator is MG-WFBP's timing model
         results[s] = ref
         if s == "optimal":
             t_opt = ref

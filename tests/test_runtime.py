@@ -24,8 +24,9 @@ from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.launch import launch
 from dpcomm.plan import Plan
-from dpcomm.runtime.autoplan import fit_linear, layer_times
 from dpcomm.runtime.buckets import GradBuckets
+from dpcomm.runtime.spans import layer_times
+from dpcomm.train.autoplan import fit_linear
 from tests import _runtime_workers as W
 
 L = 4  # learnable layers of W.MLP and W.Tied
@@ -146,19 +147,20 @@ def test_planner_names_train_like_one_process(results, schedule, collective):
 def _check_record_plans(r: dict, schedule: str, verify: int = 3, profiled: int = 2, total: int = 20) -> None:
     """Two profiled iterations with the safe plan; for mgwfbp/optimal the candidates timed round-robin
     (``verify`` iterations each, when the fallbacks differ from the plan); then the kept plan."""
-    plans = r["record_plans"]
-    assert plans[:profiled] == ["profiling"] * profiled
-    trial = [p.removeprefix("trial ") for p in plans[profiled:] if p.startswith("trial ")]
+    plans = r["record_plans"]  # (phase, plan label) per iteration
+    assert plans[:profiled] == [("profile", "single")] * profiled
+    trial = [p for phase, p in plans[profiled:] if phase == "trial"]
     kept = plans[profiled + len(trial) :]
-    assert kept == [r["plan"]["schedule"]] * (total - profiled - len(trial)) and kept
+    assert kept == [("steady", r["plan"]["schedule"])] * (total - profiled - len(trial)) and kept
+    kept_name = kept[0][1]
     if schedule not in ("mgwfbp", "optimal") or not trial:
-        assert kept[0] == schedule and not any("measured iteration" in line for line in r["log"])
+        assert kept_name == schedule and not any("measured iteration" in line for line in r["log"])
         return
     names = list(dict.fromkeys(trial))
     assert names[0] == schedule and set(names) <= {schedule, "single", "ddp-buckets"} and len(names) >= 2
     assert trial == names * verify  # round-robin, one iteration each in turn
     chose = [line for line in r["log"] if "measured iteration" in line]
-    assert len(chose) == 1 and chose[0].endswith(f"-> keeping {kept[0]}") and kept[0] in names
+    assert len(chose) == 1 and chose[0].endswith(f"-> keeping {kept_name}") and kept_name in names
 
 
 @pytest.mark.slow
@@ -179,7 +181,7 @@ def test_planned_plan_is_timed_against_single_and_ddp_buckets(results):
     res, _ = results
     for r in _ok(res, "measured"):
         # the MLP's gradients fit in DDP's first bucket: its buckets are the single plan, timed once
-        assert r["record_plans"][2:6] == ["trial mgwfbp", "trial single"] * 2
+        assert r["record_plans"][2:6] == [("trial", "mgwfbp"), ("trial", "single")] * 2
         _check_record_plans(r, "mgwfbp", verify=2)
         assert any("timing 2 plans for 2 iteration(s) each: mgwfbp [3, 2, 1, 0]" in line for line in r["log"])
 
@@ -226,7 +228,8 @@ def test_lp_bsp_modes_train_like_one_process(results, mode):
         mode == "lp-alg1"
     ):  # a planner name: profiled with one reduce after backward, then the planner's groups
         # (the LP modes keep the planner's plan: no timed fallbacks)
-        assert _ok(res, "lp-alg1-planned")[0]["record_plans"] == ["profiling"] * 2 + ["mgwfbp"] * 18
+        plans = _ok(res, "lp-alg1-planned")[0]["record_plans"]
+        assert plans == [("profile", "single")] * 2 + [("steady", "mgwfbp")] * 18
 
 
 @pytest.mark.slow
@@ -373,7 +376,7 @@ def test_buckets_layout_readiness_and_order():
 
 
 def test_bad_arguments_are_one_line_user_errors():
-    from dpcomm.runtime.data_parallel import DataParallel
+    from dpcomm import DataParallel
 
     with pytest.raises(UserError, match="unknown DataParallel mode 'lp-alg4'"):
         DataParallel(W.MLP(), plan=WFBP, mode="lp-alg4")
@@ -384,7 +387,7 @@ def test_bad_arguments_are_one_line_user_errors():
 
 
 def test_trial_times_candidates_round_robin_and_keeps_the_fewest_messages_within_the_margin():
-    from dpcomm.runtime.autoplan import Trial
+    from dpcomm.train.autoplan import Trial
 
     a, b, c = (Plan.from_sizes(n, s, L) for n, s in (("mgwfbp", [1, 1, 2]), ("single", [4]), ("ddp", [2, 2])))
     trial = Trial([a, b, c], 2)
@@ -409,7 +412,7 @@ def test_trial_times_candidates_round_robin_and_keeps_the_fewest_messages_within
 
 def test_candidates_are_the_plan_single_and_ddp_buckets_once_each():
     from dpcomm.costmodel.base import LinearCost
-    from dpcomm.runtime.autoplan import build_trace, candidates
+    from dpcomm.train.autoplan import build_trace, candidates
 
     # float32 layer bytes 1.2 MB, 40 KB, 1.2 MB, 20 KB: DDP's first bucket (1 MiB) closes at layer 2
     trace = build_trace("m", list("abcd"), [300_000, 10_000, 300_000, 5_000], [1e-3] * 4, [2e-3] * 4, 8, 4)

@@ -1,4 +1,4 @@
-"""The simulator: the issue's timing model on hand-worked numbers, N = 1, update time, zero-parameter layers,
+"""The simulator: MG-WFBP's timing model on hand-worked numbers, N = 1, update time, zero-parameter layers,
 sweeps, and the timeline PNG / Chrome trace / scaling plot it draws. Budget: ~5 s (matplotlib Agg)."""
 
 import json
@@ -8,8 +8,8 @@ import pytest
 from dpcomm.costmodel import PRESETS, allreduce_cost
 from dpcomm.costmodel.base import LinearCost
 from dpcomm.errors import UserError
-from dpcomm.planner import make_plan
 from dpcomm.plan import Plan
+from dpcomm.planner import make_plan
 from dpcomm.sim import simulate, sweep
 from dpcomm.sim.chrome import chrome_trace, write_chrome_trace
 from dpcomm.sim.scaling import plot_scaling

@@ -303,8 +303,8 @@ def test_star_allreduce_through_the_cli(tb, capsys):
     # lp's default block is the optimum for the emulated 2 Gbit/s link the launcher described in
     # $DPCOMM_NETWORK, not for the 10gbe preset (2.3x larger here; 10x at 100 Mbit/s)
     link = Network(name="link", alpha=45.26e-6, beta=8 / (2e9 * 1448 / 1514))
-    assert result["lp_block_16MB"] == int(lp_optimal_block(16_000_000, 3, link, "allreduce"))
-    assert result["lp_block_16MB"] < lp_optimal_block(16_000_000, 3, PRESETS["10gbe"], "allreduce") / 2
+    assert result["lp_block_16MB"] == int(lp_optimal_block(16 * 2**20, 3, link, "allreduce"))
+    assert result["lp_block_16MB"] < lp_optimal_block(16 * 2**20, 3, PRESETS["10gbe"], "allreduce") / 2
     # the 3 servers share this machine's cores (torch alone would take all of them in every server)
     assert result["torch_threads"] == max(1, (os.cpu_count() or 1) // 3)
     assert "exit codes [0, 0, 0]" in err

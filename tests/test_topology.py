@@ -7,8 +7,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpcomm.costmodel import PRESETS, collective_cost
 from dpcomm.errors import UserError
-from dpcomm.topology import BCube, FatTree, Star, parse_topology, plan_addresses, server_digits, server_index
+from dpcomm.topology import (
+    BCube,
+    FatTree,
+    Star,
+    bcube_shape,
+    parse_topology,
+    plan_addresses,
+    server_digits,
+    server_index,
+)
 
 
 def test_bcube_3_2_matches_the_paper_testbed():
@@ -143,3 +153,55 @@ def test_specs_round_trip():
     for spec in ["star:9", "fattree:4", "bcube:3,2", "bcube:2,3"]:
         assert parse_topology(spec).spec == spec
     assert parse_topology(" bcube : 3, 2 ").spec == "bcube:3,2"
+
+
+# ---------------------------------------------------------------------------------------------- bcube_shape
+
+
+def _shapes(p: int) -> list[tuple[int, int]]:
+    """Every BCube(n, k) with n^k == p and k >= 2, by brute force (the oracle)."""
+    return [(n, k) for n in range(2, p + 1) for k in range(2, p.bit_length() + 1) if n**k == p]
+
+
+def test_bcube_shape_for_every_p_up_to_1024():
+    """Every P in 1..1024: refused unless P = n^k with k >= 2; then the most levels, which is also the
+    cheapest shape by BML's formula for every op, at small and large messages."""
+    net = PRESETS["10gbe"]
+    accepted = 0
+    for p in range(1, 1025):
+        shapes = _shapes(p)
+        if not shapes:
+            with pytest.raises(UserError, match=f"got {p}"):
+                bcube_shape(p)
+            continue
+        accepted += 1
+        n, k = bcube_shape(p)
+        assert n**k == p and k == max(kk for _, kk in shapes)
+        for op in ("allreduce", "broadcast", "reduce"):
+            for m in (1e3, 1e8):  # bytes
+                best = min(collective_cost(op, "bcube", m, p, net, n=a, k=b) for a, b in shapes)
+                assert collective_cost(op, "bcube", m, p, net) == pytest.approx(best, rel=1e-12)
+    assert accepted == 41  # the perfect powers in 2..1024: 4, 8, 9, 16, 25, 27, 32, ..., 1000, 1024
+
+
+@pytest.mark.parametrize(
+    ("p", "shape"), [(32, (2, 5)), (64, (2, 6)), (256, (2, 8)), (9, (3, 2)), (4, (2, 2))]
+)
+def test_bcube_shape_pinned(p, shape):
+    assert bcube_shape(p) == shape
+
+
+def test_bcube_shape_given_n_or_k():
+    assert bcube_shape(64, k=3) == (4, 3) and bcube_shape(64, k=2) == (8, 2) and bcube_shape(64, 8) == (8, 2)
+    assert bcube_shape(6, 6, 1) == (6, 1) and bcube_shape(6, k=1) == (6, 1) and bcube_shape(27, n=3) == (3, 3)
+    for p, n, k in ((10, None, 2), (8, 3, 2), (8, 3, None), (6, None, None), (1, None, None), (4, 1, None)):
+        with pytest.raises(UserError):
+            bcube_shape(p, n, k)
+
+
+def test_bcube_digit_helpers_agree_with_the_switches():
+    cube = BCube(n=3, k=2)
+    for s in range(cube.size):
+        for level in range(cube.k):
+            assert cube.domain(s, level) == cube.members(cube.switch_of(s, level))
+            assert cube.digit(s, level) == cube.digits(s)[cube.k - 1 - level]

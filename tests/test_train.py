@@ -61,7 +61,7 @@ def no_launch(monkeypatch):
     [
         (["--model", "nosuchnet"], "unknown model"),
         (["--schedule", "fastest"], "unknown schedule"),
-        (["--nproc", "0"], "--nproc must be >= 1"),
+        (["--nproc", "0"], "--nproc must be an integer >= 1"),
         (["--batch-size", "0"], "--batch-size must be positive"),
         (["--batch-size", "-5"], "--batch-size must be positive"),
         (["--collective", "carrier-pigeon"], "unknown collective"),
@@ -149,9 +149,94 @@ def test_digits_order_is_a_function_of_seed_epoch_iteration():
     assert x.shape == (16, 1, 28, 28) and y.dtype == torch.int64 and abs(float(x.mean())) < 0.5
 
 
+def test_every_config_field_is_a_flag_and_the_cli_copies_them_all():
+    import argparse
+    import dataclasses
+
+    from dpcomm.cli.train import _config, add_arguments
+    from dpcomm.train.config import TrainConfig
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    dests = {d for d in vars(parser.parse_args([])) if not d.startswith("_")}  # "_": argparse-internal marks
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    # library-only fields (the CLI shows a bar on a terminal; momentum is the recipe's 0.9); any other
+    # field without a flag would be silently unsettable from the command line
+    assert fields - dests == {"progress", "momentum"}
+    assert dests - fields == {"json"}
+    argv = ["--nproc", "3", "--model", "resnet20", "--schedule", "wfbp", "--collective", "ring",
+            "--mode", "lp-alg3", "--iters", "7", "--batch-size", "5", "--lr", "0.1", "--data", "digits",
+            "--seed", "4", "--checkpoint", "c", "--checkpoint-every", "2", "--resume", "--chrome-trace", "t",
+            "--profile-iters", "2", "--verify-iters", "1", "--threads", "2", "--timeout", "9",
+            "--nnodes", "2", "--node-rank", "1", "--master-addr", "h", "--master-port", "5"]  # fmt: skip
+    cfg = _config(parser.parse_args(argv))
+    assert (cfg.nproc, cfg.model, cfg.schedule, cfg.collective, cfg.mode, cfg.iters) == (
+        3, "resnet20", "wfbp", "ring", "lp-alg3", 7)  # fmt: skip
+    assert (cfg.batch_size, cfg.lr, cfg.data, cfg.seed, cfg.checkpoint, cfg.checkpoint_every) == (
+        5, 0.1, "digits", 4, "c", 2)  # fmt: skip
+    assert (cfg.resume, cfg.chrome_trace, cfg.profile_iters, cfg.verify_iters, cfg.threads) == (
+        True, "t", 2, 1, 2)  # fmt: skip
+    assert (cfg.timeout_s, cfg.nnodes, cfg.node_rank, cfg.master_addr, cfg.master_port) == (
+        9.0, 2, 1, "h", 5)  # fmt: skip
+    assert cfg.progress is True and cfg.momentum == 0.9
+
+
+def test_a_schedule_name_picks_its_replica_kind_and_a_new_kind_plugs_in():
+    from dpcomm.train import replica
+    from dpcomm.train.config import TrainConfig
+    from dpcomm.train.replica import DEFAULT_KIND, ReplicaKind, check_schedule, kind_of, kinds, register_kind
+
+    assert kind_of("ddp").name == "ddp"
+    assert {kind_of(s).name for s in ("wfbp", "bucket:25MB", "mgwfbp", "DDP")} == {DEFAULT_KIND}
+    cfg = TrainConfig()
+    assert check_schedule(cfg, "bucket:1KB").size_bytes == 1024  # parsed once, in the parent
+    with pytest.raises(UserError, match="unknown schedule 'DDP'"):
+        check_schedule(cfg, "DDP")
+    seen = []
+    fake = ReplicaKind(name="fake", build=lambda ctx: ctx, check=lambda c, s: seen.append(s) or s.upper())
+    register_kind(fake)
+    try:
+        assert kind_of("fake:4").build is fake.build and check_schedule(cfg, "fake:4") == "FAKE:4"
+        assert seen == ["fake:4"]
+    finally:
+        replica._KINDS.pop("fake")  # leave the registry as it was for the other tests
+    assert "fake" not in kinds()
+
+
+def test_a_parsed_schedule_plans_as_the_planner_does():
+    from dpcomm.costmodel.base import LinearCost
+    from dpcomm.planner import make_plan
+    from dpcomm.train.autoplan import build_trace
+    from dpcomm.train.schedule import PlannerSchedule
+
+    trace = build_trace("m", list("abcdef"), [3000, 100, 90_000, 40, 7000, 500], [1e-3] * 6,
+                        [2e-3, 1e-3, 4e-3, 1e-4, 3e-3, 5e-4], 8, 4)  # fmt: skip
+    cost = LinearCost(a=5e-4, b=1e-8)
+    for text in ("wfbp", "single", "bucket:4KB", "bucket:1MiB", "mgwfbp", "optimal"):
+        got = PlannerSchedule.parse(text).plan(trace, cost, 4)
+        want = make_plan(text, trace, cost, 4)
+        assert (got.schedule, got.groups) == (want.schedule, want.groups), text
+    with pytest.raises(UserError, match="one schedule per run"):
+        PlannerSchedule.parse("wfbp,single")
+
+
+def test_steady_iterations_are_the_steady_phase_after_the_first():
+    from dpcomm.runtime.records import Phase
+    from dpcomm.train.report import steady
+
+    phases = [Phase.PROFILE, Phase.PROFILE, Phase.TRIAL, Phase.STEADY, Phase.STEADY]
+    recs = [{"iteration": i, "phase": p} for i, p in enumerate(phases)]
+    assert [r["iteration"] for r in steady(recs)] == [3, 4]
+    ddp = [{"iteration": i, "phase": Phase.STEADY} for i in range(3)]
+    assert [r["iteration"] for r in steady(ddp)] == [1, 2]  # never the very first
+    short = recs[:3]  # ended before a plan was kept: every iteration counts
+    assert steady(short) == short
+
+
 # ----------------------------------------------------------------------------- real workers
 
 
+@pytest.mark.slow
 def test_lenet5_on_digits_with_4_workers_reaches_95_percent(capsys):
     # 6 epochs x 22 iterations of a 64-sample global batch (16 per worker); 97.8-98.6 % over seeds 0-3 in a
     # single-process run of the same recipe, so 95 % leaves a margin for the different summation order.
@@ -167,6 +252,7 @@ def test_lenet5_on_digits_with_4_workers_reaches_95_percent(capsys):
     assert out["test_accuracy"] >= 0.95
 
 
+@pytest.mark.slow
 def test_killed_worker_then_resume_equals_uninterrupted(capsys, monkeypatch, tmp_path):
     trace = tmp_path / "trace.json"
     full = _run_json(capsys, [*TINY, "--nproc", "2", "--iters", "6", "--chrome-trace", str(trace)])
@@ -200,6 +286,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_a_dead_peer_on_another_node_fails_the_survivors_fast(tmp_path):
     # Two "machines" on loopback (static rendezvous, as torchrun --nnodes 2): the survivor is not killed by
     # its own agent, so it must notice the lost peer itself (gloo) and exit with one clear line.
@@ -231,7 +318,8 @@ def test_a_dead_peer_on_another_node_fails_the_survivors_fast(tmp_path):
 
 
 def test_worker_threads_flag_then_omp_num_threads_then_cores_per_worker(monkeypatch):
-    from dpcomm.runtime.train import TrainConfig, _threads
+    from dpcomm.train.config import TrainConfig
+    from dpcomm.train.loop import _threads
 
     monkeypatch.setattr("os.cpu_count", lambda: 8)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)

@@ -3,7 +3,8 @@
 Folders by concern, data flowing one way (trace -> cost model -> planner -> plan -> simulate or run):
 ``trace/`` (format, profiler), ``models/`` (zoo), ``costmodel/`` (alpha-beta costs), ``planner/``
 (MG-WFBP and baselines), ``sim/`` (trace-driven simulator), ``collectives/`` (ring, LP, MST, BE, BML, PS),
-``runtime/`` (DataParallel, BSP modes, train), ``topology/`` and ``testbed/`` (emulated cluster), ``cli/``.
+``runtime/`` (DataParallel: hooks, buckets, BSP modes), ``train/`` (config, replicas, loop, online
+planning), ``topology/`` and ``testbed/`` (emulated cluster), ``cli/``.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ def __getattr__(name: str):
 
         return profile
     if name == "DataParallel":
-        from dpcomm.runtime.data_parallel import DataParallel
+        from dpcomm.train.online import DataParallel  # the runtime's, plus planner names
 
         return DataParallel
     raise AttributeError(f"module 'dpcomm' has no attribute {name!r}")

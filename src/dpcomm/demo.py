@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dpcomm.errors import UserError
     from dpcomm.launch import WorkerFailure
-    from dpcomm.runtime.train import TrainConfig, compare_schedules, predict, summary_table
+    from dpcomm.train import TrainConfig, compare_schedules, predict, summary_table
 
     console = Console(width=None if sys.stdout.isatty() else 150)
     out = Path(args.out)

@@ -10,10 +10,16 @@ function (workers are spawned).
 
 A worker that fails makes the launch raise :class:`WorkerFailure`, whose one-line message names the rank
 and its exception.
+
+The multi-node option set is defined once, here: :func:`add_launch_arguments` gives a command
+``--nnodes --node-rank --master-addr --master-port`` (torchrun's names), :func:`launch_options_from_args`
+turns the parsed flags into :class:`LaunchOptions` (a bad value is a one-line :class:`UserError`), and
+:func:`takes_launch_arguments` tells ``testbed launch`` whether a command has them.
 """
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import datetime
 import ipaddress
@@ -26,9 +32,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from dpcomm import lifecycle
-from dpcomm.errors import Interrupted
+from dpcomm.errors import Interrupted, UserError
 
-__all__ = ["LaunchOptions", "WorkerFailure", "launch", "init_worker"]
+__all__ = [
+    "LAUNCH_FLAGS",
+    "LaunchOptions",
+    "WorkerFailure",
+    "add_launch_arguments",
+    "check_launch",
+    "init_worker",
+    "launch",
+    "launch_options_from_args",
+    "takes_launch_arguments",
+]
+
+LAUNCH_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port")
+"""The multi-node flags, named as ``torchrun`` names them."""
+_MARK = "_dpcomm_launch_flags"  # a parser default that says the flags were added
 
 
 class WorkerFailure(RuntimeError):
@@ -61,14 +81,7 @@ class LaunchOptions:
     """Silence the elastic agent's own logging (worker failures still surface as :class:`WorkerFailure`)."""
 
     def __post_init__(self) -> None:
-        if self.nproc < 1:
-            raise ValueError(f"nproc must be >= 1, got {self.nproc}")
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
-            raise ValueError(
-                f"need nnodes >= 1 and 0 <= node_rank < nnodes, got {self.nnodes}, {self.node_rank}"
-            )
-        if self.nnodes > 1 and self.master_port == 0:
-            raise ValueError("a multi-node launch needs an explicit master_port")
+        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port, master_addr=self.master_addr)
 
     @classmethod
     def of(cls, cfg: Any) -> LaunchOptions:
@@ -81,6 +94,78 @@ class LaunchOptions:
             master_addr=cfg.master_addr,
             master_port=cfg.master_port,
         )
+
+
+def check_launch(
+    nproc: int, nnodes: int, node_rank: int, master_port: int, *, master_addr: str | None = None
+) -> None:
+    """The one check of a launch's numbers (and ``master_addr``, when given); a :class:`UserError` naming the
+    flag otherwise. ``nproc`` must fit in this machine's memory (:func:`dpcomm.lifecycle.check_nproc`)."""
+    for flag, v in (("--nproc", nproc), ("--nnodes", nnodes), ("--node-rank", node_rank)):
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise UserError(f"{flag} must be an integer, got {v!r}")
+    if nproc < 1:
+        raise UserError(f"--nproc must be an integer >= 1, got {nproc!r}")
+    if nnodes < 1 or not 0 <= node_rank < nnodes:
+        raise UserError(f"need --nnodes >= 1 and 0 <= --node-rank < nnodes, got {nnodes}, {node_rank}")
+    if not 0 <= master_port < 65536 or (nnodes > 1 and master_port == 0):
+        raise UserError(
+            f"--master-port must be a port number (and given when --nnodes > 1), got {master_port}"
+        )
+    if master_addr is not None:
+        lifecycle.check_host(master_addr)
+    lifecycle.check_nproc(nproc)
+
+
+def add_launch_arguments(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
+    """Add :data:`LAUNCH_FLAGS` to ``parser`` (``required``: no defaults, as on a testbed server).
+
+    Values are read as text and checked by :func:`launch_options_from_args`, so a bad one is one line and
+    exit status 2 rather than argparse's usage message.
+    """
+    parser.add_argument(
+        "--nnodes",
+        required=required,
+        default="1",
+        help="machines (static rendezvous, as torchrun; default 1)",
+    )
+    parser.add_argument("--node-rank", required=required, default="0", help="this machine's rank (default 0)")
+    parser.add_argument(
+        "--master-addr", required=required, default="127.0.0.1", help="rendezvous host (default 127.0.0.1)"
+    )
+    parser.add_argument(
+        "--master-port", required=required, default="0", help="rendezvous port (0: pick one; one machine)"
+    )
+    parser.set_defaults(**{_MARK: True})
+
+
+def takes_launch_arguments(parser: argparse.ArgumentParser) -> bool:
+    """Whether :func:`add_launch_arguments` was applied to ``parser`` (a command that can span machines)."""
+    return bool(parser.get_default(_MARK))
+
+
+def _int(flag: str, value: Any) -> int:
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    text = str(value).strip()
+    if not text.lstrip("-").isdigit():
+        raise UserError(f"{flag} must be an integer, got {value!r}")
+    return int(text)
+
+
+def launch_options_from_args(
+    args: argparse.Namespace, *, nproc: int | None = None, env: dict[str, str] | None = None
+) -> LaunchOptions:
+    """:class:`LaunchOptions` from flags added by :func:`add_launch_arguments` (``nproc``: else
+    ``args.nproc``); a bad value is a one-line :class:`UserError`."""
+    return LaunchOptions(
+        nproc=_int("--nproc", args.nproc if nproc is None else nproc),
+        nnodes=_int("--nnodes", args.nnodes),
+        node_rank=_int("--node-rank", args.node_rank),
+        master_addr=str(args.master_addr),
+        master_port=_int("--master-port", args.master_port),
+        env=env,
+    )
 
 
 _AGENT_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT"
@@ -140,8 +225,6 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     opts = nproc if isinstance(nproc, LaunchOptions) else LaunchOptions(nproc=nproc)
-    lifecycle.check_host(opts.master_addr)
-    lifecycle.check_nproc(opts.nproc)
     if opts.nnodes > 1 and opts.node_rank == 0:
         lifecycle.check_port_free(opts.master_port)  # torch's store: *:port
     with contextlib.ExitStack() as stack:

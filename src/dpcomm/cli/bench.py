@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from dpcomm.errors import UserError
+from dpcomm.launch import add_launch_arguments, launch_options_from_args
 
 COMMAND = "bench"
 HELP = (
@@ -34,7 +35,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--ops", default="allreduce,broadcast,reduce", help="comma-separated ops (default all)"
     )
-    parser.add_argument("--sizes", default="4,1K,64K,1M,16M", help="bytes, K/M/G suffixes (default 4..16M)")
+    parser.add_argument(
+        "--sizes", default="4,1K,64K,1M,16M", help="bytes, K/M/G = 2**10/2**20/2**30 (default 4..16M)"
+    )
     parser.add_argument("--dtype", default="float32", help="element type (default float32)")
     parser.add_argument(
         "--iters", default="5", metavar="N", help="timed calls per case, mean kept (default 5)"
@@ -55,10 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", default="120", metavar="S", help="seconds before a stuck peer fails the run"
     )
-    parser.add_argument("--nnodes", default="1", help="machines (static rendezvous, as torchrun; default 1)")
-    parser.add_argument("--node-rank", default="0", help="this machine's rank (default 0)")
-    parser.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (default 127.0.0.1)")
-    parser.add_argument("--master-port", default="0", help="rendezvous port (0: pick one; one machine)")
+    add_launch_arguments(parser)
 
 
 def _int(flag: str, text: str) -> int:
@@ -72,7 +72,8 @@ def _list(text: str) -> tuple[str, ...]:
 
 
 def config_from_args(args: argparse.Namespace):
-    from dpcomm.collectives.benchmark import BenchConfig, parse_sizes
+    from dpcomm.collectives.benchmark import BenchConfig
+    from dpcomm.utils.sizes import parse_sizes
 
     bcube = None
     if args.bcube is not None:
@@ -82,8 +83,9 @@ def config_from_args(args: argparse.Namespace):
         bcube = (int(m.group(1)), int(m.group(2)))
         if bcube[0] < 2 or bcube[1] < 1:
             raise UserError(f"--bcube needs n >= 2 and k >= 1, got {args.bcube!r}")
+    where = launch_options_from_args(args)
     return BenchConfig(
-        nproc=_int("--nproc", args.nproc),
+        nproc=where.nproc,
         algos=_list(args.algos),
         ops=_list(args.ops),
         sizes=parse_sizes(args.sizes),
@@ -95,10 +97,10 @@ def config_from_args(args: argparse.Namespace):
         bcube=bcube,
         block_bytes=None if args.block_bytes is None else _int("--block-bytes", args.block_bytes),
         timeout_s=_int("--timeout", args.timeout),
-        nnodes=_int("--nnodes", args.nnodes),
-        node_rank=_int("--node-rank", args.node_rank),
-        master_addr=args.master_addr,
-        master_port=_int("--master-port", args.master_port),
+        nnodes=where.nnodes,
+        node_rank=where.node_rank,
+        master_addr=where.master_addr,
+        master_port=where.master_port,
         progress=not args.json and sys.stderr.isatty(),
     )
 
@@ -107,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from dpcomm.collectives.benchmark import fit_network, run_bench
+    from dpcomm.collectives.bench_fit import fit_network
+    from dpcomm.collectives.benchmark import run_bench
     from dpcomm.costmodel.network import save_network
 
     cfg = config_from_args(args).resolved()

@@ -14,8 +14,6 @@ from dpcomm.errors import UserError
 COMMAND = "calibrate"
 HELP = "time real allreduce on P local workers, fit a + b*M (R^2), write a network file"
 
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Numbers are read as text and checked in run(), so a bad value is one line and exit status 2.
@@ -24,7 +22,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--sizes",
         nargs="+",
         metavar="S",
-        help="message sizes in bytes, K/M/G suffixes (default 4K .. 64M, x4)",
+        help="message sizes in bytes, K/M/G suffixes = 2**10/2**20/2**30 (default 4K .. 64M, x4)",
     )
     parser.add_argument(
         "--iters", default="10", metavar="N", help="timed calls per size (median kept; default 10)"
@@ -43,14 +41,6 @@ def _int(flag: str, text: str) -> int:
     return int(text)
 
 
-def parse_size(text: str) -> int:
-    """``"4096"``, ``"64K"``, ``"16MB"``, ``"1MiB"`` -> bytes."""
-    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)(?:I?B)?\s*", str(text).upper())
-    if not m:
-        raise UserError(f"--sizes: cannot read {text!r} as a size in bytes (e.g. 4096, 64K, 16M)")
-    return int(m.group(1)) * _UNITS[m.group(2)]
-
-
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
     from rich.table import Table
@@ -59,11 +49,10 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.costmodel.network import save_network
     from dpcomm.launch import WorkerFailure
     from dpcomm.utils.io import check_output_path
+    from dpcomm.utils.sizes import parse_sizes
 
     check_output_path(args.output)
-    sizes = (
-        [parse_size(s) for part in args.sizes for s in part.split(",") if s] if args.sizes else DEFAULT_SIZES
-    )
+    sizes = parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES
     opts = CalibrateOptions(
         nproc=_int("--nproc", args.nproc),
         sizes=tuple(sizes),

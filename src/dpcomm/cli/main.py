@@ -25,7 +25,7 @@ import threading
 
 from dpcomm.errors import Interrupted, UserError
 
-__all__ = ["main", "build_parser"]
+__all__ = ["build_parser", "command_parser", "main"]
 
 
 def _commands() -> list:
@@ -39,6 +39,16 @@ def _commands() -> list:
         if hasattr(mod, "COMMAND"):
             mods.append(mod)
     return sorted(mods, key=lambda m: m.COMMAND)
+
+
+def command_parser(name: str) -> argparse.ArgumentParser | None:
+    """The parser of sub-command ``name`` alone (None if there is no such command)."""
+    for mod in _commands():
+        if mod.COMMAND == name:
+            p = argparse.ArgumentParser(prog=f"dpcomm {name}")
+            mod.add_arguments(p)
+            return p
+    return None
 
 
 def build_parser() -> argparse.ArgumentParser:

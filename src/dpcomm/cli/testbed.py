@@ -97,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
         cmd = _strip(args.cmd)
         if not cmd:
             raise UserError("nothing to launch: give the command after --, e.g. -- dpcomm train ...")
+        _check_dpcomm_command(cmd)
         res = tbrun.launch_workers(
             state, cmd, master_port=args.master_port, timeout_s=args.timeout, out_dir=args.out_dir
         )
@@ -114,3 +115,19 @@ def run(args: argparse.Namespace) -> int:
             return 1
         return 0
     raise UserError(f"unknown action {args.action}")
+
+
+def _check_dpcomm_command(argv: list[str]) -> None:
+    """A ``dpcomm SUB`` without the multi-node flags would fail on every server: say so once, up front."""
+    from dpcomm.cli.main import command_parser
+    from dpcomm.launch import takes_launch_arguments
+    from dpcomm.testbed.run import PLACEHOLDERS
+
+    if len(argv) < 2 or argv[0] != "dpcomm" or any(ph in a for a in argv for ph in PLACEHOLDERS):
+        return
+    sub = command_parser(argv[1])
+    if sub is not None and not takes_launch_arguments(sub):
+        raise UserError(
+            f"`dpcomm {argv[1]}` has no --nnodes/--node-rank/--master-addr/--master-port, so it cannot run "
+            "across the servers; use `dpcomm bench` (collectives) or placeholders"
+        )

@@ -8,12 +8,14 @@ Examples::
     # on each of two machines (as torchrun):
     dpcomm train --nproc 4 --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29500 ...
 
-The library behind it is :mod:`dpcomm.runtime.train` (``train(TrainConfig(...))``).
+The library behind it is :mod:`dpcomm.train` (``train(TrainConfig(...))``); the flags are the fields of
+:class:`dpcomm.train.config.TrainConfig`.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 
@@ -53,46 +55,33 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="mgwfbp/optimal: iterations each timing the plan against single and DDP's buckets (0: off)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default cores/nproc)")
-    p.add_argument("--timeout", type=float, default=60.0, help="seconds a collective waits for a peer")
-    p.add_argument("--nnodes", type=int, default=1, help="machines (static rendezvous, as torchrun)")
-    p.add_argument("--node-rank", type=int, default=0, help="this machine's rank")
-    p.add_argument("--master-addr", default="127.0.0.1", help="rendezvous host (default 127.0.0.1)")
-    p.add_argument("--master-port", type=int, default=0, help="rendezvous port (0: pick one; one node)")
+    p.add_argument(
+        "--timeout",
+        dest="timeout_s",
+        metavar="TIMEOUT",
+        type=float,
+        default=60.0,
+        help="seconds a collective waits for a peer",
+    )
+    from dpcomm.launch import add_launch_arguments
+
+    add_launch_arguments(p)
 
 
 def _config(args: argparse.Namespace):
-    from dpcomm.runtime.train import TrainConfig
+    """The flags as a :class:`TrainConfig`: every field whose name is a flag's ``dest`` (``--timeout`` is
+    ``timeout_s``); fields without a flag keep their defaults. The config checks its values itself."""
+    from dpcomm.launch import launch_options_from_args
+    from dpcomm.train.config import TrainConfig
 
-    return TrainConfig(
-        model=args.model,
-        nproc=args.nproc,
-        schedule=args.schedule,
-        collective=args.collective,
-        mode=args.mode,
-        iters=args.iters,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        lr=args.lr,
-        data=args.data,
-        seed=args.seed,
-        checkpoint=args.checkpoint,
-        checkpoint_every=args.checkpoint_every,
-        resume=args.resume,
-        chrome_trace=args.chrome_trace,
-        profile_iters=args.profile_iters,
-        verify_iters=args.verify_iters,
-        threads=args.threads,
-        timeout_s=args.timeout,
-        nnodes=args.nnodes,
-        node_rank=args.node_rank,
-        master_addr=args.master_addr,
-        master_port=args.master_port,
-    )
+    launch = launch_options_from_args(args)  # the multi-node flags, read and checked as bench reads them
+    given = vars(args) | {f.name: getattr(launch, f.name) for f in dataclasses.fields(launch)}
+    return TrainConfig(**{f.name: given[f.name] for f in dataclasses.fields(TrainConfig) if f.name in given})
 
 
 def run(args: argparse.Namespace) -> int:
     from dpcomm.launch import WorkerFailure
-    from dpcomm.runtime.train import summary_table, train
+    from dpcomm.train import summary_table, train
 
     cfg = _config(args)
     try:

@@ -2,7 +2,8 @@
 
 Importing the package imports every algorithm module in it (each registers itself with
 :func:`~dpcomm.collectives.base.register`), so a new algorithm is added by creating its module. Modules whose
-name starts with ``_`` (helpers), ``base`` and ``benchmark`` (the ``dpcomm bench`` driver) are skipped.
+name starts with ``_`` (helpers), ``base`` and the ``dpcomm bench`` driver's modules (``benchmark``,
+``bench_fit``, ``memory``) are skipped.
 ``get(name, **options)`` builds an algorithm.
 """
 
@@ -17,9 +18,12 @@ from dpcomm.collectives.base import OPS, Collective, get, names, register
 __all__ = ["OPS", "Collective", "CollectiveError", "get", "names", "register"]
 
 
+_NOT_ALGORITHMS = ("base", "benchmark", "bench_fit", "memory")
+
+
 def _import_algorithms() -> None:
     for info in pkgutil.iter_modules(__path__):
-        if info.name.startswith("_") or info.name in ("base", "benchmark"):
+        if info.name.startswith("_") or info.name in _NOT_ALGORITHMS:
             continue
         importlib.import_module(f"{__name__}.{info.name}")
 

@@ -41,7 +41,6 @@ __all__ = [
     "count_traffic",
     "flat_view",
     "global_rank",
-    "group_rank_of",
     "reduce_into",
     "scratch",
 ]
@@ -99,13 +98,6 @@ def global_rank(group: Any, rank: int) -> int:
     if group is None or group is dist.GroupMember.WORLD:
         return rank
     return dist.get_global_rank(group, rank)
-
-
-def group_rank_of(group: Any, global_rank_: int) -> int:
-    """Rank within ``group`` of the process whose global rank is ``global_rank_``."""
-    if group is None or group is dist.GroupMember.WORLD:
-        return global_rank_
-    return dist.get_group_rank(group, global_rank_)
 
 
 def flat_view(tensor: torch.Tensor, algo: str) -> torch.Tensor:
@@ -170,7 +162,8 @@ def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
 
 
 cause = first_line
-"""First line of an exception's message, as a CollectiveError names its cause (``errors.first_line``)."""
+"""The same function as :func:`dpcomm.errors.first_line` (the one error shortener), under the name the
+runtime imported before it used ``dpcomm.errors`` directly."""
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -206,7 +199,7 @@ class P2P:
             raise ValueError(f"{algo} {op}: this process is not a member of the group")
 
     def _fail(self, step: int | str, peer: int, what: str, exc: BaseException) -> CollectiveError:
-        return CollectiveError(f"{self.algo} {self.op}: step {step}: peer {peer} ({what}): {cause(exc)}")
+        return CollectiveError(f"{self.algo} {self.op}: step {step}: peer {peer} ({what}): {first_line(exc)}")
 
     def isend(self, tensor: torch.Tensor, peer: int, step: int | str) -> Pending:
         nbytes = tensor.numel() * tensor.element_size()

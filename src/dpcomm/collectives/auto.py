@@ -13,6 +13,13 @@ first candidate in the order above. The network is the ``network`` option (a pre
 a :class:`~dpcomm.costmodel.Network`), else ``$DPCOMM_NETWORK``, else ``10gbe``; ``dpcomm bench --fit``
 writes a network file measured on the machine at hand.
 
+One call: price every candidate, run the cheapest (the choice is cached per (op, bytes, P)). For a 1 MiB
+allreduce on P = 8 ranks of the ``10gbe`` preset (``choose("allreduce", 2**20, 8, PRESETS["10gbe"])``)::
+
+    ring 2.10 ms | lp 4.37 ms | mst 5.30 ms | be 1.74 ms | ps 2.10 ms
+                                             ^^^^^^^^^^
+                                    argmin: be.allreduce(tensor)
+
 Cost, steps, bytes and memory: those of the chosen algorithm (see its module).
 """
 
@@ -28,6 +35,7 @@ from dpcomm.collectives.base import Collective, get, names, register
 from dpcomm.costmodel import Network, resolve_network
 from dpcomm.costmodel.collective import ALGORITHMS, collective_cost
 from dpcomm.errors import UserError
+from dpcomm.topology import bcube_shape
 
 __all__ = ["Auto", "CANDIDATES", "choose"]
 
@@ -43,8 +51,6 @@ def _network(spec: str | Network | None) -> Network:
 
 
 def _bcube_opts(nodes: int) -> dict[str, int] | None:
-    from dpcomm.collectives.bcube import bcube_shape
-
     try:
         n, k = bcube_shape(nodes)
     except UserError:

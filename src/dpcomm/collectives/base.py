@@ -1,4 +1,4 @@
-"""The one signature every collective algorithm has, and the one registry the CLI, runtime and benchmark use.
+"""The one signature every collective algorithm has; implementations register in :mod:`dpcomm.registry`.
 
 Every algorithm works *in place* on a contiguous tensor, sums (the runtime divides by P to average), and is
 blocking for the calling thread (the runtime overlaps it with backward by calling it from a communication
@@ -20,10 +20,10 @@ from typing import Any, Protocol
 import torch
 
 from dpcomm.errors import UserError
+from dpcomm.ops import OPS
+from dpcomm.registry import add_implementation, entry, implemented
 
 __all__ = ["Collective", "OPS", "register", "get", "names"]
-
-OPS = ("allreduce", "broadcast", "reduce")
 
 
 class Collective(Protocol):
@@ -36,14 +36,12 @@ class Collective(Protocol):
     def reduce(self, tensor: torch.Tensor, *, root: int = 0, group: Any = None) -> None: ...
 
 
-_REGISTRY: dict[str, Callable[..., Collective]] = {}
-
-
 def register(name: str) -> Callable[[Callable[..., Collective]], Callable[..., Collective]]:
-    """Class decorator: ``@register("ring")`` makes ``get("ring", **options)`` build it."""
+    """Class decorator: ``@register("ring")`` makes ``get("ring", **options)`` build it (in
+    :mod:`dpcomm.registry`, next to the cost formulas of the same name)."""
 
     def deco(factory: Callable[..., Collective]) -> Callable[..., Collective]:
-        _REGISTRY[name] = factory
+        add_implementation(name, factory)
         return factory
 
     return deco
@@ -55,13 +53,15 @@ def _load_all() -> None:
 
 
 def names() -> list[str]:
+    """Every algorithm with an implementation, in registration order."""
     _load_all()
-    return list(_REGISTRY)
+    return implemented()
 
 
 def get(name: str, **options: Any) -> Collective:
     """Build the algorithm registered as ``name``; an unknown name is a :class:`UserError`."""
     _load_all()
-    if name not in _REGISTRY:
-        raise UserError(f"unknown collective algorithm '{name}' (choose from {', '.join(_REGISTRY)})")
-    return _REGISTRY[name](**options)
+    e = entry(name)
+    if e is None or e.factory is None:
+        raise UserError(f"unknown collective algorithm '{name}' (choose from {', '.join(names())})")
+    return e.factory(**options)

@@ -15,7 +15,7 @@ Reported, as nccl-tests does:
   on the same input, exactly (inputs are small integers, so every dtype sums exactly): ``ok`` or ``FAIL``;
   ``skipped`` without ``check``, and for ``noop`` (which moves nothing by design).
 
-``bcube`` needs ``P = n^k`` (:func:`dpcomm.collectives.bcube.bcube_shape`): when P is not such a power,
+``bcube`` needs ``P = n^k`` (:func:`dpcomm.topology.bcube_shape`): when P is not such a power,
 bcube is left out with a note if other algorithms were asked for, and is an error when it was the only one
 or when ``bcube=(n, k)`` was given explicitly.
 
@@ -30,36 +30,24 @@ Each algorithm's own one-algorithm fit is reported alongside: it says whether th
 
 from __future__ import annotations
 
-import math
-import re
-import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import numpy as np
-
 from dpcomm.errors import UserError
-from dpcomm.lifecycle import check_buffer, check_host, check_nproc, check_port_free
+from dpcomm.lifecycle import check_buffer, check_port_free
+from dpcomm.ops import OPS
 
 __all__ = [
     "BUSBW_FACTOR",
     "BenchConfig",
     "BenchResult",
-    "FitReport",
     "Row",
     "busbw_factor",
-    "fit_network",
-    "measure_memory",
-    "parse_sizes",
     "run_bench",
 ]
 
-_UNITS = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
 _DTYPES = tuple(_ITEMSIZE)
-_OPS = ("allreduce", "broadcast", "reduce")
-_FIT_ALGOS = ("ring", "lp", "mst", "be", "ps")
-"""Algorithms whose formula models one link per rank: these set the fitted network."""
 
 
 def busbw_factor(op: str, nproc: int) -> float:
@@ -70,22 +58,6 @@ def busbw_factor(op: str, nproc: int) -> float:
 BUSBW_FACTOR = {"allreduce": "2(P-1)/P", "broadcast": "1", "reduce": "1"}
 
 
-def parse_sizes(text: str | list[str] | tuple[str, ...]) -> tuple[int, ...]:
-    """``"4,1K,64K,1M"`` (or a list of such) -> bytes; K/M/G are powers of 1024, an optional ``B``/``iB``."""
-    parts = [text] if isinstance(text, str) else list(text)
-    out = []
-    for item in (s.strip() for part in parts for s in str(part).split(",")):
-        if not item:
-            continue
-        m = re.fullmatch(r"(\d+)\s*([KMG]?)(?:I?B)?", item.upper())
-        if not m:
-            raise UserError(f"--sizes: cannot read {item!r} as a size in bytes (e.g. 4, 1K, 64K, 16M)")
-        out.append(int(m.group(1)) * _UNITS[m.group(2)])
-    if not out:
-        raise UserError("--sizes: give at least one size")
-    return tuple(dict.fromkeys(out))
-
-
 @dataclass(frozen=True, slots=True, kw_only=True)
 class BenchConfig:
     """What to measure. Bad values are a :class:`UserError` (they come from the command line)."""
@@ -94,7 +66,7 @@ class BenchConfig:
     """Local worker processes (>= 1); P = ``nproc * nnodes``."""
     algos: tuple[str, ...]
     """Registered algorithm names, e.g. ``("ring", "lp", "native")``."""
-    ops: tuple[str, ...] = _OPS
+    ops: tuple[str, ...] = OPS
     sizes: tuple[int, ...] = (4, 1024, 65536, 1 << 20)
     """Message sizes in bytes, each a whole number of ``dtype`` elements that fits in memory."""
     dtype: str = "float32"
@@ -125,9 +97,9 @@ class BenchConfig:
 
     def __post_init__(self) -> None:
         from dpcomm.collectives.base import names
+        from dpcomm.launch import check_launch
 
-        if isinstance(self.nproc, bool) or not isinstance(self.nproc, int) or self.nproc < 1:
-            raise UserError(f"--nproc must be an integer >= 1, got {self.nproc!r}")
+        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port, master_addr=self.master_addr)
         if not self.algos:
             raise UserError("--algos: give at least one algorithm")
         known = names()
@@ -137,8 +109,8 @@ class BenchConfig:
         if not self.ops:
             raise UserError("--ops: give at least one op")
         for op in self.ops:
-            if op not in _OPS:
-                raise UserError(f"--ops: unknown op '{op}' (choose from {', '.join(_OPS)})")
+            if op not in OPS:
+                raise UserError(f"--ops: unknown op '{op}' (choose from {', '.join(OPS)})")
         if not self.sizes or any(s < 0 for s in self.sizes):
             raise UserError("--sizes: give sizes >= 0 bytes")
         if self.dtype not in _DTYPES:
@@ -150,8 +122,6 @@ class BenchConfig:
             check_buffer(s)
         if not self.timeout_s > 0:
             raise UserError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
-        check_host(self.master_addr)
-        check_nproc(self.nproc)
         if self.iters < 1 or self.warmup < 0 or self.repeat < 1:
             raise UserError(
                 f"need --iters >= 1, --warmup >= 0, --repeat >= 1, "
@@ -159,14 +129,6 @@ class BenchConfig:
             )
         if self.block_bytes is not None and self.block_bytes < 1:
             raise UserError(f"--block-bytes must be >= 1, got {self.block_bytes}")
-        if self.nnodes < 1 or not 0 <= self.node_rank < self.nnodes:
-            raise UserError(
-                f"need --nnodes >= 1 and 0 <= --node-rank < nnodes, got {self.nnodes}, {self.node_rank}"
-            )
-        if not 0 <= self.master_port < 65536 or (self.nnodes > 1 and self.master_port == 0):
-            raise UserError(
-                f"--master-port must be a port number (and given when --nnodes > 1), got {self.master_port}"
-            )
         if self.bcube is not None and self.world != self.bcube[0] ** self.bcube[1]:
             n, k = self.bcube
             raise UserError(f"--bcube {n},{k} is {n**k} ranks, not {self.world} (--nproc x --nnodes)")
@@ -182,7 +144,7 @@ class BenchConfig:
         """The config with bcube dropped (and a note) where P is not ``n^k``; an error if nothing is left."""
         if "bcube" not in self.algos or self.world == 1 or self.bcube is not None:
             return self
-        from dpcomm.collectives.bcube import bcube_shape
+        from dpcomm.topology import bcube_shape
 
         try:
             bcube_shape(self.world)
@@ -240,14 +202,6 @@ class BenchResult:
 # ---------------------------------------------------------------------------------------------- measuring
 
 
-def _input(numel: int, rank: int, dtype: Any) -> Any:
-    import torch
-
-    # small integers (1..7 + rank): sums over <= 64 ranks stay exact even in bfloat16 (8 bits of mantissa)
-    # as long as P * (7 + P) <= 256, and in float16 up to 2048.
-    return ((torch.arange(numel) % 7) + rank % 8 + 1).to(dtype)
-
-
 def _reference(op: str, x: Any, group: Any = None) -> Any:
     import torch.distributed as dist
 
@@ -261,15 +215,6 @@ def _reference(op: str, x: Any, group: Any = None) -> Any:
     return y
 
 
-def _call(algo: Any, op: str, t: Any) -> None:
-    if op == "allreduce":
-        algo.allreduce(t)
-    elif op == "broadcast":
-        algo.broadcast(t, root=0)
-    else:
-        algo.reduce(t, root=0)
-
-
 def _worker(
     cfg: BenchConfig,
 ) -> tuple[list[tuple[str, str, int]], list[list[tuple[list[float], bool | None]]]]:
@@ -280,6 +225,7 @@ def _worker(
 
     from dpcomm.collectives.base import get
     from dpcomm.launch import init_worker
+    from dpcomm.timing import call_op, rank_input, time_calls
 
     rank, world = init_worker(timeout_s=cfg.timeout_s)
     dtype = getattr(torch, cfg.dtype)
@@ -293,22 +239,21 @@ def _worker(
         for op in cfg.ops:
             for size in cfg.sizes:
                 numel = max(1, round(size / esize)) if size else 0
-                src = _input(numel, rank, dtype)
+                src = rank_input(numel, rank, dtype)
                 ref = _reference(op, src) if cfg.check and sweep == 0 else None
                 buf = torch.empty_like(src)
                 for name, algo in algos.items():
                     ok = None
                     for w in range(max(cfg.warmup, 1 if ref is not None else 0)):
                         buf.copy_(src)
-                        _call(algo, op, buf)
+                        call_op(algo, op, buf)
                         if w == 0 and ref is not None and name != "noop":  # reduce: only the root's counts
                             ok = bool(torch.equal(buf, ref)) if op != "reduce" or rank == 0 else True
                     buf.copy_(src)
-                    dist.barrier()
-                    t0 = time.perf_counter()
-                    for _ in range(cfg.iters):  # back to back, as nccl-tests times its loop
-                        _call(algo, op, buf)
-                    mean = (time.perf_counter() - t0) / cfg.iters
+                    # back to back after one barrier, as nccl-tests times its loop
+                    mean = time_calls(
+                        lambda a=algo, o=op, b=buf: call_op(a, o, b), cfg.iters, barrier="once"
+                    )[0]
                     if sweep == 0:
                         out.append((op, name, numel * esize, [mean], ok))
                     else:
@@ -374,165 +319,8 @@ def run_bench(cfg: BenchConfig) -> BenchResult:
     return BenchResult(rows=tuple(rows), notes=cfg.notes)
 
 
-# ---------------------------------------------------------------------------------------------- memory
-
-
-def _status_kb(field_name: str) -> int:
-    with open("/proc/self/status") as fh:
-        for line in fh:
-            if line.startswith(field_name + ":"):
-                return int(line.split()[1])
-    raise RuntimeError(f"no {field_name} in /proc/self/status")
-
-
-def _mem_worker(algos: tuple[str, ...], ops: tuple[str, ...], nbytes: int, timeout_s: float) -> list:
-    import gc
-
-    import torch
-    import torch.distributed as dist
-
-    from dpcomm.collectives import _p2p
-    from dpcomm.collectives.base import get
-    from dpcomm.launch import init_worker
-
-    rank, _ = init_worker(timeout_s=timeout_s)
-    out = []
-    for name in algos:
-        for op in ops:
-            algo = get(name)  # a fresh instance: no buffers kept from an earlier call
-            x = _input(max(1, nbytes // 4), rank, torch.float32)
-            _p2p._scratch.buf = None  # the calling thread's reusable receive buffer: this call pays for it
-            gc.collect()
-            dist.barrier()
-            with open("/proc/self/clear_refs", "w") as fh:
-                fh.write("5")  # reset the peak RSS (VmHWM) to the current RSS (Linux >= 4.0)
-            rss0 = _status_kb("VmRSS")
-            _call(algo, op, x)
-            out.append((name, op, (_status_kb("VmHWM") - rss0) * 1024))
-    dist.barrier()
-    dist.destroy_process_group()
-    return out
-
-
-def measure_memory(
-    nproc: int,
-    algos: tuple[str, ...],
-    ops: tuple[str, ...] = _OPS,
-    nbytes: int = 16 << 20,
-    timeout_s: float = 120,
-) -> list[dict[str, Any]]:
-    """Extra resident memory of one call per (algo, op): the peak RSS during the call minus the RSS before
-    it (Linux ``VmHWM`` after resetting it through ``/proc/self/clear_refs``), max over ranks, for a float32
-    message of ``nbytes``. Counts every thread's allocations (gloo's included); first call of a fresh
-    instance, so buffers an algorithm keeps for later calls are charged here."""
-    from dpcomm.launch import LaunchOptions, launch
-
-    # A fixed mmap threshold: every buffer >= 64 KiB is its own mapping, returned to the OS when freed
-    # (glibc's dynamic threshold would serve later buffers from freed heap memory, already resident).
-    env = {"MALLOC_MMAP_THRESHOLD_": str(64 * 1024)}
-    per_rank = launch(_mem_worker, LaunchOptions(nproc=nproc, env=env), algos, ops, nbytes, timeout_s)
-    rows = []
-    for i, (algo, op, _) in enumerate(per_rank[0]):
-        extra = max(r[i][2] for r in per_rank)
-        rows.append({"algo": algo, "op": op, "nproc": nproc, "bytes": nbytes, "extra_bytes": extra})
-    return rows
-
-
 def _human(nbytes: float) -> str:
     for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
         if nbytes >= scale and nbytes % scale == 0:
             return f"{nbytes // scale}{unit}"
     return f"{nbytes}"
-
-
-# ---------------------------------------------------------------------------------------------- fitting
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class FitReport:
-    """How well one algorithm's formula predicts its own rows."""
-
-    algo: str
-    rows: int
-    in_fit: bool
-    """Whether its rows set the joint network."""
-    median_rel_err: float
-    """Median ``|predicted - measured| / measured`` with the joint network."""
-    max_rel_err: float
-    own_median_rel_err: float
-    """The same with alpha, beta, gamma fitted to this algorithm's rows alone (NaN if < 2 rows)."""
-
-
-def _features(op: str, algo: str, nbytes: int, nodes: int, block_bytes: int | None) -> np.ndarray | None:
-    """``(dT/d alpha, dT/d beta, dT/d gamma)`` of ``algo``'s formula, which is linear in them (LP with the
-    block it ran with: ``block_bytes``, or LP's default, the optimum for its default network ``10gbe``)."""
-    from dpcomm.collectives.bcube import bcube_shape
-    from dpcomm.costmodel.collective import ALGORITHMS, collective_cost
-    from dpcomm.costmodel.lp import lp_optimal_block
-    from dpcomm.costmodel.network import Network, resolve_network
-
-    if algo not in ALGORITHMS:
-        return None
-    opts: dict[str, Any] = {}
-    if algo == "bcube":
-        n, k = bcube_shape(nodes)
-        opts = {"n": n, "k": k}
-    if algo == "lp":
-        opts = {"block_bytes": block_bytes or lp_optimal_block(nbytes, nodes, resolve_network("10gbe"), op)}
-    units = [Network(name="unit", alpha=a, beta=b, gamma=g) for a, b, g in ((1, 0, 0), (0, 1, 0), (0, 0, 1))]
-    return np.array([collective_cost(op, algo, nbytes, nodes, u, **opts) for u in units])
-
-
-def _nnls_relative(A: np.ndarray, t: np.ndarray) -> np.ndarray:
-    from scipy.optimize import nnls
-
-    x, _ = nnls(A / t[:, None], np.ones_like(t))  # minimise sum ((A x - t) / t)^2 with x >= 0
-    return x
-
-
-def fit_network(rows: list[Row] | tuple[Row, ...], name: str = "bench-fit", block_bytes: int | None = None):
-    """Fit ``Network(alpha, beta, gamma)`` to measured rows; returns ``(network, [FitReport per algo])``.
-
-    ``block_bytes`` is the LP block the rows were measured with (None: LP's default optimum).
-    """
-    from dpcomm.costmodel.network import Network
-
-    usable = []
-    for r in rows:
-        if r.nproc < 2 or r.bytes == 0 or r.time_s <= 0:
-            continue
-        f = _features(r.op, r.algo, r.bytes, r.nproc, block_bytes)
-        if f is not None and f.any():
-            usable.append((r, f))
-    fit_rows = [(r, f) for r, f in usable if r.algo in _FIT_ALGOS] or usable
-    if len(fit_rows) < 2:
-        raise UserError("--fit needs at least two measured rows with P >= 2 and bytes > 0")
-    A = np.array([f for _, f in fit_rows])
-    t = np.array([r.time_s for r, _ in fit_rows])
-    alpha, beta, gamma = _nnls_relative(A, t)
-    fit_algos = sorted({r.algo for r, _ in fit_rows})
-    net = Network(
-        name=name,
-        alpha=float(alpha),
-        beta=float(beta),
-        gamma=float(gamma),
-        source=f"dpcomm bench --fit: {len(fit_rows)} rows of {', '.join(fit_algos)}",
-    )
-    reports = []
-    for algo in dict.fromkeys(r.algo for r, _ in usable):
-        mine = [(r, f) for r, f in usable if r.algo == algo]
-        Am = np.array([f for _, f in mine])
-        tm = np.array([r.time_s for r, _ in mine])
-        err = np.abs(Am @ np.array([alpha, beta, gamma]) - tm) / tm
-        own = np.abs(Am @ _nnls_relative(Am, tm) - tm) / tm if len(mine) >= 2 else np.array([math.nan])
-        reports.append(
-            FitReport(
-                algo=algo,
-                rows=len(mine),
-                in_fit=any(r.algo == algo for r, _ in fit_rows),
-                median_rel_err=float(np.median(err)),
-                max_rel_err=float(err.max()),
-                own_median_rel_err=float(np.median(own)),
-            )
-        )
-    return net, reports

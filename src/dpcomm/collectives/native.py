@@ -8,6 +8,15 @@ Extra memory per call: whatever the backend allocates (gloo: up to one message-s
 2. ``broadcast``: ``dist.broadcast(tensor, src=root)``.
 3. ``reduce``: ``dist.reduce(tensor, dst=root, SUM)``.
 
+One call, as dpcomm sees it: a single step handed to the backend, which runs its own schedule inside::
+
+    rank 0 --+                         +--> rank 0
+    rank 1 --+--> dist.all_reduce --+--> rank 1     (gloo: its ring; NCCL: ring or tree)
+    rank 2 --+    (one blocking call) +--> rank 2
+
+Cost (as dpcomm prices it, :mod:`dpcomm.costmodel`): ring's for allreduce, the binomial tree's (``mst``)
+for broadcast and reduce.
+
 A backend failure (dead or absent peer, group timeout) becomes a :class:`CollectiveError` naming the op.
 
 ``allreduce_async`` starts the backend's all-reduce with ``async_op=True`` and returns its work handle: the
@@ -24,8 +33,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpcomm.collectives._p2p import CollectiveError, cause, global_rank
+from dpcomm.collectives._p2p import CollectiveError, global_rank
 from dpcomm.collectives.base import register
+from dpcomm.errors import first_line
 
 __all__ = ["Native"]
 
@@ -41,7 +51,7 @@ class Native:
         try:
             fn()
         except Exception as exc:
-            raise CollectiveError(f"native {op}: step 1: backend collective: {cause(exc)}") from exc
+            raise CollectiveError(f"native {op}: step 1: backend collective: {first_line(exc)}") from exc
 
     def allreduce(self, tensor: torch.Tensor, *, group: Any = None) -> None:
         self._run("allreduce", lambda: dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group))
@@ -51,7 +61,7 @@ class Native:
         try:
             return dist.all_reduce(tensor, op=dist.ReduceOp.SUM, group=group, async_op=True)
         except Exception as exc:
-            raise CollectiveError(f"native allreduce: step 1: backend collective: {cause(exc)}") from exc
+            raise CollectiveError(f"native allreduce: step 1: backend collective: {first_line(exc)}") from exc
 
     def broadcast(self, tensor: torch.Tensor, *, root: int = 0, group: Any = None) -> None:
         src = global_rank(group, root)

@@ -1,7 +1,10 @@
-"""``noop``: does nothing -- measures the headroom of everything around communication (STYLE.md).
+"""``noop``: does nothing -- measures the headroom of everything around communication.
 
 Steps 0, bytes 0, time 0, extra memory 0. Results are *not* reduced, so it is excluded from correctness
-tests; with it, a training run shows the time the rest of the iteration takes.
+tests; with it, a training run shows the time the rest of the iteration takes. One step::
+
+    rank 0: [ tensor ]  -- nothing sent --  [ tensor ]   (unchanged)
+    rank 1: [ tensor ]  -- nothing sent --  [ tensor ]
 """
 
 from __future__ import annotations

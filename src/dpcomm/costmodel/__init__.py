@@ -6,10 +6,8 @@ Measuring a real allreduce: :mod:`dpcomm.costmodel.calibrate` (``calibrate(Calib
 """
 
 from dpcomm.costmodel.base import CommCost, LinearCost, MeasuredCost
-from dpcomm.costmodel.bcube import bcube_shape
 from dpcomm.costmodel.collective import (
     ALGORITHMS,
-    COST_OPS,
     Algorithm,
     allreduce_cost,
     allreduce_linear,
@@ -29,11 +27,9 @@ from dpcomm.costmodel.p2p import p2p
 
 __all__ = [
     "ALGORITHMS",
-    "COST_OPS",
     "Algorithm",
     "allreduce_cost",
     "allreduce_linear",
-    "bcube_shape",
     "collective_cost",
     "lp_optimal_block",
     "p2p",

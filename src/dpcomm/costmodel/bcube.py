@@ -23,51 +23,18 @@ aggregation stage followed by a gather at the root, each stage moving the same b
     ``T_broadcast = 2 k (n-1) alpha + 2 (N-1)/(k N) beta M``;
     ``T_reduce = 2 k (n-1) alpha + 2 (N-1)/(k N) beta M + (N-1)/(k N) gamma M``.
 
-Shape: ``N`` must be ``n^k`` with ``n >= 2``. Give ``k`` (and/or ``n``), or leave both out to take the largest
-``k <= 4`` that fits (BML sec. 3.1: "the typical value of k is 2~4"), falling back to ``k = 1`` (one switch).
+Shape: :func:`dpcomm.topology.bcube_shape`, the one the algorithm runs: ``n`` and/or ``k`` as given, else the
+most levels (the least ``n >= 2`` with ``N = n^k``, ``k >= 2``), which minimises every term above; an ``N``
+that is no such power is a :class:`~dpcomm.errors.UserError` unless ``k = 1`` (one switch) is asked for.
 """
 
 from __future__ import annotations
 
 from dpcomm.costmodel._steps import trivial
 from dpcomm.costmodel.network import Network
+from dpcomm.topology.bcube import bcube_shape
 
-__all__ = ["allreduce", "allreduce_ab", "bcube_shape", "broadcast", "reduce"]
-
-_MAX_DEFAULT_K = 4  # BML sec. 3.1: k is typically 2..4
-
-
-def _root(nodes: int, k: int) -> int | None:
-    n = round(nodes ** (1.0 / k))
-    for cand in (n - 1, n, n + 1):
-        if cand >= 2 and cand**k == nodes:
-            return cand
-    return None
-
-
-def bcube_shape(nodes: int, *, n: int | None = None, k: int | None = None) -> tuple[int, int]:
-    """``(n, k)`` with ``n^k == nodes``: checks a given shape, or picks the largest ``k <= 4`` that fits."""
-    if nodes < 2:
-        raise ValueError(f"BCube needs at least 2 servers, got {nodes}")
-    if k is not None:
-        if k < 1:
-            raise ValueError(f"BCube level count k must be >= 1, got {k}")
-        root = _root(nodes, k)
-        if root is None or (n is not None and n != root):
-            raise ValueError(f"{nodes} servers is not BCube(n, {k}): need n**{k} == {nodes}")
-        return root, k
-    if n is not None:
-        k, size = 1, n
-        while n >= 2 and size < nodes:
-            k, size = k + 1, size * n
-        if n < 2 or size != nodes:
-            raise ValueError(f"{nodes} servers is not a power of n = {n}")
-        return n, k
-    for k in range(_MAX_DEFAULT_K, 0, -1):
-        root = _root(nodes, k)
-        if root is not None:
-            return root, k
-    raise AssertionError("unreachable: k = 1 always fits")
+__all__ = ["allreduce", "allreduce_ab", "broadcast", "reduce"]
 
 
 def allreduce_ab(
@@ -75,7 +42,7 @@ def allreduce_ab(
 ) -> tuple[float, float]:
     if nodes == 1:
         return 0.0, 0.0
-    n, k = bcube_shape(nodes, n=n, k=k)
+    n, k = bcube_shape(nodes, n, k)
     share = (nodes - 1) / (k * nodes)  # (N-1)/(kN): fraction of M each thread sends per stage
     return 2 * k * (n - 1) * net.alpha, 2 * share * net.beta + share * net.gamma
 
@@ -94,7 +61,7 @@ def broadcast(
 ) -> float:
     if trivial(nbytes, nodes):
         return 0.0
-    n, k = bcube_shape(nodes, n=n, k=k)
+    n, k = bcube_shape(nodes, n, k)
     return 2 * k * (n - 1) * net.alpha + 2 * (nodes - 1) / (k * nodes) * net.beta * nbytes
 
 

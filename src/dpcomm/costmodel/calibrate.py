@@ -3,7 +3,8 @@
 ``calibrate(CalibrateOptions(nproc=P))`` starts ``P`` local workers (:func:`dpcomm.launch.launch`, gloo over
 127.0.0.1), times ``torch.distributed.all_reduce`` of float32 tensors over a range of sizes (default 4 KB to
 64 MB, x4 apart), takes for each size the *maximum over ranks of the median* of ``iters`` timed calls (an
-allreduce ends when its slowest rank ends), and fits ``a`` and ``b`` by least squares, with ``R^2``.
+allreduce ends when its slowest rank ends), and fits ``a`` and ``b`` by least squares, with ``R^2``
+(:func:`dpcomm.costmodel.fit.fit_line`).
 
 Two fits: ``relative`` (default) weights each point by ``1/t^2``, i.e. minimises the *relative* residuals, so
 the 4 KB points set ``a`` and the 64 MB points set ``b`` (times span four decades; an unweighted fit is set by
@@ -21,10 +22,9 @@ from __future__ import annotations
 
 import math
 import platform
-import statistics
-import time
 from dataclasses import dataclass
 
+from dpcomm.costmodel.fit import WEIGHTINGS, fit_line
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.lifecycle import check_buffer, check_nproc
@@ -35,12 +35,11 @@ __all__ = [
     "Calibration",
     "CalibrateOptions",
     "calibrate",
-    "fit_linear",
     "ring_alpha_beta",
 ]
 
 DEFAULT_SIZES: tuple[int, ...] = tuple(4096 * 4**i for i in range(8))  # 4 KiB .. 64 MiB
-FITS = ("relative", "ols")
+FITS = WEIGHTINGS
 _DTYPE_BYTES = 4  # float32, what S-SGD all-reduces
 
 
@@ -110,32 +109,6 @@ def _elements(nbytes: int) -> int:
     return max(1, math.ceil(nbytes / _DTYPE_BYTES))
 
 
-def fit_linear(points, fit: str = "relative") -> tuple[float, float, float]:
-    """Least squares ``t = a + b M`` through ``(M, t)`` points; returns ``(a, b, R^2)``.
-
-    ``relative`` weights point ``i`` by ``1/t_i^2`` (a point with ``t = 0`` gets weight 1); ``ols`` weights
-    every point 1. ``R^2 = 1 - sum w r^2 / sum w (t - mean_w t)^2`` in the same weights.
-    """
-    if fit not in FITS:
-        raise ValueError(f"fit must be one of {FITS}, got {fit!r}")
-    if len({m for m, _ in points}) < 2:
-        raise ValueError("a line needs points at two or more different sizes")
-    xs, ys = [float(m) for m, _ in points], [float(t) for _, t in points]
-    ws = [1.0 / y**2 if fit == "relative" and y > 0 else 1.0 for y in ys]
-    rows = list(zip(ws, xs, ys, strict=True))
-    sw = math.fsum(ws)
-    mx = math.fsum(w * x for w, x, _ in rows) / sw
-    my = math.fsum(w * y for w, _, y in rows) / sw
-    b = math.fsum(w * (x - mx) * (y - my) for w, x, y in rows) / math.fsum(
-        w * (x - mx) ** 2 for w, x, _ in rows
-    )
-    a = my - b * mx
-    ss_res = math.fsum(w * (y - (a + b * x)) ** 2 for w, x, y in rows)
-    ss_tot = math.fsum(w * (y - my) ** 2 for w, _, y in rows)
-    r2 = 1.0 - ss_res / ss_tot if ss_tot > 0 else (1.0 if ss_res == 0 else 0.0)
-    return a, b, r2
-
-
 def ring_alpha_beta(a: float, b: float, nodes: int) -> tuple[float, float]:
     """Invert ring's ``a = 2(N-1) alpha``, ``b = 2(N-1)/N beta`` (gamma folded into beta).
 
@@ -147,30 +120,19 @@ def ring_alpha_beta(a: float, b: float, nodes: int) -> tuple[float, float]:
 
 
 def _time_allreduce(sizes: list[int], iters: int, warmup: int, timeout_s: float) -> list[float]:
-    """Worker: median seconds of ``all_reduce`` per size on this rank."""
+    """Worker: seconds of ``all_reduce`` per size, the slowest rank's median (a barrier before each call)."""
     import torch
     import torch.distributed as dist
 
     from dpcomm.launch import init_worker
+    from dpcomm.timing import time_collective
 
     torch.set_num_threads(1)  # workers share the machine's cores; one thread each avoids oversubscription
     init_worker("gloo", timeout_s=timeout_s)
-    medians = []
     try:
-        for nbytes in sizes:
-            t = torch.ones(_elements(nbytes), dtype=torch.float32)
-            for _ in range(warmup):
-                dist.all_reduce(t)
-            times = []
-            for _ in range(iters):
-                dist.barrier()  # start together, so a call's time is its own and not a peer's lateness
-                t0 = time.perf_counter()
-                dist.all_reduce(t)
-                times.append(time.perf_counter() - t0)
-            medians.append(statistics.median(times))
+        return time_collective(None, "allreduce", sizes, iters, warmup=warmup, barrier="each", stat="median")
     finally:
         dist.destroy_process_group()
-    return medians
 
 
 def calibrate(opts: CalibrateOptions) -> Calibration:
@@ -182,7 +144,8 @@ def calibrate(opts: CalibrateOptions) -> Calibration:
     sizes = sorted({_elements(s) * _DTYPE_BYTES for s in opts.sizes})
     per_rank = launch(_time_allreduce, opts.nproc, sizes, opts.iters, opts.warmup, opts.timeout_s)
     points = tuple((float(m), max(r[i] for r in per_rank)) for i, m in enumerate(sizes))
-    a, b, r2 = fit_linear(points, opts.fit)
+    line = fit_line(points, weighting=opts.fit)
+    (a, b), r2 = line.coef, line.r2
     alpha, beta = ring_alpha_beta(a, b, opts.nproc)
     source = (
         f"dpcomm calibrate --nproc {opts.nproc} on {platform.node()}: torch {torch.__version__} gloo "

@@ -10,7 +10,7 @@ own collective) is costed as ``ring`` for allreduce and ``mst`` (binomial tree) 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from dpcomm.costmodel import bcube, be, binary_tree, lp, mst, ps, recursive_doubling, ring
@@ -18,10 +18,10 @@ from dpcomm.costmodel._steps import check
 from dpcomm.costmodel.base import CommCost, LinearCost, MeasuredCost
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
+from dpcomm.ops import OPS
+from dpcomm.registry import CostTable, add_cost
 
-__all__ = ["ALGORITHMS", "COST_OPS", "Algorithm", "allreduce_cost", "allreduce_linear", "collective_cost"]
-
-COST_OPS = ("allreduce", "broadcast", "reduce")
+__all__ = ["ALGORITHMS", "Algorithm", "allreduce_cost", "allreduce_linear", "collective_cost"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -60,72 +60,74 @@ def _alg(name: str, mod, **kw) -> Algorithm:
     )
 
 
-ALGORITHMS: dict[str, Algorithm] = {
-    a.name: a
-    for a in (
-        _alg(
-            "ring",
-            ring,
-            formula="2(N-1) alpha + 2(N-1)/N beta M + (N-1)/N gamma M",
-            source="MG-WFBP Table II (Ring)",
-        ),
-        _alg(
-            "lp",
-            lp,
-            options=("block_bytes",),
-            formula="2(p-1+M/b) alpha + (b(p-1)+M)(2 beta + gamma), b = b* by default",
-            source="LP paper Table 1 (Linear Pipeline), sec. 3.2",
-        ),
-        _alg(
-            "mst",
-            mst,
-            formula="ceil(log2 p) (2 alpha + 2 beta M + gamma M)",
-            source="LP paper Table 1 (Minimal Spanning Tree)",
-        ),
-        _alg(
-            "be",
-            be,
-            formula="2 log2 p alpha + 2(p-1)/p beta M + (p-1)/p gamma M + fold 2 alpha + (2 beta+gamma) M",
-            source="LP paper Table 1 (BE); MG-WFBP Table II (recursive halving and doubling)",
-        ),
-        _alg(
-            "bcube",
-            bcube,
-            options=("n", "k"),
-            formula="2k(n-1) alpha + 2(N-1)/(kN) beta M + (N-1)/(kN) gamma M",
-            source="BML sec. 3.2 (GST = 2(N-1)/(kN) T_F)",
-        ),
-        _alg(
-            "ps",
-            ps,
-            formula="2(N-1) alpha + 2(N-1)/N beta M + (N-1)/N gamma M",
-            source="BML sec. 2 (P2P PS on Fat-Tree, GST = 2(N-1)/N T_F)",
-        ),
-        Algorithm(
-            name="native",
-            allreduce=ring.allreduce,
-            broadcast=mst.broadcast,
-            reduce=mst.reduce,
-            allreduce_ab=ring.allreduce_ab,
-            formula="as ring (allreduce); as mst (broadcast, reduce)",
-            source="torch.distributed's own collective, costed as ring / binomial tree",
-        ),
-        _alg(
-            "binary_tree",
-            binary_tree,
-            cost_only=True,
-            formula="2 floor(log2 N) alpha + floor(log2 N)(2 beta + gamma) M",
-            source="MG-WFBP Table II (Binary tree)",
-        ),
-        _alg(
-            "recursive_doubling",
-            recursive_doubling,
-            cost_only=True,
-            formula="log2 N (alpha + (beta + gamma) M) (+2 alpha + (2 beta+gamma) M if N not 2^k)",
-            source="MG-WFBP Table II (Recursive doubling)",
-        ),
-    )
-}
+for _a in (
+    _alg(
+        "ring",
+        ring,
+        formula="2(N-1) alpha + 2(N-1)/N beta M + (N-1)/N gamma M",
+        source="MG-WFBP Table II (Ring)",
+    ),
+    _alg(
+        "lp",
+        lp,
+        options=("block_bytes",),
+        formula="2(p-1+M/b) alpha + (b(p-1)+M)(2 beta + gamma), b = b* by default",
+        source="LP paper Table 1 (Linear Pipeline), sec. 3.2",
+    ),
+    _alg(
+        "mst",
+        mst,
+        formula="ceil(log2 p) (2 alpha + 2 beta M + gamma M)",
+        source="LP paper Table 1 (Minimal Spanning Tree)",
+    ),
+    _alg(
+        "be",
+        be,
+        formula="2 log2 p alpha + 2(p-1)/p beta M + (p-1)/p gamma M + fold 2 alpha + (2 beta+gamma) M",
+        source="LP paper Table 1 (BE); MG-WFBP Table II (recursive halving and doubling)",
+    ),
+    _alg(
+        "bcube",
+        bcube,
+        options=("n", "k"),
+        formula="2k(n-1) alpha + 2(N-1)/(kN) beta M + (N-1)/(kN) gamma M",
+        source="BML sec. 3.2 (GST = 2(N-1)/(kN) T_F)",
+    ),
+    _alg(
+        "ps",
+        ps,
+        formula="2(N-1) alpha + 2(N-1)/N beta M + (N-1)/N gamma M",
+        source="BML sec. 2 (P2P PS on Fat-Tree, GST = 2(N-1)/N T_F)",
+    ),
+    Algorithm(
+        name="native",
+        allreduce=ring.allreduce,
+        broadcast=mst.broadcast,
+        reduce=mst.reduce,
+        allreduce_ab=ring.allreduce_ab,
+        formula="as ring (allreduce); as mst (broadcast, reduce)",
+        source="torch.distributed's own collective, costed as ring / binomial tree",
+    ),
+    _alg(
+        "binary_tree",
+        binary_tree,
+        cost_only=True,
+        formula="2 floor(log2 N) alpha + floor(log2 N)(2 beta + gamma) M",
+        source="MG-WFBP Table II (Binary tree)",
+    ),
+    _alg(
+        "recursive_doubling",
+        recursive_doubling,
+        cost_only=True,
+        formula="log2 N (alpha + (beta + gamma) M) (+2 alpha + (2 beta+gamma) M if N not 2^k)",
+        source="MG-WFBP Table II (Recursive doubling)",
+    ),
+):
+    add_cost(_a.name, _a)
+
+ALGORITHMS: Mapping[str, Algorithm] = CostTable()
+"""Every algorithm with cost formulas, by name: a view of :mod:`dpcomm.registry` (which also holds the
+implementations)."""
 
 
 def _lookup(algo: str, opts: dict) -> Algorithm:
@@ -141,8 +143,8 @@ def _lookup(algo: str, opts: dict) -> Algorithm:
 
 def collective_cost(op: str, algo: str, nbytes: float, nodes: int, net: Network, **opts) -> float:
     """Seconds for one ``op`` of ``nbytes`` bytes over ``nodes`` nodes by ``algo`` (0: 1 node or 0 bytes)."""
-    if op not in COST_OPS:
-        raise UserError(f"unknown collective '{op}' (choose from {', '.join(COST_OPS)})")
+    if op not in OPS:
+        raise UserError(f"unknown collective '{op}' (choose from {', '.join(OPS)})")
     alg = _lookup(algo, opts)
     check(nbytes, nodes)
     return getattr(alg, op)(float(nbytes), int(nodes), net, **opts)

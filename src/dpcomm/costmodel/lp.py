@@ -28,17 +28,16 @@ import math
 
 from dpcomm.costmodel._steps import check, trivial
 from dpcomm.costmodel.network import Network
+from dpcomm.ops import OPS
 
 __all__ = ["allreduce", "allreduce_ab", "broadcast", "lp_optimal_block", "reduce"]
-
-_OPS = ("broadcast", "reduce", "allreduce")
 
 
 def lp_optimal_block(nbytes: float, nodes: int, net: Network, op: str = "allreduce") -> float:
     """Block size ``b*`` (bytes) minimising the LP cost of ``op``: ``sqrt(n alpha / ((p-1) c))`` in [1, n]."""
     check(nbytes, nodes)
-    if op not in _OPS:
-        raise ValueError(f"op must be one of {_OPS}, got {op!r}")
+    if op not in OPS:
+        raise ValueError(f"op must be one of {OPS}, got {op!r}")
     if nodes == 1 or nbytes <= 1:
         return float(nbytes)
     c = {"broadcast": net.beta, "reduce": net.beta + net.gamma, "allreduce": net.beta + net.gamma / 2}[op]

@@ -20,16 +20,17 @@ from collections.abc import Callable
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
+from dpcomm.plan import Plan
 from dpcomm.planner._common import check_nodes
-from dpcomm.planner.bucket import DDP_BUCKET_BYTES, HOROVOD_FUSION_BYTES, parse_size, plan_bucket
+from dpcomm.planner.bucket import DDP_BUCKET_BYTES, HOROVOD_FUSION_BYTES, parse_bucket_size, plan_bucket
 from dpcomm.planner.mgwfbp import plan_mgwfbp
 from dpcomm.planner.optimal import optimal_partition, plan_optimal
-from dpcomm.plan import Plan
 from dpcomm.planner.single import plan_single
 from dpcomm.planner.wfbp import plan_wfbp
 from dpcomm.trace.format import Trace
 
 __all__ = [
+    "check_nodes",
     "DDP_BUCKET_BYTES",
     "HOROVOD_FUSION_BYTES",
     "SCHEDULES",
@@ -37,7 +38,7 @@ __all__ = [
     "make_plan",
     "optimal_partition",
     "parse_schedules",
-    "parse_size",
+    "parse_bucket_size",
     "plan_bucket",
     "plan_mgwfbp",
     "plan_optimal",
@@ -78,7 +79,7 @@ def parse_schedules(text: str) -> list[str]:
     for s in names:
         name, arg = _split(s)
         if arg is not None:
-            parse_size(arg)
+            parse_bucket_size(arg)
     return names
 
 
@@ -87,5 +88,5 @@ def make_plan(schedule: str, trace: Trace, cost: CommCost, nodes: int) -> Plan:
     check_nodes(nodes)
     name, arg = _split(schedule)
     if name == "bucket":
-        return plan_bucket(trace, cost, nodes, size_bytes=parse_size(arg), name=f"bucket:{arg}")
+        return plan_bucket(trace, cost, nodes, size_bytes=parse_bucket_size(arg), name=f"bucket:{arg}")
     return SCHEDULES[name](trace, cost, nodes)

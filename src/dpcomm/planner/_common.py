@@ -1,6 +1,6 @@
 """What every planner shares: gradient-ready times, layer bytes, a vectorised cost, and the Plan's meta.
 
-Timing model (issue 3; MG-WFBP Eq. 6-8 and 19-21, layers 0-indexed here, 1-indexed in the paper): layer
+Timing model (MG-WFBP Eq. 6-8 and 19-21, layers 0-indexed here, 1-indexed in the paper): layer
 ``l``'s gradient is ready at ``R_l = t_f + sum_{j >= l} b_j`` (the paper's ``tau_b^(l) + t_b^(l)``).
 """
 

@@ -1,48 +1,43 @@
 """Size-capped gradient buckets: PyTorch DDP's ``bucket_cap_mb=25`` and Horovod's 128 MB tensor fusion.
 
 Walk the layers in backward order (``L-1`` down to 0) and close the current group as soon as it holds
-``>= size`` bytes; the last group holds whatever is left. This is the rule of the issue. DDP also makes its
-first bucket 1 MiB (``first_bytes``, :data:`DDP_FIRST_BUCKET_BYTES`); it buckets parameters, not layers,
-which this planner does not model.
+``>= size`` bytes; the last group holds whatever is left. DDP also makes its first bucket 1 MiB
+(``first_bytes``, :data:`DDP_FIRST_BUCKET_BYTES`); it buckets parameters, not layers, which this planner
+does not model.
 
-Sizes: ``25MB``, ``128MB``, ``4KB``, ``1.5GB`` or plain bytes (``4096``). Units are binary as in the tools
-(DDP: ``bucket_cap_mb * 1024 * 1024``; Horovod: ``HOROVOD_FUSION_THRESHOLD`` default 128 * 1024 * 1024):
-``B``, ``K``/``KB``/``KiB`` = 2**10, ``M``/``MB``/``MiB`` = 2**20, ``G``/``GB``/``GiB`` = 2**30.
+Sizes (:mod:`dpcomm.utils.sizes`): ``25MB``, ``128MB``, ``4KB``, ``1.5GB`` or plain bytes (``4096``). Units
+are binary as in the tools (DDP: ``bucket_cap_mb * 1024 * 1024``; Horovod: ``HOROVOD_FUSION_THRESHOLD``
+default 128 * 1024 * 1024): ``B``, ``K``/``KB``/``KiB`` = 2**10, ``M``/``MB``/``MiB`` = 2**20,
+``G``/``GB``/``GiB`` = 2**30.
 """
 
 from __future__ import annotations
 
-import math
-import re
 import time
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.planner._common import check_nodes, finish
 from dpcomm.plan import Plan
+from dpcomm.planner._common import check_nodes, finish
 from dpcomm.trace.format import Trace
+from dpcomm.utils.sizes import parse_size
 
-__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "HOROVOD_FUSION_BYTES", "parse_size", "plan_bucket"]
+__all__ = [
+    "DDP_BUCKET_BYTES",
+    "DDP_FIRST_BUCKET_BYTES",
+    "HOROVOD_FUSION_BYTES",
+    "parse_bucket_size",
+    "plan_bucket",
+]
 
 DDP_BUCKET_BYTES = 25 * 2**20  # torch.nn.parallel.DistributedDataParallel(bucket_cap_mb=25)
 DDP_FIRST_BUCKET_BYTES = 2**20  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES: DDP's first bucket
 HOROVOD_FUSION_BYTES = 128 * 2**20  # HOROVOD_FUSION_THRESHOLD default
 
-_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 2**10, "kib": 2**10, "m": 2**20, "mb": 2**20, "mib": 2**20}
-_UNITS |= {"g": 2**30, "gb": 2**30, "gib": 2**30}
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
 
-
-def parse_size(text: str) -> int:
-    """``"25MB"`` -> 26214400 bytes; a bad or non-positive size is a one-line :class:`UserError`."""
-    m = _SIZE.match(str(text))
-    unit = m.group(2).lower() if m else None
-    if not m or unit not in _UNITS:
-        raise UserError(f"bad bucket size {text!r}: use bytes or a number with B, KB, MB or GB (e.g. 25MB)")
-    value = float(m.group(1)) * _UNITS[unit]
-    if not math.isfinite(value) or value < 1:
-        raise UserError(f"bad bucket size {text!r}: must be at least 1 byte")
-    return int(value)
+def parse_bucket_size(text: str) -> int:
+    """``"25MB"`` -> 26214400 bytes (:func:`dpcomm.utils.sizes.parse_size`, at least 1 byte)."""
+    return parse_size(text, what="bucket size", minimum=1)
 
 
 def plan_bucket(

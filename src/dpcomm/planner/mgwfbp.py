@@ -46,8 +46,8 @@ from __future__ import annotations
 import time
 
 from dpcomm.costmodel.base import CommCost, LinearCost
-from dpcomm.planner._common import check_nodes, finish, layer_bytes, ready_times
 from dpcomm.plan import Plan
+from dpcomm.planner._common import check_nodes, finish, layer_bytes, ready_times
 from dpcomm.trace.format import Trace
 
 __all__ = ["plan_mgwfbp"]

@@ -32,8 +32,8 @@ import time
 import numpy as np
 
 from dpcomm.costmodel.base import CommCost
-from dpcomm.planner._common import check_nodes, cost_many, finish, layer_bytes, no_opts, ready_times
 from dpcomm.plan import Plan
+from dpcomm.planner._common import check_nodes, cost_many, finish, layer_bytes, no_opts, ready_times
 from dpcomm.trace.format import Trace
 
 __all__ = ["optimal_partition", "plan_optimal"]

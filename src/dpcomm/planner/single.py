@@ -9,8 +9,8 @@ from __future__ import annotations
 import time
 
 from dpcomm.costmodel.base import CommCost
-from dpcomm.planner._common import check_nodes, finish, no_opts
 from dpcomm.plan import Plan
+from dpcomm.planner._common import check_nodes, finish, no_opts
 from dpcomm.trace.format import Trace
 
 __all__ = ["plan_single"]

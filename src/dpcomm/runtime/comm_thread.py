@@ -63,7 +63,9 @@ class CommJob:
         if not self._done.wait(timeout_s):
             raise CommFailure(f"{self.label}: not finished after {timeout_s:g} s (a peer may be hung)")
         if self.error is not None:
-            raise CommFailure(f"{self.label} failed: {_one_line(self.error)}") from self.error
+            raise CommFailure(
+                f"{self.label} failed: {first_line(self.error, with_type=True)}"
+            ) from self.error
 
     def _wait_works(self, timeout_s: float | None) -> None:
         """An asynchronous job: wait for the backend, then run ``finish`` here (the waiting thread)."""
@@ -81,10 +83,6 @@ class CommJob:
             self.t_end = time.perf_counter()
         self.works, self.finish = [], None
         self._done.set()
-
-
-def _one_line(exc: BaseException) -> str:
-    return f"{type(exc).__name__}: {first_line(exc)}"
 
 
 class CommThread:

@@ -16,13 +16,14 @@ DistributedDataParallel::
 3. ``step()`` waits for the last group (line 12), the averaged gradients are already back in ``.grad``,
    and the optimizer steps (line 13). The LP paper's BSP modes are in :mod:`dpcomm.runtime.bsp`.
 
-A planner *name* is resolved on the workers themselves (:mod:`dpcomm.runtime.autoplan`): the first
-``profile_iters`` iterations run one all-reduce after backward (a safe ``single`` plan) while every layer is
-timed, the collective's cost is measured, and the root's plan is broadcast and checked by hash on every rank.
-The planners' cost model assumes communication overlaps computation for free; where it does not (CPU-bound
-workers that also do the reductions, as on one machine), ``verify_iters`` iterations of the planned plan,
-``single`` and DDP's default buckets are timed round-robin and the fastest is kept
-(``mgwfbp`` and ``optimal`` only; :class:`dpcomm.runtime.autoplan.Trial`).
+This class runs a :class:`~dpcomm.plan.Plan` it is given, or the plans a *driver* hands it while it trains
+(:mod:`dpcomm.runtime.driver`): ``dpcomm.DataParallel(model, plan="mgwfbp")`` is
+:class:`dpcomm.train.online.DataParallel`, which plans a planner name on the workers themselves (profile,
+trace, plan on the root, timed trial). Timing spans are :mod:`dpcomm.runtime.spans`, the state broadcast
+and the plan check :mod:`dpcomm.runtime.broadcast`, the buckets, communication thread and mode jobs
+:mod:`dpcomm.runtime.grad_sync`, the layer order :mod:`dpcomm.runtime.layer_order`. (This module is longer
+than most, about 430 lines, because it is one ``nn.Module`` whose public methods and autograd hooks share
+the state of the iteration in progress.)
 
 Edge cases: a parameter without a gradient in an iteration is an error naming it (``allow_unused=True``:
 a zero gradient); a shared (tied) parameter is one slot, in the first layer that uses it; ``no_sync()``
@@ -43,22 +44,22 @@ import time
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpcomm.collectives._p2p import cause
 from dpcomm.errors import UserError
-from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.plan import Plan
-from dpcomm.runtime import autoplan, bsp
-from dpcomm.runtime.buckets import GradBuckets, Group
-from dpcomm.runtime.comm_thread import CommFailure, CommJob, CommThread
-from dpcomm.runtime.records import IterRecord, Span, write_chrome_trace_file
+from dpcomm.runtime import bsp
+from dpcomm.runtime.broadcast import StateBroadcast, check_same_plan, groups_text
+from dpcomm.runtime.driver import PlanDriver
+from dpcomm.runtime.grad_sync import GradSync
+from dpcomm.runtime.layer_order import LayerOrder
+from dpcomm.runtime.records import IterRecord, Phase, Span
+from dpcomm.runtime.spans import IterTimes, Timeline, layer_times
 
 __all__ = ["DataParallel"]
 
@@ -67,39 +68,6 @@ _KEEP_RECORDS = 10_000
 """Iteration records kept by a wrapper (about 200 bytes each)."""
 _ACTIVE: weakref.WeakKeyDictionary[nn.Module, weakref.ref[DataParallel]] = weakref.WeakKeyDictionary()
 """Module -> the open wrapper whose hooks are on it (two open wrappers would both communicate)."""
-
-
-@dataclass(slots=True)
-class _Iter:
-    """Timestamps of the iteration in progress (``time.perf_counter()`` seconds)."""
-
-    t0: float | None = None
-    forward_s: float = 0.0
-    backward_s: float = 0.0
-    exposed_s: float = 0.0
-    bwd_start: float | None = None
-    bwd_last: float | None = None
-    spans: list[Span] = field(default_factory=list)
-    pre: dict[int, float] = field(default_factory=dict)
-    """Owner index -> first forward pre-hook time (layer timing while profiling)."""
-    ready: dict[int, float] = field(default_factory=dict)
-    """Layer -> time its last gradient arrived."""
-    fwd_start: float = 0.0
-    fwd_end: float = 0.0
-
-
-def _byte_views(tensors: list[torch.Tensor]) -> tuple[torch.Tensor, list[torch.Tensor], list[int]]:
-    """One uint8 buffer holding every tensor, widest dtype first (so each view is aligned to its element
-    size); returns the buffer, one typed view per tensor in that order, and the order (indices)."""
-    order = sorted(range(len(tensors)), key=lambda i: -tensors[i].element_size())
-    sizes = [tensors[i].numel() * tensors[i].element_size() for i in order]
-    flat = torch.empty(sum(sizes), dtype=torch.uint8, device=tensors[0].device)
-    views, off = [], 0
-    for i, n in zip(order, sizes, strict=True):
-        t = tensors[i]
-        views.append(flat[off : off + n].view(t.dtype).view(t.shape))
-        off += n
-    return flat, views, order
 
 
 def _tensors(out: Any) -> Iterator[torch.Tensor]:
@@ -114,20 +82,17 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
 
 
 class DataParallel(nn.Module):
-    """Data-parallel wrapper running a :class:`Plan` (or a planner name) with a registered collective.
+    """Data-parallel wrapper running a :class:`Plan` (or a driver's plans) with a registered collective.
 
     Args:
         module: the model replica on this rank.
-        plan: a :class:`Plan` whose layers are ``module``'s learnable layers, or a planner name
-            (``wfbp``, ``single``, ``bucket:25MB``, ``mgwfbp``, ``optimal``) decided after profiling.
+        plan: a :class:`Plan` whose layers are ``module``'s learnable layers, or a
+            :class:`~dpcomm.runtime.driver.PlanDriver` that decides the plans while training.
         collective: a name from :func:`dpcomm.collectives.names` or an object with the collective signature.
         process_group: torch.distributed group of the replicas (None: the default group).
         mode: ``overlap`` (MG-WFBP Alg. 2) or the LP paper's ``lp-alg1``, ``lp-alg2``, ``lp-alg3``.
         broadcast_every: ``lp-alg3`` re-broadcasts the root's parameters every this many steps.
         allow_unused: treat parameters that got no gradient as zero gradients instead of raising.
-        network: a :class:`~dpcomm.costmodel.network.Network` or preset name; for planner names, price the
-            all-reduce with its model instead of timing the collective.
-        profile_iters: iterations measured before a planner-name plan is decided (>= 1).
         log: called with each one-line message (plan, measurements); also logged to ``dpcomm.runtime``.
         root: group rank that owns the authoritative parameters (initial broadcast, LP modes).
         reduce_dtype: communicate gradients in this dtype (e.g. ``torch.float32`` for bfloat16 models);
@@ -136,46 +101,32 @@ class DataParallel(nn.Module):
         keep_spans: iterations whose timeline is kept for :meth:`write_chrome_trace`.
         timeout_s: give up waiting for one communication job after this long (None: rely on the group's
             own timeout, which :func:`dpcomm.launch.init_worker` sets).
-        verify_iters: for ``mgwfbp``/``optimal``, time the planned plan, ``single`` and DDP's default buckets
-            for this many iterations each (round-robin, after profiling), keep the fastest (0: no timing).
     """
-
-    _tamper_plan: ClassVar[Callable[[Plan, int], Plan] | None] = None
-    """Test hook: applied to the received planner-name plan on every rank (forces a mismatch in tests)."""
 
     def __init__(
         self,
         module: nn.Module,
-        plan: str | Plan = "mgwfbp",
+        plan: Plan | PlanDriver,
         collective: str | Any = "native",
         process_group: Any = None,
         *,
         mode: str = "overlap",
         broadcast_every: int = 5,
         allow_unused: bool = False,
-        network: Any = None,
-        profile_iters: int = 3,
         log: Callable[[str], None] | None = None,
         root: int = 0,
         reduce_dtype: torch.dtype | None = None,
         broadcast_buffers: bool = True,
         keep_spans: int = 50,
         timeout_s: float | None = None,
-        verify_iters: int = 3,
     ):
         super().__init__()
         if mode not in bsp.MODES:
             raise UserError(f"unknown DataParallel mode '{mode}' (choose from {', '.join(bsp.MODES)})")
-        if not isinstance(plan, Plan | str) or (isinstance(plan, str) and not plan):
+        if not isinstance(plan, Plan | PlanDriver):
             raise UserError(f"plan must be a Plan or a planner name, got {plan!r}")
-        if isinstance(plan, str):
-            from dpcomm.planner import parse_schedules
-
-            parse_schedules(plan)  # an unknown name fails here, on every rank, before any communication
-        if broadcast_every < 1 or profile_iters < 1:
+        if broadcast_every < 1:
             raise UserError("broadcast_every and profile_iters must be >= 1")
-        if verify_iters < 0:
-            raise UserError(f"verify_iters must be >= 0, got {verify_iters}")
         if not dist.is_available() or not dist.is_initialized():
             raise UserError("DataParallel needs torch.distributed initialised (dpcomm.launch.init_worker())")
         old = _ACTIVE.get(module)
@@ -188,13 +139,10 @@ class DataParallel(nn.Module):
         self.mode = mode
         self.broadcast_every = broadcast_every
         self.allow_unused = allow_unused
-        self.network = network
-        self.profile_iters = profile_iters
         self.reduce_dtype = reduce_dtype
         self.broadcast_buffers = broadcast_buffers
         self.timeout_s = timeout_s
-        self.verify_iters = verify_iters
-        self._pg = process_group
+        self.process_group = process_group
         self.rank = dist.get_rank(process_group)
         if self.rank < 0:
             raise UserError(f"rank {dist.get_rank()} is not a member of the process group it was given")
@@ -212,34 +160,22 @@ class DataParallel(nn.Module):
                 collective,
             )
         self._user_log = log
-        self._async = callable(getattr(self._coll, "allreduce_async", None))
-        """The collective's backend makes its own progress (``native``): all-reduces start right in the
-        backward hook, without the communication thread (:meth:`CommThread.start_async`)."""
 
+        self._driver = plan if isinstance(plan, PlanDriver) else None
         self.plan: Plan | None = plan if isinstance(plan, Plan) else None
-        """The plan in use; None while a planner-name plan is being profiled or its candidates timed."""
-        self._trial: autoplan.Trial | None = None
-        """Candidate plans being timed round-robin (planner names, after profiling)."""
-        self._schedule = plan if isinstance(plan, str) else plan.schedule
-        self.trace = None
-        """The measured :class:`~dpcomm.trace.format.Trace` a planner-name plan was made from."""
-        self.cost = None
-        """The all-reduce cost the plan was made with (fitted :class:`LinearCost` or the network model)."""
-        self.cost_points: list[tuple[int, float]] = []
-        """Measured ``(bytes, seconds)`` all-reduce times behind :attr:`cost`."""
+        """The plan in use; None while a driver's plan is being profiled or its candidates timed."""
+        self.phase = Phase.STEADY if self._driver is None else Phase.PROFILE
+        """What the iterations are for now (:class:`Phase`)."""
+        self._running: Plan | None = self.plan
+        """The plan the buckets run (in every phase)."""
         self.records: deque[IterRecord] = deque(maxlen=_KEEP_RECORDS)
         """One :class:`IterRecord` per ``step()``: the last ``_KEEP_RECORDS`` (a long run stays small)."""
 
-        self._comm = CommThread(name=f"dpcomm-comm-r{self.rank}")
-        self._wall0 = time.time() - time.perf_counter()  # perf_counter -> wall clock, for the trace
-        self._spans: deque[list[Span]] = deque(maxlen=max(1, keep_spans))
+        self._sync_grads = GradSync(
+            self._coll, process_group, self.rank, self.world_size, root, mode, timeout_s
+        )
+        self._timeline = Timeline(keep_spans)
         self._names = {id(p): n for n, p in module.named_parameters()}
-        self._owners = learnable_layers(module)  # registration order; forward order found on first call
-        self._layers: list[tuple[str, nn.Module]] | None = None
-        self._layer_of_owner: list[int] = []
-        self._params_per_layer: list[list[nn.Parameter]] = []
-        self._buckets: GradBuckets | None = None
-        self._samples: list[tuple[list[float], list[float]]] = []
         self._batch = 0
         self._sync = True
         self._pending = False  # a synchronous backward happened and step() has not consumed it
@@ -247,18 +183,15 @@ class DataParallel(nn.Module):
         self._stale = False  # lp-alg1: non-root parameters lag the root's until the next forward
         self._prefetch: bsp.LayerwiseBroadcast | None = None
         self._steps = 0
-        self._it = _Iter()
-        self._state_packs: dict[bool, tuple] = {}
-        """params? -> (layout key, byte buffer, typed views, tensor order) of :meth:`_broadcast_state`."""
+        self._it = IterTimes()
+        self._broadcast = StateBroadcast(module, self._coll, process_group, self.rank, self.world_size, root)
 
-        self._broadcast_state(params=True)
+        self._it.exposed_s += self._broadcast(params=True)
         self._hooks = [
             p.register_post_accumulate_grad_hook(self._on_grad)
             for p in dict.fromkeys(p for p in module.parameters() if p.requires_grad)
         ]
-        self._pre_hooks = [
-            mod.register_forward_pre_hook(self._pre_hook(i)) for i, (_, mod) in enumerate(self._owners)
-        ]
+        self._layers = LayerOrder(module, self._on_layer_call)  # forward order found on the first call
         _ACTIVE[module] = weakref.ref(self)
 
     # ----------------------------------------------------------------- public API
@@ -275,21 +208,19 @@ class DataParallel(nn.Module):
             it.t0 = now
         self._close_backward()
         it.fwd_start, it.pre = now, {}
-        first = self._layers is None
+        first = not self._layers.known
         if first and args and isinstance(args[0], torch.Tensor) and args[0].dim() > 0:
             self._batch = int(args[0].shape[0])
         if not first and self.world_size > 1:
             if self.broadcast_buffers and torch.is_grad_enabled() and self._sync:
-                self._broadcast_state(params=False)
+                it.exposed_s += self._broadcast(params=False)
             if self._stale:  # lp-alg1: fetch the root's new parameters layer by layer during this forward
-                self._prefetch = bsp.LayerwiseBroadcast(
-                    self._comm, self._coll, self._buckets, self._pg, self.rank, self.root
-                )
+                self._prefetch = self._sync_grads.prefetch()
         try:
             out = self.module(*args, **kwargs)
         finally:
             if self._prefetch is not None:
-                self._prefetch.finish(self._wait)
+                self._prefetch.finish(self._sync_grads.wait)
                 it.exposed_s += self._prefetch.waited_s
                 self._prefetch, self._stale = None, False
         if first:
@@ -301,7 +232,7 @@ class DataParallel(nn.Module):
                     t.register_hook(self._on_backward_start)
         it.fwd_end = time.perf_counter()
         it.forward_s += it.fwd_end - now
-        self._span("forward", "compute", now, it.fwd_end)
+        self._timeline.span(it, "forward", "compute", now, it.fwd_end)
         return out
 
     @contextlib.contextmanager
@@ -323,25 +254,13 @@ class DataParallel(nn.Module):
             raise UserError("DataParallel: step()/synchronize() called inside no_sync()")
         self._close_backward()
         t0 = time.perf_counter()
-        b = self._buckets
-        if b is None or not self._pending:
+        if self._sync_grads.buckets is None or not self._pending:
             raise UserError("DataParallel: step() called without a backward pass since the last step")
-        missing = b.missing()
-        if missing and not self.allow_unused:
-            self._wait(None)  # groups already sent must finish on every rank before we raise
-            b.reset()
+        try:
+            self._sync_grads.finish_gradients(self.allow_unused)
+        finally:
             self._pending = False
-            names = ", ".join(s.name for s in missing[:8]) + (" ..." if len(missing) > 8 else "")
-            raise UserError(
-                f"DataParallel: {len(missing)} parameter(s) got no gradient this iteration: {names} "
-                "(pass allow_unused=True to treat them as zero)"
-            )
-        b.fill_missing_with_zeros()
-        for g in b.pop_launchable():
-            self._launch(g)
-        self._wait(None)
-        b.reset()
-        self._pending, self._synced = False, True
+        self._synced = True
         self._it.exposed_s += time.perf_counter() - t0
 
     def step(self, optimizer: torch.optim.Optimizer) -> None:
@@ -356,21 +275,13 @@ class DataParallel(nn.Module):
             if self.mode == "lp-alg2" or (
                 self.mode == "lp-alg3" and (self._steps + 1) % self.broadcast_every == 0
             ):
-                t1 = time.perf_counter()
-                for g in self._buckets.groups:
-                    self._comm.submit(
-                        *bsp.broadcast_params_job(
-                            self._coll, self._buckets, g, self._pg, self.rank, self.root
-                        )
-                    )
-                self._wait(None)
-                self._it.exposed_s += time.perf_counter() - t1
+                self._it.exposed_s += self._sync_grads.broadcast_params()
             self._stale = self.mode == "lp-alg1"
         self._finish_iteration(t0)
-        if self._trial is not None:
-            self._trial_step()
-        elif self.plan is None and len(self._samples) >= self.profile_iters:
-            self._decide_plan()
+        if self._driver is not None and self.phase is not Phase.STEADY:
+            nxt = self._driver.after_step(self, self.records[-1])
+            if nxt is not None:
+                self._use(*nxt)
         self._drop_pre_hooks_if_unused()
 
     def sync_params(self) -> None:
@@ -378,7 +289,7 @@ class DataParallel(nn.Module):
         non-root replicas otherwise receive the last update only in the next forward)."""
         if self._pending:
             raise UserError("DataParallel: sync_params() between backward and step()")
-        self._broadcast_state(params=True)
+        self._it.exposed_s += self._broadcast(params=True)
         self._stale = False
 
     def write_chrome_trace(self, path: str | Path, gather: bool = True) -> Path | None:
@@ -388,18 +299,7 @@ class DataParallel(nn.Module):
         per rank and returns its path, other ranks return None. ``gather=False``: each rank writes
         ``path`` with ``.rank<r>`` before the suffix (no communication).
         """
-        spans = [s for its in self._spans for s in its]
-        path = Path(path)
-        if not gather:
-            mine = (
-                path.with_name(f"{path.stem}.rank{self.rank}{path.suffix}") if self.world_size > 1 else path
-            )
-            return write_chrome_trace_file(mine, {self.rank: spans})
-        everyone: list[Any] = [None] * self.world_size
-        dist.all_gather_object(everyone, spans, group=self._pg)
-        if self.rank != 0:
-            return None
-        return write_chrome_trace_file(path, dict(enumerate(everyone)))
+        return self._timeline.write_chrome_trace(path, self.rank, self.world_size, self.process_group, gather)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         """The wrapped module's state dict (no ``module.`` prefix)."""
@@ -412,32 +312,64 @@ class DataParallel(nn.Module):
     @property
     def spans(self) -> list[list[Span]]:
         """This rank's timeline of the kept iterations: per iteration, its compute and comm spans."""
-        return [list(its) for its in self._spans]
+        return self._timeline.iterations
 
     @property
     def grad_buffer_bytes(self) -> int:
         """Bytes of the flat gradient buffers (the one extra copy of the gradients)."""
-        return self._buckets.nbytes if self._buckets is not None else 0
+        return self._sync_grads.nbytes
 
     def close(self) -> None:
         """Remove the hooks and stop the communication thread (the module stays usable on its own)."""
-        for h in self._hooks + self._pre_hooks:
+        for h in self._hooks:
             h.remove()
-        self._hooks, self._pre_hooks = [], []
-        self._comm.close()
+        self._hooks = []
+        self._layers.drop_hooks()
+        self._sync_grads.close()
         ref = _ACTIVE.get(self.module)
         if ref is not None and ref() is self:
             del _ACTIVE[self.module]
 
+    # ----------------------------------------------------------------- what a driver may use
+
+    @property
+    def layer_names(self) -> list[str]:
+        """Learnable layers' names in forward order (known after the first forward)."""
+        return [name for name, _ in self._layers.layers or []]
+
+    @property
+    def layer_numels(self) -> list[int]:
+        """Parameters per learnable layer, forward order (a shared parameter counts in its first layer)."""
+        return [sum(p.numel() for p in ps) for ps in self._layers.params_per_layer]
+
+    @property
+    def batch_size(self) -> int:
+        """Samples in the first forward's batch (its first argument's first dimension; 0 if unknown)."""
+        return self._batch
+
+    def scratch(self) -> torch.Tensor:
+        """The largest flat gradient buffer in use, to time messages with (its contents are overwritten;
+        drop the reference before the next plan is used: its buffers replace these)."""
+        return self._sync_grads.scratch()
+
+    def allreduce(self, t: torch.Tensor) -> None:
+        """Sum ``t`` over the group with this wrapper's collective (no-op on one rank)."""
+        if self.world_size > 1:
+            self._coll.allreduce(t, group=self.process_group)
+
+    def emit(self, msg: str) -> None:
+        """One message for the user: ``[rank R] msg`` to ``log`` and the ``dpcomm.runtime`` logger."""
+        line = f"[rank {self.rank}] {msg}"
+        _log.info(line)
+        if self._user_log is not None:
+            self._user_log(line)
+
     # ----------------------------------------------------------------- hooks
 
-    def _pre_hook(self, owner: int) -> Callable[..., None]:
-        def hook(_mod: nn.Module, _inputs: Any) -> None:
-            self._it.pre.setdefault(owner, time.perf_counter())
-            if self._prefetch is not None:
-                self._prefetch.before_layer(self._layer_of_owner[owner], self._wait)
-
-        return hook
+    def _on_layer_call(self, owner: int) -> None:
+        self._it.pre.setdefault(owner, time.perf_counter())
+        if self._prefetch is not None:
+            self._prefetch.before_layer(self._layers.layer_of_owner[owner], self._sync_grads.wait)
 
     def _on_backward_start(self, grad: torch.Tensor) -> None:
         if self._it.bwd_start is None:
@@ -449,251 +381,56 @@ class DataParallel(nn.Module):
         it.bwd_last = now
         if it.bwd_start is None:
             it.bwd_start = it.fwd_end
-        if not self._sync or self._buckets is None:
+        if not self._sync or self._sync_grads.buckets is None:
             return
-        slot = self._buckets.mark_ready(p)
-        it.ready[slot.layer] = now
+        it.ready[self._sync_grads.ready(p)] = now
         self._pending = True
-        if self.mode in ("overlap", "lp-alg1"):
-            for g in self._buckets.pop_launchable():
-                self._launch(g)
 
     # ----------------------------------------------------------------- internals
 
-    def _launch(self, g: Group) -> None:
-        """Queue group ``g``'s gradient communication for this mode."""
-        b, coll, pg, world = self._buckets, self._coll, self._pg, self.world_size
-        if self.mode in ("lp-alg1", "lp-alg2"):
-            label, run = bsp.reduce_job(coll, b, g, pg, world, self.rank, self.root)
-        elif self._async:
-            bsp.start_allreduce(self._comm, coll, b, g, pg, world)
-            return
-        else:
-            label, run = bsp.allreduce_job(coll, b, g, pg, world)
-        self._comm.submit(label, run, g.nbytes)
-
-    def _wait(self, job: CommJob | None) -> float:
-        """Wait for ``job`` (None: everything queued); returns the seconds waited."""
-        t0 = time.perf_counter()
-        try:
-            if job is None:
-                self._comm.wait_all(self.timeout_s)
-            else:
-                job.wait(self.timeout_s)
-        except CommFailure as exc:
-            raise CommFailure(f"DataParallel rank {self.rank} of {self.world_size}: {exc}") from exc
-        return time.perf_counter() - t0
-
-    def _broadcast_state(self, params: bool) -> None:
-        """The root's parameters (if ``params``) and buffers to every rank as one message of bytes (a
-        broadcast does no arithmetic, so every dtype shares it: one collective instead of one per dtype)."""
-        if self.world_size == 1:
-            return
-        tensors = [t.detach() for t in self.module.buffers()]
-        if params:
-            tensors = [p.detach() for p in dict.fromkeys(self.module.parameters())] + tensors
-        if not tensors:
-            return
-        t0 = time.perf_counter()
-        key = tuple((t.data_ptr(), t.dtype, t.shape) for t in tensors)
-        packed = self._state_packs.get(params)
-        if packed is None or packed[0] != key:
-            packed = (key, *_byte_views(tensors))
-            if not params:  # buffers go every forward: keep their layout; parameters go rarely
-                self._state_packs[params] = packed
-        _, flat, views, order = packed
-        ts = [tensors[i] for i in order]
-        what = "params+buffers" if params else "buffers"
-        try:  # on this thread: nothing else is queued at the points where the state is broadcast
-            with torch.no_grad():
-                if self.rank == self.root:
-                    torch._foreach_copy_(views, ts)
-                self._coll.broadcast(flat, root=self.root, group=self._pg)
-                if self.rank != self.root:
-                    torch._foreach_copy_(ts, views)
-        except Exception as exc:
-            raise CommFailure(
-                f"DataParallel rank {self.rank} of {self.world_size}: broadcast {what} "
-                f"({flat.numel()} B) failed: {cause(exc)}"
-            ) from exc
-        self._it.exposed_s += time.perf_counter() - t0
-
     def _adopt_layer_order(self) -> None:
         """After the first forward: learnable layers in call order, their parameters, the first plan."""
-        pre = self._it.pre
-        called = sorted(pre, key=pre.__getitem__)
-        order = called + [i for i in range(len(self._owners)) if i not in pre]
-        self._layers = [self._owners[i] for i in order]
-        self._layer_of_owner = [0] * len(order)
-        for layer, owner in enumerate(order):
-            self._layer_of_owner[owner] = layer
-        self._params_per_layer = layer_params(self.module, self._layers)
-        L = len(self._layers)
-        if self.plan is not None:
-            if self.plan.num_layers != L:
-                raise UserError(
-                    f"plan '{self.plan.schedule}' has {self.plan.num_layers} layers but the module has {L} "
-                    "learnable layers"
-                )
-            autoplan.check_same_plan(self.plan, self._pg)
-            self._emit(
-                f"plan {self.plan.schedule}: {len(self.plan.groups)} group(s) {self._sizes(self.plan)}"
+        self._layers.adopt(self._it.pre)
+        L = len(self._layers.layers)
+        if self._driver is not None:  # e.g. one all-reduce after backward while profiling (MG-WFBP Alg. 1)
+            self._use(*self._driver.begin(self))
+            return
+        if self.plan.num_layers != L:
+            raise UserError(
+                f"plan '{self.plan.schedule}' has {self.plan.num_layers} layers but the module has {L} "
+                "learnable layers"
             )
-            self._buckets = self._make_buckets(self.plan)
-        else:  # planner name: measure with one all-reduce after backward first (MG-WFBP Alg. 1 lines 1-7)
-            self._buckets = self._make_buckets(Plan.from_sizes("single", [L], L))
-            self._emit(f"profiling {self.profile_iters} iteration(s) before planning '{self._schedule}'")
+        check_same_plan(self.plan, self.process_group)
+        self.emit(f"plan {self.plan.schedule}: {len(self.plan.groups)} group(s) {groups_text(self.plan)}")
+        self._use(self.plan, Phase.STEADY)
+
+    def _use(self, plan: Plan, phase: Phase) -> None:
+        """Run ``plan`` from the next iteration on (new buckets only where its groups differ)."""
+        self.phase, self._running = phase, plan
+        self.plan = plan if phase is Phase.STEADY else None
+        self._sync_grads.use(plan, self._layers.params_per_layer, self._names, self.reduce_dtype)
 
     def _drop_pre_hooks_if_unused(self) -> None:
         """Pre-hooks serve layer ordering, profiling and lp-alg1; once done, modules run hook-free."""
-        if self.plan is not None and self.mode != "lp-alg1":
-            for h in self._pre_hooks:
-                h.remove()
-            self._pre_hooks = []
-
-    def _make_buckets(self, plan: Plan) -> GradBuckets:
-        self._buckets = None  # free the old buffers first: never two copies
-        return GradBuckets(plan, self._params_per_layer, self._names, self.reduce_dtype)
+        if self.phase is Phase.STEADY and self._layers.known and self.mode != "lp-alg1":
+            self._layers.drop_hooks()
 
     def _close_backward(self) -> None:
         """Fold the last backward's span into the iteration (called at the next forward or at step)."""
         it = self._it
-        if it.bwd_start is not None and it.bwd_last is not None and it.bwd_last >= it.bwd_start:
-            it.backward_s += it.bwd_last - it.bwd_start
-            self._span("backward", "compute", it.bwd_start, it.bwd_last)
-            if self.plan is None and self._trial is None and it.ready and self._layers is not None:
-                pre = [it.pre.get(o) for o in self._order_owners()]
-                ready = [it.ready.get(layer) for layer in range(len(pre))]
-                self._samples.append(autoplan.layer_times(pre, it.fwd_end, ready, it.bwd_start))
+        closed = self._timeline.close_backward(it)
+        if closed and self.phase is Phase.PROFILE and it.ready and self._layers.known:
+            pre = self._layers.by_layer(it.pre)
+            ready = [it.ready.get(layer) for layer in range(len(pre))]
+            self._driver.layer_times(*layer_times(pre, it.fwd_end, ready, it.bwd_start))
         it.bwd_start = it.bwd_last = None
         it.ready = {}
 
-    def _order_owners(self) -> list[int]:
-        owners = [0] * len(self._layer_of_owner)
-        for owner, layer in enumerate(self._layer_of_owner):
-            owners[layer] = owner
-        return owners
-
     def _finish_iteration(self, t_step: float) -> None:
         self._synced = False
-        it, now = self._it, time.perf_counter()
-        self._span("step", "compute", t_step, now)
-        comm_s = 0.0
-        for job in self._comm.take_finished():
-            comm_s += job.t_end - job.t_start
-            it.spans.append(
-                Span(
-                    name=job.label,
-                    row="comm",
-                    start=job.t_start + self._wall0,
-                    end=job.t_end + self._wall0,
-                    args={"bytes": job.nbytes, "queued": job.t_submit + self._wall0},
-                )
-            )
+        jobs = self._sync_grads.comm.take_finished()
         self.records.append(
-            IterRecord(
-                iteration=self._steps,
-                forward_s=it.forward_s,
-                backward_s=it.backward_s,
-                exposed_comm_s=it.exposed_s,
-                step_s=now - t_step,
-                total_s=now - (it.t0 if it.t0 is not None else t_step),
-                comm_s=comm_s,
-                plan=self.plan.schedule
-                if self.plan is not None
-                else (f"trial {self._trial.current.schedule}" if self._trial is not None else "profiling"),
-            )
+            self._timeline.finish(self._it, self._steps, t_step, jobs, self.phase, self._running.schedule)
         )
-        self._spans.append(it.spans)
         self._steps += 1
-        self._it = _Iter()
-
-    def _decide_plan(self) -> None:
-        """Root plans from the measured trace and cost; every rank adopts it after the hash check."""
-        f, b = autoplan.median_layer_times(self._samples, self._pg)
-        flat = max((t for g in self._buckets.groups for t in g.flats.values()), key=torch.Tensor.numel)
-        dtype_bytes = flat.element_size()
-        if self.network is not None:
-            self.cost = autoplan.network_cost(self.network, self.world_size, self.collective_name)
-        else:
-            allreduce = (
-                (lambda t: self._coll.allreduce(t, group=self._pg))
-                if self.world_size > 1
-                else (lambda t: None)
-            )
-            self.cost_points = autoplan.measure_allreduce(allreduce, flat, self._pg)
-            self.cost = autoplan.fit_linear(self.cost_points)
-        self.trace = autoplan.build_trace(
-            type(self.module).__name__,
-            [name for name, _ in self._layers],
-            [sum(p.numel() for p in ps) for ps in self._params_per_layer],
-            f,
-            b,
-            self._batch,
-            dtype_bytes,
-        )
-        del flat  # the scratch is the old buffer: free it before the new ones exist
-        plan = autoplan.plan_on_root(
-            self._schedule, self.trace, self.cost, self.world_size, self._pg, self.root
-        )
-        if DataParallel._tamper_plan is not None:
-            plan = DataParallel._tamper_plan(plan, self.rank)
-        autoplan.check_same_plan(plan, self._pg)
-        points = [(m, round(t * 1e6, 1)) for m, t in self.cost_points]
-        self._emit(
-            f"measured t_f={sum(f) * 1e3:.3f} ms t_b={sum(b) * 1e3:.3f} ms over {len(self._samples)} "
-            f"iteration(s); all-reduce cost {self.cost}; points (B, us) {points}"
-        )
-        sha = plan.sha256()[:12]
-        self._emit(f"plan {plan.schedule}: {len(plan.groups)} group(s) {self._sizes(plan)} sha256 {sha}")
-        candidates = autoplan.candidates(plan, self.trace, self.cost, self.world_size)
-        if (
-            self.verify_iters
-            and self.world_size > 1
-            and self.mode == "overlap"
-            and self._schedule in autoplan.MEASURED
-            and len(candidates) > 1
-        ):
-            self._trial = autoplan.Trial(candidates, self.verify_iters)
-            self._emit(
-                f"timing {len(candidates)} plans for {self.verify_iters} iteration(s) each: "
-                + ", ".join(f"{c.schedule} {self._sizes(c)}" for c in candidates)
-            )
-            self._buckets = self._make_buckets(self._trial.current)
-        else:
-            self._adopt(plan)
-
-    def _trial_step(self) -> None:
-        """After a timed candidate's iteration: the next candidate, or (all timed) keep the fastest."""
-        trial = self._trial
-        trial.record(self.records[-1].total_s)
-        if not trial.complete:
-            self._buckets = self._make_buckets(trial.current)
-            return
-        best, medians = trial.choose(self._pg)
-        self._trial = None
-        self._emit(
-            "measured iteration (median, slowest rank): "
-            + ", ".join(f"{c.schedule} {m * 1e3:.1f} ms" for c, m in zip(trial.plans, medians, strict=True))
-            + f" -> keeping {best.schedule}"
-        )
-        autoplan.check_same_plan(best, self._pg)
-        self._adopt(best)
-
-    def _adopt(self, plan: Plan) -> None:
-        self.plan = plan
-        if self._buckets is None or self._buckets.plan.groups != plan.groups:
-            self._buckets = self._make_buckets(plan)
-
-    @staticmethod
-    def _sizes(plan: Plan) -> str:
-        return "[" + ", ".join(f"{g[0]}-{g[-1]}" if len(g) > 1 else str(g[0]) for g in plan.groups) + "]"
-
-    def _span(self, name: str, row: str, start: float, end: float) -> None:
-        self._it.spans.append(Span(name=name, row=row, start=start + self._wall0, end=end + self._wall0))
-
-    def _emit(self, msg: str) -> None:
-        line = f"[rank {self.rank}] {msg}"
-        _log.info(line)
-        if self._user_log is not None:
-            self._user_log(line)
+        self._it = IterTimes()

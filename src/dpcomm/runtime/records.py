@@ -1,4 +1,4 @@
-"""Per-iteration timing records of the runtime and their Chrome trace (``chrome://tracing``, Perfetto).
+"""Per-iteration timing records of the runtime; their spans and Chrome trace are :mod:`dpcomm.timeline`'s.
 
 Names follow MG-WFBP Section III: ``t_f`` (forward), ``t_b`` (backward), and the *exposed* (non-overlapped)
 communication ``t_c^no``, the part of communication the compute thread waits for; ``t_iter`` = total.
@@ -6,27 +6,24 @@ communication ``t_c^no``, the part of communication the compute thread waits for
 
 from __future__ import annotations
 
-import json
-import os
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
-from dpcomm.utils.io import atomic_write_text
+from dpcomm.timeline import Span, chrome_trace_events, write_chrome_trace_file
 
-__all__ = ["IterRecord", "Span", "chrome_trace_events", "write_chrome_trace_file"]
+__all__ = ["IterRecord", "Phase", "Span", "chrome_trace_events", "write_chrome_trace_file"]
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class Span:
-    """One interval on a row of the timeline; times are wall-clock seconds (``time.time()`` scale)."""
+class Phase(StrEnum):
+    """What an iteration was for: measuring before a plan exists, timing candidate plans, or training."""
 
-    name: str
-    row: str
-    """``compute`` or ``comm``."""
-    start: float
-    end: float
-    args: dict[str, Any] = field(default_factory=dict)
+    PROFILE = "profile"
+    """A safe plan runs while every layer is timed (MG-WFBP Alg. 1 lines 1-7, "benchmarks")."""
+    TRIAL = "trial"
+    """One of several candidate plans runs, timed against the others."""
+    STEADY = "steady"
+    """The kept plan runs (what the reported medians are taken over)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -47,37 +44,11 @@ class IterRecord:
     """From the first forward after the previous step to the end of this step."""
     comm_s: float
     """Busy time of the communication thread in this iteration (overlapped or not)."""
+    phase: Phase
+    """What the iteration was for (profiling, a timed candidate, or the kept plan)."""
     plan: str
-    """Schedule of the plan in use, or ``profiling`` while a planner-name plan is being measured."""
+    """Label (``Plan.schedule``) of the plan the iteration ran: ``single`` while profiling, the candidate's
+    label in a trial."""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
-
-
-_ROWS = {"compute": 0, "comm": 1}
-
-
-def chrome_trace_events(spans_by_rank: dict[int, list[Span]]) -> list[dict[str, Any]]:
-    """Chrome trace "complete" events: one process per rank, rows ``compute`` and ``comm``."""
-    events: list[dict[str, Any]] = []
-    for rank, spans in sorted(spans_by_rank.items()):
-        events.append({"ph": "M", "name": "process_name", "pid": rank, "args": {"name": f"rank {rank}"}})
-        for row, tid in _ROWS.items():
-            events.append({"ph": "M", "name": "thread_name", "pid": rank, "tid": tid, "args": {"name": row}})
-        for s in spans:
-            events.append(
-                {
-                    "ph": "X",
-                    "name": s.name,
-                    "pid": rank,
-                    "tid": _ROWS.get(s.row, 0),
-                    "ts": s.start * 1e6,  # microseconds
-                    "dur": max(0.0, s.end - s.start) * 1e6,
-                    "args": s.args,
-                }
-            )
-    return events
-
-
-def write_chrome_trace_file(path: str | os.PathLike, spans_by_rank: dict[int, list[Span]]) -> Path:
-    return atomic_write_text(path, json.dumps({"traceEvents": chrome_trace_events(spans_by_rank)}))

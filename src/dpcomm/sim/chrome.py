@@ -1,9 +1,8 @@
-"""Simulated iterations as a Chrome trace (JSON Trace Event Format): open it in Perfetto or chrome://tracing.
+"""Simulated iterations as a Chrome trace (:mod:`dpcomm.timeline.chrome`): open it in Perfetto.
 
-Each :class:`SimResult` is one process (``pid``) named after its schedule and node count, with two threads:
-``compute`` (tid 0, a complete event ``ph: "X"`` per layer's forward and backward) and ``allreduce``
-(tid 1, one per group, ``args`` holding its layers and bytes). ``ts``/``dur`` are microseconds, as the
-format requires. Format: https://docs.google.com/document/d/1CvAClvFfyA5R-PhYUmn5OOQtYMH4h6I0nSsKchNAySU
+Each :class:`SimResult` is one process named after its schedule and node count, with the rows ``compute``
+(a span per layer's forward and backward) and ``allreduce`` (one per group, ``args`` holding its layers,
+bytes and ready time): :meth:`SimResult.spans`, the same spans the runtime records.
 """
 
 from __future__ import annotations
@@ -14,55 +13,27 @@ from pathlib import Path
 from typing import Any
 
 from dpcomm.sim.simulator import SimResult
-from dpcomm.utils.io import atomic_write_json
+from dpcomm.timeline.chrome import Process
+from dpcomm.timeline.chrome import chrome_trace as _chrome_trace
+from dpcomm.timeline.chrome import write_chrome_trace as _write
 
 __all__ = ["chrome_trace", "write_chrome_trace"]
 
+_ROW_NAMES = {"compute": "compute", "comm": "allreduce"}
 
-def _meta(pid: int, tid: int | None, what: str, name: str) -> dict[str, Any]:
-    ev: dict[str, Any] = {"ph": "M", "pid": pid, "name": what, "args": {"name": name}}
-    if tid is not None:
-        ev["tid"] = tid
-    return ev
+
+def _processes(results: Sequence[SimResult]) -> list[Process]:
+    return [
+        Process(pid=i, name=f"{r.schedule} N={r.nodes}", spans=r.spans(), row_names=_ROW_NAMES)
+        for i, r in enumerate(results)
+    ]
 
 
 def chrome_trace(results: Sequence[SimResult]) -> dict[str, Any]:
     """The trace as a dict (``{"traceEvents": [...], "displayTimeUnit": "ms"}``)."""
-    events: list[dict[str, Any]] = []
-    for pid, res in enumerate(results):
-        events.append(_meta(pid, None, "process_name", f"{res.schedule} N={res.nodes}"))
-        events.append(_meta(pid, 0, "thread_name", "compute"))
-        events.append(_meta(pid, 1, "thread_name", "allreduce"))
-        for ev in res.compute:
-            events.append(
-                {
-                    "name": f"{ev.phase[0].upper()} {ev.name}",
-                    "cat": ev.phase,
-                    "ph": "X",
-                    "pid": pid,
-                    "tid": 0,
-                    "ts": ev.start_s * 1e6,
-                    "dur": (ev.end_s - ev.start_s) * 1e6,
-                    "args": {"layer": ev.layer},
-                }
-            )
-        for ev in res.comm:
-            lo, hi = ev.layers[0], ev.layers[-1]
-            events.append(
-                {
-                    "name": f"allreduce {lo}" if lo == hi else f"allreduce {lo}-{hi}",
-                    "cat": "comm",
-                    "ph": "X",
-                    "pid": pid,
-                    "tid": 1,
-                    "ts": ev.start_s * 1e6,
-                    "dur": (ev.end_s - ev.start_s) * 1e6,
-                    "args": {"layers": list(ev.layers), "bytes": ev.nbytes, "ready_us": ev.ready_s * 1e6},
-                }
-            )
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
+    return _chrome_trace(_processes(results), display_time_unit="ms")
 
 
 def write_chrome_trace(results: Sequence[SimResult], path: str | os.PathLike) -> Path:
     """Write :func:`chrome_trace` to ``path`` atomically."""
-    return atomic_write_json(path, chrome_trace(results))
+    return _write(path, _processes(results), display_time_unit="ms")

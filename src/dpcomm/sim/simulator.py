@@ -1,4 +1,4 @@
-"""Trace-driven timing of one S-SGD iteration under a plan: MG-WFBP Eq. 6-8 and 19-21 (issue 3's model).
+"""Trace-driven timing of one S-SGD iteration under a plan: MG-WFBP Eq. 6-8 and 19-21.
 
 Layers ``l = 0..L-1`` in forward order: forward runs ``0 .. L-1`` back to back (``t_f = sum f_l``), then
 backward ``L-1 .. 0``; layer ``l``'s gradient is ready at ``R_l = t_f + sum_{j >= l} b_j``. The plan's
@@ -18,8 +18,9 @@ from dataclasses import dataclass
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.planner._common import check_nodes
 from dpcomm.plan import Plan
+from dpcomm.planner import check_nodes
+from dpcomm.timeline.span import Span
 from dpcomm.trace.format import Trace
 
 __all__ = ["CommEvent", "ComputeEvent", "SimResult", "simulate"]
@@ -74,6 +75,34 @@ class SimResult:
     def __post_init__(self) -> None:
         if self.nodes < 1 or not math.isfinite(self.t_iter_s) or self.t_iter_s < 0:
             raise ValueError("a simulation result needs nodes >= 1 and a finite t_iter >= 0")
+
+    def spans(self) -> list[Span]:
+        """The iteration as timeline spans (:mod:`dpcomm.timeline`), the same kind the runtime records: a
+        ``compute`` span per layer's forward and backward, a ``comm`` span per group's all-reduce."""
+        out = [
+            Span(
+                name=f"{ev.phase[0].upper()} {ev.name}",
+                cat=ev.phase,
+                row="compute",
+                start=ev.start_s,
+                end=ev.end_s,
+                args={"layer": ev.layer},
+            )
+            for ev in self.compute
+        ]
+        for ev in self.comm:
+            lo, hi = ev.layers[0], ev.layers[-1]
+            out.append(
+                Span(
+                    name=f"allreduce {lo}" if lo == hi else f"allreduce {lo}-{hi}",
+                    cat="comm",
+                    row="comm",
+                    start=ev.start_s,
+                    end=ev.end_s,
+                    args={"layers": list(ev.layers), "bytes": ev.nbytes, "ready_us": ev.ready_s * 1e6},
+                )
+            )
+        return out
 
 
 def simulate(trace: Trace, plan: Plan, cost: CommCost, nodes: int, update_s: float = 0.0) -> SimResult:

@@ -14,9 +14,8 @@ from typing import Any
 
 from dpcomm.costmodel import Network, allreduce_cost
 from dpcomm.costmodel.base import CommCost
-from dpcomm.planner import make_plan
-from dpcomm.planner._common import check_nodes
 from dpcomm.plan import Plan
+from dpcomm.planner import check_nodes, make_plan
 from dpcomm.sim.simulator import SimResult, simulate
 from dpcomm.trace.format import Trace
 

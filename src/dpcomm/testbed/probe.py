@@ -9,8 +9,9 @@ appends ``--nnodes/--node-rank/--master-addr/--master-port/--nproc``). Every wor
   sent while the level-``l`` process groups (bound to NIC ``l`` by ``DPCOMM_BCUBE_IFACES``) allreduced ``B``
   bytes, read from this namespace's tbf counters. The tests check that level-``l`` traffic leaves by
   NIC ``l`` only;
-- ``lp_block_16MB``: the block ``lp`` picks by default for a 16 MB allreduce on this group, i.e. on the
-  network the launcher described in ``$DPCOMM_NETWORK`` (:func:`dpcomm.testbed.config.link_network`);
+- ``lp_block_16MB``: the block ``lp`` picks by default for a 16 MB (2**24 bytes) allreduce on this group,
+  i.e. on the network the launcher described in ``$DPCOMM_NETWORK``
+  (:func:`dpcomm.testbed.config.link_network`);
 - ``torch_threads``: torch's intra-op threads in this worker (``$OMP_NUM_THREADS`` from the launcher);
 - ``tcp``: the established connections (local, remote address) once the level groups exist. The relay routes
   would carry a level-``l`` neighbour's traffic over NIC ``l`` whichever address a group used, so the
@@ -27,7 +28,8 @@ import sys
 import time
 from typing import Any
 
-from dpcomm.testbed._node_args import add_node_args, launch_options
+from dpcomm.launch import add_launch_arguments, launch_options_from_args
+from dpcomm.utils.sizes import parse_size
 
 __all__ = ["main", "level_groups"]
 
@@ -108,7 +110,7 @@ def _worker(algorithms: list[str], count: int, level_bytes: int) -> dict[str, An
         result["allreduce"][name] = bool(torch.equal(t, torch.full_like(t, expected)))
     from dpcomm.collectives import get as get_algorithm
 
-    result["lp_block_16MB"] = get_algorithm("lp").block_size(16_000_000, world, "allreduce")
+    result["lp_block_16MB"] = get_algorithm("lp").block_size(parse_size("16MB"), world, "allreduce")
     result["torch_threads"] = torch.get_num_threads()
     topo_spec = os.environ.get("DPCOMM_TOPOLOGY", "")
     if level_bytes and topo_spec.startswith("bcube"):
@@ -140,7 +142,8 @@ def _worker(algorithms: list[str], count: int, level_bytes: int) -> dict[str, An
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m dpcomm.testbed.probe", description=__doc__.splitlines()[0])
-    add_node_args(p)
+    add_launch_arguments(p, required=True)
+    p.add_argument("--nproc", type=int, default=1)
     p.add_argument("--algorithms", default="native", help="comma list; native = torch.distributed")
     p.add_argument("--count", type=int, default=1000, help="elements per allreduce check")
     p.add_argument("--level-bytes", type=int, default=0, help="bytes per level-binding transfer (BCube)")
@@ -148,7 +151,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dpcomm.launch import launch
 
-    opts = launch_options(args)
+    opts = launch_options_from_args(args)
     for res in launch(_worker, opts, args.algorithms.split(","), args.count, args.level_bytes):
         print(json.dumps(res), flush=True)
     return 0

@@ -41,9 +41,9 @@ from dpcomm.lifecycle import die_with_parent_preexec
 from dpcomm.testbed.config import link_network
 from dpcomm.testbed.shell import TestbedError, require
 
-__all__ = ["LaunchResult", "exec_in", "launch_workers", "host_netns", "worker_env"]
+__all__ = ["PLACEHOLDERS", "LaunchResult", "exec_in", "launch_workers", "host_netns", "worker_env"]
 
-_PLACEHOLDERS = ("{node_rank}", "{nnodes}", "{master_addr}", "{master_port}")
+PLACEHOLDERS = ("{node_rank}", "{nnodes}", "{master_addr}", "{master_port}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -117,20 +117,6 @@ def worker_env(state: dict[str, Any], node_rank: int, master_port: int) -> dict[
     }
 
 
-def _check_dpcomm_command(argv: list[str]) -> None:
-    """A ``dpcomm SUB`` without the multi-node flags would fail on every server: say so once, up front."""
-    if len(argv) < 2 or argv[0] != "dpcomm" or any(ph in a for a in argv for ph in _PLACEHOLDERS):
-        return
-    from dpcomm.cli.main import build_parser
-
-    sub = build_parser()._subparsers._group_actions[0].choices.get(argv[1])  # type: ignore[union-attr]
-    if sub is not None and "--nnodes" not in sub._option_string_actions:
-        raise TestbedError(
-            f"`dpcomm {argv[1]}` has no --nnodes/--node-rank/--master-addr/--master-port, so it cannot run "
-            "across the servers; use `python -m dpcomm.testbed.measure` (collectives) or placeholders"
-        )
-
-
 def _argv_for(argv: list[str], state: dict[str, Any], rank: int, port: int) -> list[str]:
     values = {
         "{node_rank}": str(rank),
@@ -138,7 +124,7 @@ def _argv_for(argv: list[str], state: dict[str, Any], rank: int, port: int) -> l
         "{master_addr}": state["master_addr"],
         "{master_port}": str(port),
     }
-    if any(ph in a for a in argv for ph in _PLACEHOLDERS):
+    if any(ph in a for a in argv for ph in PLACEHOLDERS):
         out = []
         for a in argv:
             for ph, v in values.items():
@@ -166,7 +152,6 @@ def launch_workers(
     require()
     if not argv:
         raise TestbedError("nothing to launch: give a command after --")
-    _check_dpcomm_command(argv)
     out = Path(out_dir) if out_dir else Path(tempfile.mkdtemp(prefix=f"dpcomm-testbed-{state['name']}-"))
     out.mkdir(parents=True, exist_ok=True)
     network = save_network(link_network(state["rate_bps"], state["mtu"]), out / "network.json")

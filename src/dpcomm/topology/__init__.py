@@ -12,7 +12,7 @@ import re
 from dpcomm.errors import UserError
 from dpcomm.topology.addresses import DEFAULT_BASE, AddressPlan, plan_addresses
 from dpcomm.topology.base import Hop, ServerLink, Switch, Topology
-from dpcomm.topology.bcube import BCube, server_digits, server_index
+from dpcomm.topology.bcube import BCube, bcube_shape, server_digits, server_index
 from dpcomm.topology.fattree import FatTree
 from dpcomm.topology.star import Star
 
@@ -27,6 +27,7 @@ __all__ = [
     "Star",
     "Switch",
     "Topology",
+    "bcube_shape",
     "parse_topology",
     "plan_addresses",
     "server_digits",

@@ -8,15 +8,65 @@ BCube switches never connect to each other: multi-hop paths are relayed by serve
 per hop (BCubeRouting of Guo et al., SIGCOMM 2009, from the highest digit down).
 
 Note the BML paper's k counts levels (BCube(3,2) has 2 levels), one less than the original BCube_k notation.
+
+Shape (:func:`bcube_shape`, used by the BML algorithm and its cost model alike): a given ``n`` and/or ``k``
+is checked against ``N``; otherwise dpcomm takes the *most levels*, i.e. the least ``n >= 2`` with
+``N = n^k`` and ``k >= 2`` (64 = BCube(2,6), 32 = BCube(2,5), 256 = BCube(2,8)). Why: BML's cost
+``2k(n-1) alpha + 2(N-1)/(kN) beta M + (N-1)/(kN) gamma M`` is smallest there in every term (for
+``N = m^(ab)``, ``(m^a - 1)/a >= m - 1`` and ``1/k`` falls with ``k``), so it is the shape the formula
+prefers and the one the algorithm runs where the levels share a host (loopback). The paper's "k is
+typically 2~4" is a hardware budget (NICs per server): on such a cluster give ``n,k`` explicitly. A ``N``
+that is not ``n^k`` with ``k >= 2`` is refused (one level is a single switch, where BML is the P2P
+parameter server ``ps``: ask for ``k = 1``); ``N = 1`` is no BCube (a one-rank collective does nothing).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dpcomm.errors import UserError
 from dpcomm.topology.base import Hop, Switch, Topology
 
-__all__ = ["BCube", "server_digits", "server_index"]
+__all__ = ["BCube", "bcube_shape", "server_digits", "server_index"]
+
+
+def _int_root(nodes: int, k: int) -> int | None:
+    """The integer ``n`` with ``n**k == nodes``, if there is one."""
+    n = round(nodes ** (1.0 / k))
+    for cand in (n - 1, n, n + 1):
+        if cand >= 2 and cand**k == nodes:
+            return cand
+    return None
+
+
+def bcube_shape(nodes: int, n: int | None = None, k: int | None = None) -> tuple[int, int]:
+    """``(n, k)`` with ``n**k == nodes``: the given ``n`` and/or ``k`` checked, else the most levels (the
+    least ``n >= 2`` with ``k >= 2``; see the module docstring for why).
+    Anything else is a :class:`UserError`."""
+    if (k is not None and k < 1) or (n is not None and n < 2):
+        raise UserError(f"BCube(n,k) needs n >= 2 and k >= 1, got n={n}, k={k}")
+    if nodes < 2:
+        raise UserError(f"BCube needs at least 2 servers, got {nodes}")
+    if k is not None:
+        root = _int_root(nodes, k)
+        if root is not None and (n is None or n == root):
+            return root, k
+    elif n is not None:
+        levels, size = 1, n
+        while size < nodes:
+            levels, size = levels + 1, size * n
+        if size == nodes:
+            return n, levels
+    else:
+        for levels in range(nodes.bit_length() - 1, 1, -1):  # most levels first: k <= log2(nodes)
+            root = _int_root(nodes, levels)
+            if root is not None:
+                return root, levels
+    if n is not None and k is not None:
+        want = f"{n}^{k} = {n**k}"
+    else:
+        want = f"n^{k}" if k is not None else f"{n}^k" if n is not None else "n^k with n >= 2, k >= 2"
+    raise UserError(f"bcube needs a world size of {want}, got {nodes} (or give the shape n,k explicitly)")
 
 
 def server_digits(server: int, n: int, k: int) -> tuple[int, ...]:
@@ -65,9 +115,26 @@ class BCube(Topology):
     def switch_link_count(self) -> int:
         return 0
 
+    @property
+    def size(self) -> int:
+        """``N = n^k`` servers (BML's ranks)."""
+        return self.n**self.k
+
     def digits(self, server: int) -> tuple[int, ...]:
         self._check_server(server)
         return server_digits(server, self.n, self.k)
+
+    def digit(self, server: int, level: int) -> int:
+        """Digit ``v_level`` of ``server``'s ID: its port on its level-``level`` switch."""
+        return (server // self.n**level) % self.n
+
+    def with_digit(self, server: int, level: int, value: int) -> int:
+        """``server`` with digit ``level`` set to ``value``: the neighbour on that port."""
+        return server + (value - self.digit(server, level)) * self.n**level
+
+    def domain(self, server: int, level: int) -> tuple[int, ...]:
+        """The ``n`` servers under ``server``'s level-``level`` switch, by digit (so also by index)."""
+        return tuple(self.with_digit(server, level, v) for v in range(self.n))
 
     def switches(self) -> tuple[Switch, ...]:
         return tuple(

@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpcomm.errors import UserError
+from dpcomm.errors import UserError, first_line
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.trace.format import Layer, Trace
 
@@ -284,5 +284,5 @@ def analytic_trace(model: str, batch_size: int, device: str | DevicePreset = "k8
     try:
         costs = layer_costs(net, example)
     except (ValueError, RuntimeError) as exc:  # e.g. batch norm refusing a batch of 1 in training
-        raise UserError(f"{model} at batch size {batch_size}: {str(exc).splitlines()[0]}") from None
+        raise UserError(f"{model} at batch size {batch_size}: {first_line(exc)}") from None
     return trace_from_costs(costs, preset, model=model, batch_size=batch_size)

@@ -34,7 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpcomm.errors import UserError
+from dpcomm.errors import UserError, first_line
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.trace.analytic import layer_costs
 from dpcomm.trace.format import Layer, Trace
@@ -210,9 +210,7 @@ def profile(
         layers = learnable_layers(module, example)
         flops = [c.fwd_flops for c in layer_costs(module, example)]
     except (ValueError, RuntimeError) as exc:  # e.g. a shape mismatch or batch norm on a batch of 1
-        raise UserError(
-            f"model forward failed at batch size {batch_size}: {str(exc).splitlines()[0]}"
-        ) from None
+        raise UserError(f"model forward failed at batch size {batch_size}: {first_line(exc)}") from None
     if not layers:
         raise UserError("the model has no learnable layer (no parameter requires grad)")
     owned = layer_params(module, layers)

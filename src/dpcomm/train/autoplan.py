@@ -1,14 +1,14 @@
-"""Deciding a plan from a planner name on real workers (MG-WFBP Alg. 1 lines 1-7: "benchmarks in the first
-several iterations").
+"""The measurements and decisions behind a plan made on real workers (MG-WFBP Alg. 1 lines 1-7: "benchmarks
+in the first several iterations"); :mod:`dpcomm.train.online` runs them in order.
 
-1. While the first iterations run with a safe plan, forward pre-hooks and gradient hooks time every learnable
-   layer on every rank: ``f_l`` is the time from layer ``l``'s forward start to the next layer's, ``b_l`` the
-   time between layer ``l+1``'s gradients being ready and layer ``l``'s (MG-WFBP Table I: t_f^(l), t_b^(l)).
+1. While the first iterations run with a safe plan, the runtime's hooks time every learnable layer on every
+   rank (:func:`dpcomm.runtime.spans.layer_times`; MG-WFBP Table I: t_f^(l), t_b^(l)).
 2. The chosen collective's all-reduce is timed at a few message sizes and fitted to ``T(M) = a + b*M``
    (MG-WFBP Eq. 9) -> :class:`~dpcomm.costmodel.base.LinearCost`.
 3. Per-layer medians over iterations are averaged over ranks (every rank gets the same numbers); the root
    builds a :class:`~dpcomm.trace.format.Trace`, calls the planner, and broadcasts the plan.
-4. Every rank all-gathers :meth:`Plan.sha256` and refuses to go on if any rank holds a different plan.
+4. Every rank all-gathers :meth:`Plan.sha256` and refuses to go on if any rank holds a different plan
+   (:func:`dpcomm.runtime.broadcast.check_same_plan`).
 5. For the cost-model planners (``mgwfbp``, ``optimal``), measure instead of trusting the model where it may
    be wrong: the planned plan, ``single`` and DDP's default buckets run round-robin for a few iterations each
    (:class:`Trial`) and the fastest median, as the slowest rank saw it, is kept (of plans within 2% of it,
@@ -20,7 +20,6 @@ several iterations").
 from __future__ import annotations
 
 import statistics
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -28,19 +27,19 @@ import torch
 import torch.distributed as dist
 
 from dpcomm.costmodel.base import CommCost, LinearCost
+from dpcomm.costmodel.fit import fit_line
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
+from dpcomm.timing import slowest, time_calls
 from dpcomm.trace.format import Layer, Trace
+from dpcomm.train.schedule import PlannerSchedule
 
 __all__ = [
     "MEASURED",
-    "PlanMismatchError",
     "Trial",
     "candidates",
     "build_trace",
-    "check_same_plan",
     "fit_linear",
-    "layer_times",
     "measure_allreduce",
     "median_layer_times",
     "network_cost",
@@ -51,33 +50,6 @@ __all__ = [
 
 MEASURED = ("mgwfbp", "optimal")
 """Planner names whose plan is checked against measured fallbacks (:class:`Trial`)."""
-
-
-class PlanMismatchError(UserError):
-    """Ranks hold different plans: running them would pair unrelated messages (wrong sums or a hang)."""
-
-
-def layer_times(
-    pre: list[float | None], fwd_end: float, ready: list[float | None], bwd_start: float
-) -> tuple[list[float], list[float]]:
-    """``(f, b)`` per layer (forward order) from one iteration's timestamps, seconds.
-
-    ``pre[l]``: when layer ``l``'s forward started (None: not called); ``ready[l]``: when its last gradient
-    arrived; ``bwd_start``: when the gradient of the model's output arrived (backward began).
-    """
-    n = len(pre)
-    called = sorted((t, l) for l, t in enumerate(pre) if t is not None)
-    f = [0.0] * n
-    for k, (t, l) in enumerate(called):
-        nxt = called[k + 1][0] if k + 1 < len(called) else fwd_end
-        f[l] = max(0.0, nxt - t)
-    b = [0.0] * n
-    prev = bwd_start
-    for l in range(n - 1, -1, -1):
-        if ready[l] is not None:
-            b[l] = max(0.0, ready[l] - prev)
-            prev = max(prev, ready[l])
-    return f, b
 
 
 def rank_mean(values: list[float], group: Any) -> list[float]:
@@ -122,33 +94,20 @@ def measure_allreduce(
     for m in sizes:
         piece = scratch.narrow(0, 0, m)
         piece.zero_()
-        allreduce(piece)
-        runs = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            allreduce(piece)
-            runs.append(time.perf_counter() - t0)
+        allreduce(piece)  # warm-up
+        runs = time_calls(lambda piece=piece: allreduce(piece), reps, barrier="none", group=group)
         times.append(statistics.median(runs))
-    worst = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(worst, op=dist.ReduceOp.MAX, group=group)
-    return [(m * scratch.element_size(), t) for m, t in zip(sizes, worst.tolist(), strict=True)]
+    worst = slowest(times, group)  # a collective ends for everyone when its slowest member is done
+    return [(m * scratch.element_size(), t) for m, t in zip(sizes, worst, strict=True)]
 
 
 def fit_linear(points: list[tuple[int, float]]) -> LinearCost:
-    """Least-squares ``T(M) = a + b*M`` through ``(bytes, seconds)`` points, with ``a, b >= 0``."""
-    xs = [float(m) for m, _ in points]
-    ys = [float(t) for _, t in points]
-    if len(set(xs)) < 2:
-        return LinearCost(max(0.0, statistics.fmean(ys)), 0.0)
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    sxx = sum((x - mx) ** 2 for x in xs)
-    b = sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
-    a = my - b * mx
-    if b < 0:  # noise larger than the size effect: a constant cost
-        return LinearCost(max(0.0, my), 0.0)
-    if a < 0:  # refit through the origin
-        b = sum(x * y for x, y in zip(xs, ys, strict=True)) / sum(x * x for x in xs)
-        a = 0.0
+    """Least-squares ``T(M) = a + b*M`` through ``(bytes, seconds)`` points, with ``a, b >= 0``
+    (:func:`dpcomm.costmodel.fit.fit_line`); one size only gives a flat cost, their mean."""
+    try:
+        a, b = fit_line(points, weighting="ols", nonneg=True).coef
+    except ValueError:  # a single size: no slope to see
+        return LinearCost(max(0.0, statistics.fmean(float(t) for _, t in points)), 0.0)
     return LinearCost(a, b)
 
 
@@ -176,24 +135,21 @@ def build_trace(
 
 
 def plan_on_root(
-    schedule: str, trace: Trace | None, cost: CommCost | None, nodes: int, group: Any, root: int
+    schedule: PlannerSchedule, trace: Trace, cost: CommCost, nodes: int, group: Any, root: int
 ) -> Plan:
-    """The root calls the planner and broadcasts the plan (or its error) to every rank of ``group``."""
+    """The root calls the planner and broadcasts the plan (or its error) to every rank of ``group``; the
+    plan's ``meta`` travels with it (plain values only)."""
     payload: list[Any] = [None]
     if dist.get_rank(group) == root:
         try:
-            from dpcomm.planner import make_plan
-
-            plan = make_plan(schedule, trace, cost, nodes)
+            plan = schedule.plan(trace, cost, nodes)
             payload[0] = {"plan": plan.to_dict(), "meta": _plain(plan.meta)}
         except Exception as exc:  # noqa: BLE001 - every rank must hear about it, not only the root
             payload[0] = {"error": f"{type(exc).__name__}: {exc}"}
     dist.broadcast_object_list(payload, src=dist.get_global_rank(group, root) if group else root, group=group)
     if "error" in payload[0]:
-        raise UserError(f"planning '{schedule}' failed on the root: {payload[0]['error']}")
-    plan = Plan.from_dict(payload[0]["plan"])
-    object.__setattr__(plan, "meta", payload[0]["meta"])
-    return plan
+        raise UserError(f"planning '{schedule.text}' failed on the root: {payload[0]['error']}")
+    return Plan(**payload[0]["plan"], meta=payload[0]["meta"])
 
 
 def _plain(meta: dict[str, Any]) -> dict[str, Any]:
@@ -202,32 +158,16 @@ def _plain(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def check_same_plan(plan: Plan, group: Any) -> str:
-    """All-gather ``plan.sha256()``; raise :class:`PlanMismatchError` naming the ranks that differ."""
-    mine = plan.sha256()
-    world = dist.get_world_size(group)
-    hashes: list[Any] = [None] * world
-    dist.all_gather_object(hashes, mine, group=group)
-    if len(set(hashes)) > 1:
-        odd = [r for r, h in enumerate(hashes) if h != hashes[0]]
-        raise PlanMismatchError(
-            f"ranks hold different plans: rank 0 has sha256 {hashes[0][:12]}, rank(s) "
-            f"{', '.join(map(str, odd))} {', '.join(hashes[r][:12] for r in odd)}; "
-            "every rank must run the same plan"
-        )
-    return mine
-
-
 def candidates(plan: Plan, trace: Trace, cost: CommCost, nodes: int) -> list[Plan]:
     """The planned plan first, then the fallbacks a measurement may prefer: ``single`` (one start-up, no
     overlap) and DDP's default buckets (1 MiB first, then 25 MiB); plans with the same groups appear once."""
-    from dpcomm.planner import make_plan
+    from dpcomm.planner import plan_single
     from dpcomm.planner.bucket import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, plan_bucket
 
     out = [plan]
     first, rest = DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES
     ddp = plan_bucket(trace, cost, nodes, size_bytes=rest, first_bytes=first, name="ddp-buckets")
-    for c in (make_plan("single", trace, cost, nodes), ddp):
+    for c in (plan_single(trace, cost, nodes), ddp):
         if all(c.groups != o.groups for o in out):
             out.append(c)
     return out

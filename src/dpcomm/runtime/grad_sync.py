@@ -1,0 +1,135 @@
+"""The communication side of one :class:`~dpcomm.runtime.data_parallel.DataParallel`: the plan's flat gradient
+buffers, the communication thread, and each mode's jobs (MG-WFBP Alg. 2 lines 21-30; the LP paper's modes,
+:mod:`dpcomm.runtime.bsp`).
+
+A group whose gradients are all ready is launched at once in ``overlap`` and ``lp-alg1`` (while backward
+goes on), after backward in the fork-join modes. With a collective whose backend makes its own progress
+(``native``), all-reduces start right in the backward hook, without the communication thread.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from dpcomm.errors import UserError
+from dpcomm.plan import Plan
+from dpcomm.runtime import bsp
+from dpcomm.runtime.buckets import GradBuckets, Group
+from dpcomm.runtime.comm_thread import CommFailure, CommJob, CommThread
+
+__all__ = ["GradSync"]
+
+
+class GradSync:
+    """Buckets, communication thread and mode of one wrapper on one rank."""
+
+    def __init__(
+        self,
+        collective: Any,
+        group: Any,
+        rank: int,
+        world: int,
+        root: int,
+        mode: str,
+        timeout_s: float | None,
+    ):
+        self._coll, self._pg = collective, group
+        self.rank, self.world, self.root, self.mode, self.timeout_s = rank, world, root, mode, timeout_s
+        self._async = callable(getattr(collective, "allreduce_async", None))
+        self.comm = CommThread(name=f"dpcomm-comm-r{rank}")
+        self.buckets: GradBuckets | None = None
+        """The flat buffers of the plan in use (None before the first forward)."""
+
+    def use(
+        self,
+        plan: Plan,
+        params_per_layer: list[list[nn.Parameter]],
+        names: dict[int, str],
+        reduce_dtype: torch.dtype | None,
+    ) -> None:
+        """Buckets for ``plan`` (new ones only where its groups differ from the current ones)."""
+        if self.buckets is None or self.buckets.plan.groups != plan.groups:
+            self.buckets = None  # free the old buffers first: never two copies
+            self.buckets = GradBuckets(plan, params_per_layer, names, reduce_dtype)
+
+    def ready(self, p: nn.Parameter) -> int:
+        """``p``'s gradient is final for this backward; launch the groups it completes (overlapping modes).
+        Returns its layer."""
+        slot = self.buckets.mark_ready(p)
+        if self.mode in ("overlap", "lp-alg1"):
+            for g in self.buckets.pop_launchable():
+                self._launch(g)
+        return slot.layer
+
+    def _launch(self, g: Group) -> None:
+        """Queue group ``g``'s gradient communication for this mode."""
+        b, coll, pg, world = self.buckets, self._coll, self._pg, self.world
+        if self.mode in ("lp-alg1", "lp-alg2"):
+            label, run = bsp.reduce_job(coll, b, g, pg, world, self.rank, self.root)
+        elif self._async:
+            bsp.start_allreduce(self.comm, coll, b, g, pg, world)
+            return
+        else:
+            label, run = bsp.allreduce_job(coll, b, g, pg, world)
+        self.comm.submit(label, run, g.nbytes)
+
+    def wait(self, job: CommJob | None) -> float:
+        """Wait for ``job`` (None: everything queued); returns the seconds waited."""
+        t0 = time.perf_counter()
+        try:
+            if job is None:
+                self.comm.wait_all(self.timeout_s)
+            else:
+                job.wait(self.timeout_s)
+        except CommFailure as exc:
+            raise CommFailure(f"DataParallel rank {self.rank} of {self.world}: {exc}") from exc
+        return time.perf_counter() - t0
+
+    def finish_gradients(self, allow_unused: bool) -> None:
+        """After backward: launch what is left and wait for every group; ``.grad`` then holds the averages.
+        Parameters without a gradient are an error naming them, or zero with ``allow_unused``."""
+        b = self.buckets
+        missing = b.missing()
+        if missing and not allow_unused:
+            self.wait(None)  # groups already sent must finish on every rank before we raise
+            b.reset()
+            names = ", ".join(s.name for s in missing[:8]) + (" ..." if len(missing) > 8 else "")
+            raise UserError(
+                f"DataParallel: {len(missing)} parameter(s) got no gradient this iteration: {names} "
+                "(pass allow_unused=True to treat them as zero)"
+            )
+        b.fill_missing_with_zeros()
+        for g in b.pop_launchable():
+            self._launch(g)
+        self.wait(None)
+        b.reset()
+
+    def broadcast_params(self) -> float:
+        """The root's parameters to every rank, group by group (``lp-alg2``/``lp-alg3``); seconds waited."""
+        t0 = time.perf_counter()
+        for g in self.buckets.groups:
+            self.comm.submit(
+                *bsp.broadcast_params_job(self._coll, self.buckets, g, self._pg, self.rank, self.root)
+            )
+        self.wait(None)
+        return time.perf_counter() - t0
+
+    def prefetch(self) -> bsp.LayerwiseBroadcast:
+        """``lp-alg1``: fetch the root's new parameters layer by layer during the next forward."""
+        return bsp.LayerwiseBroadcast(self.comm, self._coll, self.buckets, self._pg, self.rank, self.root)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the flat gradient buffers."""
+        return self.buckets.nbytes if self.buckets is not None else 0
+
+    def scratch(self) -> torch.Tensor:
+        """The largest flat buffer in use (see :meth:`DataParallel.scratch`)."""
+        return max((t for g in self.buckets.groups for t in g.flats.values()), key=torch.Tensor.numel)
+
+    def close(self) -> None:
+        self.comm.close()

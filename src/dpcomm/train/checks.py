@@ -1,0 +1,82 @@
+"""Everything a user can get wrong in a training run, checked once in the parent before any worker starts:
+model, schedule(s), collective, mode, data, sizes, the checkpoint folder and, when resuming, the checkpoint.
+
+Each schedule is checked (and parsed) once, by its replica kind (:func:`dpcomm.train.replica.check_schedule`);
+the parsed schedules travel to the workers with the config. Every problem is a one-line
+:class:`~dpcomm.errors.UserError`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from dpcomm.errors import UserError
+from dpcomm.train.config import COMPAT_KEYS, TrainConfig, compat, data_args, total_iterations
+from dpcomm.train.replica import check_schedule
+
+__all__ = ["Checked", "check", "validate"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Checked:
+    """What the checks found: the schedules with what their kinds parsed, and the checkpoint to resume."""
+
+    schedules: list[tuple[str, Any]]
+    """``(schedule as written, parsed)`` per schedule, in the order given."""
+    state: dict[str, Any] | None
+    """The checkpoint to resume from (``resume``), else None."""
+
+
+def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
+    """Check ``cfg`` (and ``schedules``, default ``[cfg.schedule]``) without starting workers."""
+    from dpcomm.collectives import names as collective_names
+    from dpcomm.models import input_shape
+    from dpcomm.runtime.bsp import MODES
+    from dpcomm.runtime.checkpoint import check_writable, load_checkpoint
+    from dpcomm.runtime.data import DATA_KINDS
+
+    input_shape(cfg.model)  # unknown model -> UserError
+    parsed = [(s, check_schedule(cfg, s)) for s in schedules or [cfg.schedule]]
+    if cfg.collective not in collective_names():
+        raise UserError(
+            f"unknown collective {cfg.collective!r}; choose one of: {', '.join(collective_names())}"
+        )
+    if cfg.mode not in MODES:
+        raise UserError(f"unknown mode {cfg.mode!r}; choose one of: {', '.join(MODES)}")
+    if cfg.data not in DATA_KINDS:
+        raise UserError(f"unknown data {cfg.data!r}; choose one of: {', '.join(DATA_KINDS)}")
+    if cfg.data == "digits":
+        from dpcomm.runtime.data import TrainData
+
+        TrainData(cfg.data, **data_args(cfg, rank=0))  # the batch must fit the training set
+    total = total_iterations(cfg)
+    if cfg.chrome_trace:
+        check_writable(os.path.dirname(os.path.abspath(cfg.chrome_trace)))
+    if not cfg.checkpoint:
+        return Checked(schedules=parsed, state=None)
+    check_writable(cfg.checkpoint)
+    if not cfg.resume:
+        return Checked(schedules=parsed, state=None)
+    state = load_checkpoint(cfg.checkpoint)  # corrupt -> UserError, nothing written
+    if state is None:
+        raise UserError(f"--resume: no checkpoint in {cfg.checkpoint}")
+    saved = state.get("config", {})
+    mine = compat(cfg)
+    for key in COMPAT_KEYS:
+        if saved.get(key) != mine[key]:
+            raise UserError(
+                f"--resume: checkpoint was made with {key}={saved.get(key)!r}, this run has {mine[key]!r}"
+            )
+    if state["iteration"] >= total:
+        raise UserError(
+            f"--resume: checkpoint is already at iteration {state['iteration']} of {total}; "
+            "raise --iters/--epochs"
+        )
+    return Checked(schedules=parsed, state=state)
+
+
+def validate(cfg: TrainConfig, schedules: list[str] | None = None) -> dict[str, Any] | None:
+    """:func:`check`, returning only the checkpoint to resume from (or None)."""
+    return check(cfg, schedules).state

@@ -1,0 +1,228 @@
+"""The typed configuration of a training run and the result it reports (`dpcomm train` flags, `--json`).
+
+:class:`TrainConfig` has one field per flag of ``dpcomm train`` (``--batch-size`` is ``batch_size``,
+``--timeout`` is ``timeout_s``); values are checked in ``__post_init__``, names and files once, before any
+worker starts, by :func:`dpcomm.train.checks.validate`. Timing names follow MG-WFBP Sec. III: ``t_iter``,
+forward ``t_f``, backward ``t_b`` and the exposed (non-overlapped) communication ``t_c^no``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from dpcomm.errors import UserError
+from dpcomm.launch import check_launch
+
+__all__ = [
+    "COMPAT_KEYS",
+    "DEFAULT_ITERS",
+    "SCHEDULE_DDP",
+    "TrainConfig",
+    "TrainResult",
+    "compat",
+    "data_args",
+    "total_iterations",
+]
+
+SCHEDULE_DDP = "ddp"
+"""Schedule name of the baseline: PyTorch's DistributedDataParallel with its default buckets."""
+DEFAULT_ITERS = 20
+"""Iterations when neither ``iters`` nor ``epochs`` is given."""
+COMPAT_KEYS = ("model", "data", "seed", "batch_size", "world_size")
+"""Config facts a checkpoint must share with the run that resumes it."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    """One training run: one field per ``dpcomm train`` flag (the CLI fills it by field name). Values are
+    checked here; names, files and the schedule in :func:`dpcomm.train.checks.validate`."""
+
+    model: str = "lenet5"
+    """Zoo name (:func:`dpcomm.models.model_names`)."""
+    nproc: int = 1
+    """Workers on this machine (P per node)."""
+    schedule: str = "mgwfbp"
+    """Planner name (wfbp, single, bucket:SIZE, mgwfbp, optimal) or ``ddp`` (PyTorch DDP baseline)."""
+    collective: str = "native"
+    """All-reduce algorithm (:func:`dpcomm.collectives.names`); ignored by ``ddp``."""
+    mode: str = "overlap"
+    """``overlap`` (MG-WFBP Alg. 2) or the LP paper's ``lp-alg1``/``lp-alg2``/``lp-alg3``."""
+    iters: int | None = None
+    """Total iterations (counted from 0 even when resuming); default 20 unless ``epochs`` is given."""
+    epochs: int | None = None
+    """Total epochs over the training set (``digits`` only)."""
+    batch_size: int = 32
+    """Samples per worker per iteration (the global batch is ``batch_size * world_size``)."""
+    lr: float = 0.05
+    """SGD learning rate."""
+    momentum: float = 0.9
+    """SGD momentum."""
+    data: str = "synthetic"
+    """``synthetic`` (random tensors, throughput) or ``digits`` (scikit-learn's digits, test accuracy)."""
+    seed: int = 0
+    """Seeds the model, the data split and order, and dropout."""
+    checkpoint: str | None = None
+    """Folder for ``checkpoint.pt``, written by rank 0 every ``checkpoint_every`` iterations and at end."""
+    checkpoint_every: int = 0
+    """Iterations between checkpoints; 0: only at the end."""
+    resume: bool = False
+    """Continue from the checkpoint in ``checkpoint`` (it must exist and be intact)."""
+    chrome_trace: str | None = None
+    """Write a Chrome trace of the last iterations (compute and communication rows per rank) here."""
+    profile_iters: int = 3
+    """Iterations profiled before a planner-name plan is decided (MG-WFBP Alg. 1 lines 1-7)."""
+    verify_iters: int = 3
+    """``mgwfbp``/``optimal``: iterations each for timing the plan against ``single`` and DDP's buckets
+    (the fastest is kept); 0: keep the planner's plan untimed."""
+    nnodes: int = 1
+    """Machines; > 1 uses a static rendezvous at ``master_addr:master_port`` (as ``torchrun``)."""
+    node_rank: int = 0
+    """This machine's rank among ``nnodes``."""
+    master_addr: str = "127.0.0.1"
+    """Rendezvous host (multi-node)."""
+    master_port: int = 0
+    """0 picks a free port (single machine only)."""
+    timeout_s: float = 60.0
+    """A collective waiting longer than this for a peer fails (gloo group timeout), so nothing hangs."""
+    threads: int | None = None
+    """Torch intra-op threads per worker; default: ``$OMP_NUM_THREADS``, else CPU cores / local workers."""
+    progress: bool = True
+    """Show rank 0's progress bar on stderr (only when stderr is a terminal)."""
+
+    def __post_init__(self) -> None:
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise UserError(msg)
+
+        # the one launch check
+        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port, master_addr=self.master_addr)
+        need(self.batch_size >= 1, f"--batch-size must be positive, got {self.batch_size}")
+        need(self.iters is None or self.epochs is None, "give --iters or --epochs, not both")
+        need(self.iters is None or self.iters >= 1, f"--iters must be >= 1, got {self.iters}")
+        need(self.epochs is None or self.epochs >= 1, f"--epochs must be >= 1, got {self.epochs}")
+        need(self.epochs is None or self.data != "synthetic", "synthetic data has no epochs: use --iters")
+        need(math.isfinite(self.lr) and self.lr > 0, f"--lr must be a positive number, got {self.lr}")
+        need(0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}")
+        need(self.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
+        need(not self.resume or bool(self.checkpoint), "--resume needs --checkpoint DIR")
+        need(not self.checkpoint_every or bool(self.checkpoint), "--checkpoint-every needs --checkpoint DIR")
+        need(self.profile_iters >= 1, f"profile iterations must be >= 1, got {self.profile_iters}")
+        need(self.verify_iters >= 0, f"--verify-iters must be >= 0, got {self.verify_iters}")
+        need(self.timeout_s > 0, f"timeout must be positive, got {self.timeout_s}")
+        need(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+
+    @property
+    def world_size(self) -> int:
+        return self.nproc * self.nnodes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainResult:
+    """What a run measured (rank 0's timings; parameters hashed on every rank)."""
+
+    nproc: int
+    """World size P (all nodes)."""
+    schedule: str
+    """The schedule as given."""
+    collective: str
+    """What moved the gradients (``native`` for DDP: torch's own all-reduce)."""
+    mode: str
+    """``overlap`` or an LP mode."""
+    model: str
+    """Zoo name."""
+    data: str
+    """``synthetic`` or ``digits``."""
+    batch_size: int
+    """Samples per worker per iteration."""
+    start_iteration: int
+    """First iteration run (> 0 when resumed)."""
+    iterations: int
+    """Total iterations reached."""
+    t_iter_s: float
+    """Median iteration time over the steady iterations (after profiling and the timed candidate plans /
+    DDP's first iteration)."""
+    forward_s: float
+    """Median forward time (t_f)."""
+    backward_s: float
+    """Median backward computation time (t_b)."""
+    exposed_comm_s: float
+    """Median communication time not hidden behind backward (MG-WFBP t_c^no)."""
+    exposed_share: float
+    """Exposed communication / iteration time, summed over the steady iterations."""
+    update_s: float
+    """Median time of ``optimizer.step()`` (the model update), seconds."""
+    throughput_samples_s: float
+    """``batch_size * P / t_iter``."""
+    loss_final: float
+    """Mean over ranks of the last iteration's loss."""
+    params_sha256: list[str]
+    """sha256 of every rank's parameters, by rank (all equal when replicas agree bitwise)."""
+    test_accuracy: float | None = None
+    """Top-1 accuracy on the held-out digits (``digits`` only)."""
+    plan: dict[str, Any] | None = None
+    """The plan run (:meth:`Plan.to_dict`), None for DDP."""
+    trace: dict[str, Any] | None = None
+    """The measured trace a planner-name plan was made from (:mod:`dpcomm.trace.format` dict)."""
+    cost: dict[str, Any] | None = None
+    """The measured all-reduce cost: ``{"a": s, "b": s/byte, "points": [[bytes, s], ...]}``."""
+    grad_bytes: int = 0
+    """Bytes of the model's gradients (one copy)."""
+    grad_buffer_bytes: int | None = None
+    """Bytes of the runtime's flat gradient buffers (DDP: its buckets), the extra copy."""
+    peak_rss_bytes: int = 0
+    """Peak resident memory of rank 0's process."""
+    log: list[str] = field(default_factory=list)
+    """Rank 0's runtime messages (profiling, measurements, plan)."""
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """Rank 0's per-iteration records (forward_s, backward_s, exposed_comm_s, step_s, total_s, ...)."""
+    chrome_trace: str | None = None
+    """The Chrome trace written (rank 0), if any."""
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object: exactly the documented keys, plus ``test_accuracy`` for digits."""
+        out = {
+            "nproc": self.nproc,
+            "schedule": self.schedule,
+            "collective": self.collective,
+            "t_iter_s": self.t_iter_s,
+            "throughput_samples_s": self.throughput_samples_s,
+            "exposed_comm_s": self.exposed_comm_s,
+            "loss_final": self.loss_final,
+            "params_sha256": list(self.params_sha256),
+        }
+        if self.test_accuracy is not None:
+            out["test_accuracy"] = self.test_accuracy
+        return out
+
+
+def total_iterations(cfg: TrainConfig) -> int:
+    """Iterations the run ends at: ``iters``, or ``epochs`` times the batches per epoch of one rank."""
+    if cfg.epochs is None:
+        return cfg.iters if cfg.iters is not None else DEFAULT_ITERS
+    from dpcomm.runtime.data import TrainData
+
+    data = TrainData(cfg.data, **data_args(cfg, rank=0))
+    return cfg.epochs * data.batches_per_epoch
+
+
+def data_args(cfg: TrainConfig, rank: int) -> dict[str, Any]:
+    """Keyword arguments of :class:`~dpcomm.runtime.data.TrainData` for ``rank``."""
+    from dpcomm.models import input_shape, num_classes
+
+    return {
+        "input_shape": input_shape(cfg.model),
+        "num_classes": 10 if cfg.data == "digits" else num_classes(cfg.model),
+        "batch_size": cfg.batch_size,
+        "world_size": cfg.world_size,
+        "rank": rank,
+        "seed": cfg.seed,
+    }
+
+
+def compat(cfg: TrainConfig) -> dict[str, Any]:
+    """The config facts a checkpoint records (the first five must match to resume)."""
+    return {"model": cfg.model, "data": cfg.data, "seed": cfg.seed, "batch_size": cfg.batch_size,
+            "world_size": cfg.world_size, "schedule": cfg.schedule, "collective": cfg.collective,
+            "mode": cfg.mode}  # fmt: skip

@@ -1,0 +1,124 @@
+"""The baseline replica kind ``ddp``: PyTorch's own DistributedDataParallel with its default buckets (25 MB,
+first bucket 1 MB).
+
+The exposed communication is measured with a comm hook that is PyTorch's default all-reduce hook plus a
+timestamp: the time from the last bucket becoming ready (end of backward computation) to ``backward()``
+returning.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.nn.parallel import DistributedDataParallel
+
+from dpcomm.errors import UserError
+from dpcomm.plan import Plan
+from dpcomm.runtime.records import Phase, Span
+from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
+from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
+from dpcomm.train.setup import build_model, params_sha256
+
+__all__ = ["DDPReplica", "check"]
+
+_KEEP_SPANS = 50  # iterations whose timeline is kept for --chrome-trace
+
+
+def check(cfg: TrainConfig, schedule: str) -> None:
+    """``ddp`` takes no argument and runs only in ``overlap`` mode with torch's own all-reduce."""
+    if schedule.strip() != SCHEDULE_DDP:
+        raise UserError(f"schedule 'ddp' takes no argument, got {schedule!r}")
+    if cfg.mode != "overlap":
+        raise UserError(f"--schedule ddp runs PyTorch's DDP; --mode {cfg.mode} needs a dpcomm schedule")
+    if cfg.collective != "native":
+        raise UserError(
+            f"--schedule ddp is PyTorch's all-reduce; --collective {cfg.collective} needs a dpcomm schedule"
+        )
+
+
+class DDPReplica:
+    """PyTorch DDP on this rank (see :mod:`dpcomm.train.replica`)."""
+
+    def __init__(self, ctx: ReplicaContext):
+        s = build_model(ctx)
+        self.cfg, self.schedule, self.rank = ctx.cfg, ctx.schedule, ctx.rank
+        self.model, self.optimizer, self._update, self.start = s.model, s.optimizer, s.update, s.start
+        self.log: list[str] = []
+        self.records: list[dict[str, Any]] = []
+        self.loss = float("nan")
+        self._spans: list[list[Span]] = []
+        self.wrapper = DistributedDataParallel(self.model)  # default buckets: 25 MB, first 1 MB
+        self._last_ready = 0.0
+        world = ctx.world
+
+        def hook(_state, bucket):  # no annotations: DDP insists they be GradBucket/Future if present
+            # PyTorch's default allreduce_hook (divide by P, all-reduce, return the buffer) plus a timestamp:
+            # the last bucket handed over marks the end of backward computation.
+            self._last_ready = time.perf_counter()
+            buf = bucket.buffer().div_(world)
+            return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+        self.wrapper.register_comm_hook(None, hook)
+        self.log.append(
+            f"[rank {self.rank}] DistributedDataParallel with default buckets (25 MB, first 1 MB)"
+        )
+
+    def iteration(self, x: Any, y: Any) -> float:
+        self.optimizer.zero_grad(set_to_none=True)
+        self._update.reset()
+        t0 = time.perf_counter()
+        out = self.wrapper(x)
+        t1 = time.perf_counter()
+        loss = F.cross_entropy(out, y)
+        loss.backward()
+        t2 = time.perf_counter()
+        self.optimizer.step()
+        t3 = time.perf_counter()
+        ready = min(max(self._last_ready, t1), t2)
+        self.records.append(
+            {"iteration": len(self.records), "forward_s": t1 - t0, "backward_s": ready - t1,
+             "exposed_comm_s": t2 - ready, "step_s": t3 - t2, "total_s": t3 - t0, "comm_s": None,
+             "phase": Phase.STEADY, "plan": SCHEDULE_DDP, "update_s": self._update.last_s}
+        )  # fmt: skip
+        wall = time.time() - time.perf_counter()
+        rows = [("forward", "compute", t0, t1), ("backward", "compute", t1, ready),
+                ("exposed all-reduce wait", "comm", ready, t2), ("step", "compute", t2, t3)]  # fmt: skip
+        self._spans.append([Span(name=n, row=r, start=a + wall, end=b + wall) for n, r, a, b in rows])
+        del self._spans[:-_KEEP_SPANS]
+        self.loss = float(loss.detach())
+        return self.loss
+
+    @property
+    def plan(self) -> Plan | None:
+        return None
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        return {}
+
+    def spans(self) -> list[list[Span]]:
+        return [list(s) for s in self._spans]
+
+    def finish(self) -> None:
+        pass
+
+    def params_sha256(self) -> str:
+        return params_sha256(self.model)
+
+    def result_fields(self) -> dict[str, Any]:
+        return {"collective": "native", "grad_buffer_bytes": self._bucket_bytes()}  # DDP: torch's own
+
+    def _bucket_bytes(self) -> int | None:
+        sizes = self.wrapper._get_ddp_logging_data().get("bucket_sizes")  # "1051688, 12050944" (bytes)
+        try:
+            return sum(int(s) for s in str(sizes).split(",") if s.strip())
+        except ValueError:
+            return None
+
+    def close(self) -> None:
+        pass
+
+
+register_kind(ReplicaKind(name=SCHEDULE_DDP, build=DDPReplica, check=check, summary="PyTorch DDP baseline"))

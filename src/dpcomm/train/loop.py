@@ -1,0 +1,195 @@
+"""``dpcomm train`` as a library: launch the workers, run every replica's iterations, checkpoint, finish.
+
+``train(TrainConfig(...))`` checks everything a user can get wrong *before* any worker starts
+(:mod:`dpcomm.train.checks`), then starts the workers through :func:`dpcomm.launch.launch` (torch's elastic
+agent: c10d rendezvous on 127.0.0.1, or a static one at ``master_addr`` across machines, as ``torchrun``
+does). Every worker runs:
+
+1. build one replica per schedule (:mod:`dpcomm.train.replica`: the zoo model seeded with ``seed``, momentum
+   SGD, and the kind's communication: dpcomm's runtime with a planner's plan, or PyTorch DDP);
+2. per iteration ``i``: reseed torch from ``(seed, rank, i)`` (dropout masks), take this rank's batch
+   (:class:`dpcomm.runtime.data.TrainData`, a function of ``(seed, epoch, i)``), run each replica's
+   iteration; rank 0 saves a checkpoint of the first replica every ``checkpoint_every`` iterations and at
+   the end;
+3. finish: every rank's loss, parameter hash, test accuracy, Chrome trace and rank 0's timings.
+
+Because data order and randomness depend only on ``(seed, rank, iteration)``, and the checkpoint holds the
+model, the optimizer and the plan in use, a resumed run ends with bitwise the same parameters as an
+uninterrupted one. (If the checkpoint was written while a planner-name plan was still being profiled,
+the resumed run profiles the remaining iterations itself; the plan, and so the bits for P >= 3, may then
+differ for timing-dependent schedules such as ``mgwfbp``/``optimal``.)
+
+:func:`compare_schedules` trains one replica per schedule in the *same* workers, interleaved iteration by
+iteration on the same batches, so the schedules see the same machine load: the demo and the benchmark use it.
+
+Test hook: ``DPCOMM_TEST_KILL="RANK:ITER"`` in the environment makes that rank ``os._exit(17)`` at the start
+of that iteration (used by the tests to check that the others fail cleanly instead of hanging).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from dpcomm.errors import UserError, first_line
+from dpcomm.train.checks import check
+from dpcomm.train.config import TrainConfig, TrainResult, compat, data_args, total_iterations
+from dpcomm.train.replica import Replica
+
+__all__ = ["compare_schedules", "train"]
+
+_KILL_ENV = "DPCOMM_TEST_KILL"
+_KILL_EXIT = 17
+
+
+def train(cfg: TrainConfig) -> TrainResult:
+    """Check, launch the workers, train ``cfg.schedule``; returns the run's :class:`TrainResult`."""
+    return _launch(cfg, check(cfg).schedules)[0]
+
+
+def compare_schedules(cfg: TrainConfig, schedules: list[str]) -> list[TrainResult]:
+    """Train one replica per schedule in the same workers, interleaved per iteration on the same batches.
+
+    Checkpoints are not written (``cfg.checkpoint`` must be unset); results in the order given.
+    """
+    if not schedules:
+        raise UserError("no schedules to compare")
+    if cfg.checkpoint or cfg.resume:
+        raise UserError("checkpoints are for single-schedule runs (dpcomm train), not comparisons")
+    return _launch(cfg, check(cfg, list(schedules)).schedules)
+
+
+def _launch(cfg: TrainConfig, schedules: list[tuple[str, Any]]) -> list[TrainResult]:
+    from dpcomm.launch import LaunchOptions, launch
+
+    opts = LaunchOptions.of(cfg)
+    spawn_log = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process ..." warnings
+    level = spawn_log.level
+    spawn_log.setLevel(logging.ERROR)
+    try:
+        per_rank = launch(_worker, opts, cfg, schedules)
+    finally:
+        spawn_log.setLevel(level)
+    return [TrainResult(**r) for r in per_rank[0]]
+
+
+# ----------------------------------------------------------------------------- the workers
+
+
+def _worker(cfg: TrainConfig, schedules: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """One rank: train every schedule's replica, interleaved; returns one result dict per schedule."""
+    import torch
+    import torch.distributed as dist
+
+    from dpcomm.launch import init_worker
+
+    rank, world = init_worker("gloo", timeout_s=cfg.timeout_s)
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
+    torch.set_num_threads(_threads(cfg, local))
+    where = {"iteration": None}
+    try:
+        return _train_rank(cfg, schedules, rank, world, where)
+    except UserError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - turn a lost peer / timeout into one clear line
+        it = where["iteration"]
+        at = f" at iteration {it}" if it is not None else ""
+        raise RuntimeError(f"rank {rank} of {world} stopped{at}: {first_line(exc, with_type=True)}") from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _threads(cfg: TrainConfig, local: int) -> int:
+    """Torch threads per worker: ``--threads``, else ``$OMP_NUM_THREADS`` (as torchrun and ``testbed launch``
+    set it when several workers share the cores), else the cores split among this machine's workers."""
+    omp = os.environ.get("OMP_NUM_THREADS", "")
+    if cfg.threads:
+        return cfg.threads
+    if omp.isdigit() and int(omp) >= 1:
+        return int(omp)
+    return max(1, (os.cpu_count() or 1) // local)
+
+
+def _train_rank(
+    cfg: TrainConfig, schedules: list[tuple[str, Any]], rank: int, world: int, where: dict[str, Any]
+) -> list[dict[str, Any]]:
+    import torch
+    import torch.distributed as dist
+
+    from dpcomm.runtime.data import TrainData, derive_seed
+    from dpcomm.train.replica import ReplicaContext, make_replica
+    from dpcomm.train.report import Progress
+
+    state = None
+    if cfg.resume:  # rank 0 reads the file (other nodes may not have it) and shares it
+        from dpcomm.runtime.checkpoint import load_checkpoint
+
+        box = [load_checkpoint(cfg.checkpoint) if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        state = box[0]
+    data = TrainData(cfg.data, **data_args(cfg, rank))
+    total = total_iterations(cfg)
+    replicas = [
+        make_replica(ReplicaContext(cfg=cfg, schedule=s, parsed=p, rank=rank, world=world, state=state))
+        for s, p in schedules
+    ]
+    start = replicas[0].start
+    kill = _kill_point(rank)
+    bar = Progress(cfg, [s for s, _ in schedules], start, total) if rank == 0 else None
+    try:
+        for it in range(start, total):
+            where["iteration"] = it
+            if kill == it:
+                os._exit(_KILL_EXIT)
+            x, y = data.batch(it)
+            for rep in replicas:
+                torch.manual_seed(derive_seed(cfg.seed, rank, it))  # dropout: same masks for every schedule
+                rep.iteration(x, y)
+            if rank == 0:
+                if cfg.checkpoint and (
+                    it + 1 == total or (cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0)
+                ):
+                    _save(cfg, replicas[0], it + 1, data)
+                if bar is not None:
+                    bar.update(it + 1, replicas)
+        where["iteration"] = None
+    finally:
+        if bar is not None:
+            bar.close()
+    from dpcomm.train.finish import finish
+
+    return [finish(cfg, rep, data, rank, world, start, total, len(replicas) > 1) for rep in replicas]
+
+
+def _kill_point(rank: int) -> int | None:
+    spec = os.environ.get(_KILL_ENV, "")
+    if not spec:
+        return None
+    r, _, it = spec.partition(":")
+    return int(it) if int(r) == rank else None
+
+
+def _save(cfg: TrainConfig, rep: Replica, iteration: int, data: Any) -> None:
+    from dpcomm.runtime.checkpoint import save_checkpoint
+
+    plan = rep.plan
+    state = {
+        "iteration": iteration,
+        "config": compat(cfg),
+        "model": rep.model.state_dict(),
+        "optimizer": rep.optimizer.state_dict(),
+        "plan": plan.to_dict() if plan is not None else None,
+        # data order is a function of (seed, epoch, iteration): this is the whole sampler state
+        "sampler": {
+            "seed": cfg.seed,
+            "epoch": data.epoch_of(iteration),
+            "batches_per_epoch": data.batches_per_epoch,
+        },  # fmt: skip
+        "loss": rep.loss,
+    }
+    extra = rep.checkpoint_state()
+    if extra:
+        state["replica"] = extra
+    save_checkpoint(cfg.checkpoint, state)
