@@ -19,6 +19,7 @@ nothing behind and ends in one line.
   that starts that way installs no ``KeyboardInterrupt``): a Ctrl-C while they import torch prints no
   traceback in each. A watcher thread sees the workers exec'd and gives SIGINT back to the launcher
   (through SIGUSR1 to its main thread); Ctrl-C then stops the agent, which stops the workers with SIGTERM.
+  A Ctrl-C inside that window (spawning plus a 5 ms poll, tens of milliseconds) is ignored: press again.
   In the workers SIGINT and SIGTERM keep their default action (die, silently). SIGTERM to the launcher goes
   to the agent, which stops the workers. Either way :class:`dpcomm.errors.Interrupted` or
   ``KeyboardInterrupt`` reaches the CLI: ``dpcomm: interrupted``, exit 130 or 143.
@@ -215,7 +216,7 @@ def _watch_spawn(nproc: int, done: threading.Event) -> None:
     """Tell the main thread (SIGUSR1) once ``nproc`` children run the spawn entry point: they have been
     exec'd, with SIGINT ignored, and the launcher's own disposition no longer reaches them."""
     me = os.getpid()
-    while not done.wait(0.02):
+    while not done.wait(0.005):
         if _spawned_children(me) >= nproc:
             signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
             return
