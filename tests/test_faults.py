@@ -277,3 +277,103 @@ def test_testbed_launch_workers_die_with_it(testbed, tmp_path, sig):
         assert (proc.returncode, err) == (143, "dpcomm: interrupted\n")
     assert _gone(workers, 5.0) == []
     assert all(_netns_pids(ns) == [] for ns in spaces)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# checkpoints: a crashed write, an existing checkpoint, the plan that was kept
+
+
+_CRASH_IN_WRITE = """
+import os, sys, torch
+import dpcomm.utils.io as io
+from dpcomm.runtime.checkpoint import save_checkpoint
+save_checkpoint(sys.argv[1], {"iteration": 1, "w": torch.zeros(4)})
+io.os.replace = lambda *a: os._exit(9)  # die after the temporary file is written, before the rename
+save_checkpoint(sys.argv[1], {"iteration": 2, "w": torch.ones(1 << 16)})
+"""
+
+
+def test_a_crash_during_a_checkpoint_write_keeps_the_last_one_and_the_next_run_cleans_up(tmp_path):
+    from dpcomm.runtime.checkpoint import load_checkpoint
+    from dpcomm.train import TrainConfig
+    from dpcomm.train.checks import check
+
+    ckpt = tmp_path / "ckpt"
+    crashed = subprocess.run([sys.executable, "-c", _CRASH_IN_WRITE, str(ckpt)], capture_output=True)
+    assert crashed.returncode == 9
+    assert load_checkpoint(ckpt)["iteration"] == 1  # the last complete checkpoint
+    assert [p.name.endswith(".tmp") for p in ckpt.iterdir()].count(True) == 1  # what the crash left
+    check(TrainConfig(nproc=1, iters=5, checkpoint=str(ckpt), overwrite=True))  # the next run, before workers
+    assert sorted(p.name for p in ckpt.iterdir()) == ["checkpoint.pt"]
+
+
+def test_an_existing_checkpoint_is_not_started_over_unasked(tmp_path, capsys, monkeypatch):
+    """Even a corrupt one: without --resume or --overwrite it is one line and exit 2, and stays as it was."""
+    import dpcomm.launch
+    from dpcomm.cli.main import main
+
+    monkeypatch.setattr(dpcomm.launch, "launch", lambda *a, **k: pytest.fail("workers were started"))
+    (tmp_path / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    assert main(["train", "--iters", "2", "--checkpoint", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "exists: continue it with --resume" in err
+    assert (tmp_path / "checkpoint.pt").read_bytes() == b"not a checkpoint"
+    assert main(["train", "--iters", "2", "--checkpoint", str(tmp_path), "--resume", "--overwrite"]) == 2
+
+
+@pytest.mark.slow
+def test_a_train_interrupted_by_sigterm_keeps_its_last_checkpoint(tmp_path):
+    from dpcomm.runtime.checkpoint import load_checkpoint
+
+    ckpt = tmp_path / "ckpt"
+    proc = _start(tmp_path, "train", "--nproc", "2", "--iters", "100000", "--schedule", "wfbp",
+                  "--profile-iters", "1", "--checkpoint", str(ckpt), "--checkpoint-every", "1", "--json")  # fmt: skip
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and not (ckpt / "checkpoint.pt").exists():
+        time.sleep(0.05)
+    workers = _workers(proc.pid)
+    os.kill(proc.pid, signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert (proc.returncode, err) == (143, "dpcomm: interrupted\n")
+    assert workers and _gone(workers, 5.0) == []
+    assert load_checkpoint(ckpt)["iteration"] >= 1  # whole and readable (writes are atomic)
+    assert _leftovers(tmp_path) == []
+
+
+@pytest.mark.slow
+def test_resume_keeps_the_plan_that_was_kept_with_mgwfbp(tmp_path):
+    """mgwfbp picks its plan from timings, so two fresh runs may differ on P = 3. A periodic checkpoint waits
+    until the plan is kept and carries it; a resumed run uses it (no profiling) and is then a function of
+    the checkpoint alone: two resumes of one checkpoint agree bit for bit."""
+    import shutil as sh
+
+    from dpcomm.launch import WorkerFailure
+    from dpcomm.runtime.checkpoint import load_checkpoint
+    from dpcomm.train import TrainConfig, train
+
+    def cfg(ckpt: Path, **kw) -> TrainConfig:
+        base = {"model": "lenet5", "batch_size": 4, "schedule": "mgwfbp", "nproc": 3, "iters": 8}
+        base |= {"profile_iters": 2, "verify_iters": 1, "checkpoint": str(ckpt), "checkpoint_every": 1}
+        return TrainConfig(**(base | {"timeout_s": 30, "progress": False} | kw))
+
+    os.environ["DPCOMM_TEST_KILL"] = "1:2"  # dies while the plan is still being made
+    try:
+        with pytest.raises(WorkerFailure):
+            train(cfg(tmp_path / "early", nproc=2))
+        os.environ["DPCOMM_TEST_KILL"] = "1:6"  # dies after it was kept
+        with pytest.raises(WorkerFailure):
+            train(cfg(tmp_path / "late"))
+    finally:
+        del os.environ["DPCOMM_TEST_KILL"]
+    early = load_checkpoint(tmp_path / "early")
+    assert early is None, f"a checkpoint without the kept plan: iteration {early['iteration']}"
+    state = load_checkpoint(tmp_path / "late")
+    assert state["iteration"] == 5 and state["plan"] is not None  # iteration 5 needed rank 1 to finish
+    sh.copytree(tmp_path / "late", tmp_path / "again")
+    one = train(cfg(tmp_path / "late", resume=True))
+    two = train(cfg(tmp_path / "again", resume=True))
+    assert one.start_iteration == two.start_iteration == 5
+    assert one.plan == two.plan == state["plan"]
+    assert not any("measured t_f" in line or "timing" in line for line in one.log)  # no planning again
+    assert len(set(one.params_sha256)) == 1 and one.params_sha256 == two.params_sha256
+    assert one.loss_final == two.loss_final
