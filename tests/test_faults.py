@@ -326,8 +326,8 @@ def test_a_train_interrupted_by_sigterm_keeps_its_last_checkpoint(tmp_path):
     from dpcomm.runtime.checkpoint import load_checkpoint
 
     ckpt = tmp_path / "ckpt"
-    proc = _start(tmp_path, "train", "--nproc", "2", "--iters", "100000", "--schedule", "wfbp",
-                  "--profile-iters", "1", "--checkpoint", str(ckpt), "--checkpoint-every", "1", "--json")  # fmt: skip
+    argv = ["train", "--nproc", "2", "--iters", "100000", "--schedule", "wfbp", "--profile-iters", "1"]
+    proc = _start(tmp_path, *argv, "--checkpoint", str(ckpt), "--checkpoint-every", "1", "--json")
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and not (ckpt / "checkpoint.pt").exists():
         time.sleep(0.05)
