@@ -55,6 +55,7 @@ CASES = [
     (["simulate", *_SIM[1:], "--chrome-trace", "victim.json/x.json"], "is not a folder"),
     (["profile", "--model", "lenet5", "--batch-size", "2", "--analytic", "k80", "-o", "adir"], "is a folder"),
     (["calibrate", "--nproc", "2", "-o", "adir"], "adir: is a folder"),
+    (["netsim", "--topology", "star:4", "--plot", "adir"], "adir: is a folder"),
     # inputs
     (["simulate", "--trace", "deep.json", "--nodes", "4"], "nested too deeply"),
     # launch options, said before any worker starts

@@ -153,7 +153,7 @@ def test_every_config_field_is_a_flag_and_the_cli_copies_them_all():
     import argparse
     import dataclasses
 
-    from dpcomm.cli.train import _config, add_arguments
+    from dpcomm.cli.train import PS_FLAGS, _config, add_arguments
     from dpcomm.train.config import TrainConfig
 
     parser = argparse.ArgumentParser()
@@ -163,7 +163,7 @@ def test_every_config_field_is_a_flag_and_the_cli_copies_them_all():
     # library-only fields (the CLI shows a bar on a terminal; momentum is the recipe's 0.9); any other
     # field without a flag would be silently unsettable from the command line
     assert fields - dests == {"progress", "momentum"}
-    assert dests - fields == {"json"}
+    assert dests - fields == {"json", *PS_FLAGS}  # --ps     assert dests - fields == {"json"} co. spell the ps:... schedule
     argv = ["--nproc", "3", "--model", "resnet20", "--schedule", "wfbp", "--collective", "ring",
             "--mode", "lp-alg3", "--iters", "7", "--batch-size", "5", "--lr", "0.1", "--data", "digits",
             "--seed", "4", "--checkpoint", "c", "--checkpoint-every", "2", "--resume", "--chrome-trace", "t",

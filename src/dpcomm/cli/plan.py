@@ -1,6 +1,8 @@
 """Plan which layers' gradients are all-reduced together, and show the plan's simulated timing.
 
 Example: ``dpcomm plan --trace resnet50.json --nodes 16 --network 10gbe --schedule mgwfbp``.
+With ``--pull METHOD`` it plans a parameter server's pulls instead (iBatch): ``dpcomm plan --trace
+googlenet-k80-b64 --nodes 16 --pull ibatch [--ps-servers S]`` prints the batches and the model's time.
 """
 
 from __future__ import annotations
@@ -20,10 +22,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--schedule", default="mgwfbp", metavar="S", help="wfbp, single, bucket:SIZE, mgwfbp or optimal"
     )
+    parser.add_argument(
+        "--pull", metavar="METHOD", help="plan parameter-server pulls instead: all, layer, ibatch or optimal"
+    )
+    parser.add_argument(
+        "--ps-servers",
+        type=int,
+        default=0,
+        metavar="S",
+        help="with --pull: S dedicated servers (default: co-located, every worker serves a shard)",
+    )
     add_cost_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.pull is not None or args.ps_servers:
+        return _run_pull(args)
     from dpcomm.planner import make_plan
     from dpcomm.sim import simulate
 
@@ -77,3 +91,63 @@ def _print(trace, plan, res, cost) -> None:
         f"exposed communication {res.t_comm_exposed_s * 1e3:.2f} ms, speedup {res.speedup:.2f} "
         f"(efficiency {res.efficiency:.1%}); cost {cost}; planned in {plan.meta['planning_s'] * 1e3:.2f} ms"
     )
+
+
+def _run_pull(args: argparse.Namespace) -> int:
+    from dpcomm.costmodel import resolve_network
+    from dpcomm.planner.pull import plan_pulls
+    from dpcomm.sim.ps import PsCost, ps_inputs
+
+    if args.pull is None:
+        raise UserError("--ps-servers needs --pull METHOD")
+    if args.ps_servers < 0:
+        raise UserError(f"--ps-servers must be >= 1, got {args.ps_servers}")
+    nodes = parse_nodes(args.nodes)
+    if len(nodes) != 1:
+        raise UserError(f"--nodes takes one node count for plan, got {args.nodes!r}")
+    trace = load_trace_arg(args.trace)
+    cost = PsCost(net=resolve_network(args.network), workers=nodes[0], servers=args.ps_servers)
+    C, Tt, Ts = ps_inputs(trace, cost)
+    plan = plan_pulls(C, Tt, Ts, args.pull)
+    if args.json:
+        print(
+            json.dumps(
+                {
+                    **plan.to_dict(),
+                    "nodes": nodes[0],
+                    "servers": args.ps_servers,
+                    "time_s": plan.time_s,
+                    "startup_s": Ts,
+                    "sha256": plan.sha256(),
+                }
+            )
+        )
+        return 0
+    from rich.console import Console
+    from rich.table import Table
+
+    where = f"{args.ps_servers} dedicated server(s)" if args.ps_servers else "co-located servers"
+    table = Table(
+        title=f"{plan.method} pulls: {trace.model}, {nodes[0]} workers, {where}, {plan.messages} pull(s)"
+    )
+    for col in ("#", "layers", "first .. last layer", "MB", "pull ms (Ts + Tt)", "forward ms"):
+        table.add_column(col, justify="left" if col.startswith("first") else "right")
+    for k, (a, b) in enumerate(plan.batches):
+        mb = sum(trace.layer_bytes(l) for l in range(a, b + 1)) / 2**20
+        names = trace.layers[a].name if a == b else f"{trace.layers[a].name} .. {trace.layers[b].name}"
+        table.add_row(
+            str(k),
+            f"{a}" if a == b else f"{a}-{b}",
+            names,
+            f"{mb:.2f}",
+            f"{(Ts + Tt[a : b + 1].sum()) * 1e3:.3f}",
+            f"{C[a : b + 1].sum() * 1e3:.3f}",
+        )
+    console = Console()
+    console.print(table)
+    console.print(
+        f"model time (pulls and forward, F_N) {plan.time_s * 1e3:.3f} ms; "
+        f"forward alone {C.sum() * 1e3:.3f} ms, "
+        f"pulls alone {(plan.messages * Ts + Tt.sum()) * 1e3:.3f} ms; Ts {Ts * 1e6:.1f} us"
+    )
+    return 0

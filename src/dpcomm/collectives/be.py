@@ -35,6 +35,14 @@ broadcast (binomial scatter + ring allgather, the MPICH long-message broadcast, 
     Per rank: ``kids(v)`` scatter messages of ``e |[k, min(k + m, p))|`` bytes, plus ``p - 1`` ring messages
     of ``e (N - n_{v+1})`` bytes for ``v != p - 1``. ``T = (ceil(log2 p) + p - 1) alpha + 2 (p-1)/p beta S``.
 
+One halving step (``p' = 4``, ``m = 2``; ``[c0 c1 | c2 c3]``: the vector in ``p'`` chunks)::
+
+    u=0 keeps [c0 c1], sends [c2 c3] --> u=2     u=2 keeps [c2 c3], sends [c0 c1] --> u=0
+    u=1 keeps [c0 c1], sends [c2 c3] --> u=3     u=3 keeps [c2 c3], sends [c0 c1] --> u=1
+    (pairs u, u xor m swap halves both ways at once; the next step halves the kept range with m = 1)
+
+Schedule as data: :func:`steps` (allreduce, fold and unfold included).
+
 Extra memory per call: one receive buffer, ``S`` bytes on a rank that receives a fold, else the first
 halving step's half (the thread's reused :func:`~dpcomm.collectives._p2p.scratch`); broadcast receives in
 place. ``p = 1`` or ``N = 0``: nothing is sent.
@@ -48,14 +56,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from dpcomm.collectives._p2p import P2P, begin, chunk_bounds, reduce_into, scratch
 from dpcomm.collectives.base import register
 from dpcomm.collectives.mst import tree_children, tree_parent
 from dpcomm.collectives.ring import ring_allgather
+from dpcomm.collectives.schedule import Step
 
-__all__ = ["BidirectionalExchange", "fold_rank"]
+__all__ = ["BidirectionalExchange", "fold_rank", "steps"]
 
 
 def fold_rank(v: int, p: int) -> int | None:
@@ -69,6 +79,39 @@ def fold_rank(v: int, p: int) -> int | None:
 def _unfold(u: int, p: int) -> int:
     r = p - (1 << (p.bit_length() - 1))
     return 2 * u if u < r else u + r
+
+
+def steps(p: int, numel: int, elem_size: int = 4) -> list[Step]:
+    """The allreduce's steps: fold, ``L`` halving steps, ``L`` doubling steps, unfold (as
+    :class:`_Halving` and :meth:`BidirectionalExchange.allreduce` walk them, ``root = 0``)."""
+    if p < 2 or numel == 0:
+        return []
+    q = 1 << (p.bit_length() - 1)
+    r = p - q
+    ends = np.array([0] + [b for _, b in chunk_bounds(numel, q)], dtype=np.int64) * elem_size
+    real = np.array([_unfold(u, p) for u in range(q)], dtype=np.int64)
+    u = np.arange(q, dtype=np.int64)
+    whole = np.full(r, numel * elem_size, dtype=np.int64)
+    out = []
+    if r:
+        odd = np.arange(1, 2 * r, 2, dtype=np.int64)
+        out.append(Step(label="fold", src=odd, dst=odd - 1, nbytes=whole))
+    lo, hi, m = np.zeros(q, dtype=np.int64), np.full(q, q, dtype=np.int64), q >> 1
+    while m:  # recursive halving: send the half of [lo, hi) that does not hold u
+        mid = lo + m
+        up = (u & m) != 0
+        glo, ghi = np.where(up, lo, mid), np.where(up, mid, hi)
+        out.append(Step(label=f"halving {m}", src=real, dst=real[u ^ m], nbytes=ends[ghi] - ends[glo]))
+        lo, hi, m = np.where(up, mid, lo), np.where(up, hi, mid), m >> 1
+    m = 1
+    while m < q:  # recursive doubling: send the aligned run of m chunks holding u
+        mine = u & ~(m - 1)
+        out.append(Step(label=f"doubling {m}", src=real, dst=real[u ^ m], nbytes=ends[mine + m] - ends[mine]))
+        m <<= 1
+    if r:
+        even = np.arange(0, 2 * r, 2, dtype=np.int64)
+        out.append(Step(label="unfold", src=even, dst=even + 1, nbytes=whole))
+    return out
 
 
 class _Halving:

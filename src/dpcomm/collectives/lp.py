@@ -26,6 +26,15 @@ allreduce (Fig. 2c, ONE filled pipeline, not reduce then broadcast; chain ``0..p
     Per rank: ends of the chain ``B`` messages and ``S`` bytes, middle positions ``2B`` and ``2S``.
     ``T = 2 (p - 1 + n/b) alpha + (b (p-1) + n)(2 beta + gamma)`` (Table 1).
 
+One stage of the filled allreduce pipeline (``p = 4``; ``bI``: block ``I``, up = partial sums toward
+rank 3, down = final sums back; each middle rank's one NIC sends two blocks per stage)::
+
+    up:    rank 0 --b5--> rank 1 --b4--> rank 2 --b3--> rank 3
+    down:  rank 0 <--b0-- rank 1 <--b1-- rank 2 <--b2-- rank 3
+
+Schedule as data: :func:`steps` (allreduce: stage ``t`` holds up-block ``t - c`` from each position ``c``
+and down-block ``t - (2p - 2 - c)`` from each ``c >= 1``; ``B + 2p - 2`` stages).
+
 Block size: ``block_bytes`` if given, else the cost model's optimum
 :func:`dpcomm.costmodel.lp.lp_optimal_block` (``b* = sqrt(n alpha / ((p-1) c))``) on ``network`` (a preset
 name, a network file or a :class:`~dpcomm.costmodel.network.Network`; default ``$DPCOMM_NETWORK``, else
@@ -49,16 +58,47 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from dpcomm.collectives._p2p import P2P, Pending, begin, block_bounds, reduce_into, scratch
 from dpcomm.collectives.base import register
+from dpcomm.collectives.schedule import Step
 from dpcomm.costmodel.lp import lp_optimal_block
 from dpcomm.costmodel.network import Network, resolve_network
 
-__all__ = ["LinearPipeline"]
+__all__ = ["LinearPipeline", "steps"]
 
 _SENDS_IN_FLIGHT = 2  # "two in flight": send block i while block i-1 may still be on the wire
+
+
+def steps(p: int, numel: int, elem_size: int = 4, *, block_bytes: int) -> list[Step]:
+    """The allreduce's pipeline stages (:meth:`LinearPipeline.allreduce`): in stage ``t`` position
+    ``c < p - 1`` sends up-block ``t - c`` to ``c + 1`` and position ``c >= 1`` sends down-block
+    ``t - 2p + 2 + c`` to ``c - 1`` (the chain's end turns block ``i`` around in stage ``i + p - 1``), for
+    the blocks that exist; the blocks are :func:`~dpcomm.collectives._p2p.block_bounds`'."""
+    if p < 2 or numel == 0:
+        return []
+    size = np.array([b - a for a, b in block_bounds(numel, elem_size, block_bytes)], dtype=np.int64)
+    size *= elem_size
+    nb = len(size)
+    c = np.arange(p, dtype=np.int64)
+    out = []
+    for t in range(nb + 2 * p - 2):
+        up = t - c[:-1]
+        down = t - 2 * p + 2 + c[1:]
+        u_ok, d_ok = (up >= 0) & (up < nb), (down >= 0) & (down < nb)
+        src = np.concatenate([c[:-1][u_ok], c[1:][d_ok]])
+        dst = np.concatenate([c[:-1][u_ok] + 1, c[1:][d_ok] - 1])
+        out.append(
+            Step(
+                label=f"stage {t}",
+                src=src,
+                dst=dst,
+                nbytes=np.concatenate([size[up[u_ok]], size[down[d_ok]]]),
+            )
+        )
+    return out
 
 
 class _Sends:

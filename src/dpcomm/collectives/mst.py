@@ -22,6 +22,13 @@ reduce (the mirror image):
 allreduce = reduce to rank 0, then broadcast from rank 0 (two calls, as the paper defines MST allreduce):
     Per rank: ``[rank != 0] + kids(rank)`` messages of ``S`` bytes. ``T = d (2 alpha + 2 beta S + gamma S)``.
 
+One broadcast round (``p = 8``, round 2 of 3, ``m = 2``: every rank that has the message sends it to the
+child ``m`` away; round 1 was ``0 -> 4``, round 3 is ``0->1, 2->3, 4->5, 6->7``)::
+
+    rank 0 ==S==> rank 2        rank 4 ==S==> rank 6        ranks 1, 3, 5, 7 idle
+
+Schedule as data: :func:`steps` (allreduce: ``d`` reduce rounds, then ``d`` broadcast rounds).
+
 Extra memory per call: one message-sized receive buffer in reduce (the thread's reused
 :func:`~dpcomm.collectives._p2p.scratch`); broadcast receives in place. ``p = 1`` or ``S = 0``: nothing sent.
 
@@ -38,8 +45,9 @@ import torch
 
 from dpcomm.collectives._p2p import P2P, begin, reduce_into, scratch
 from dpcomm.collectives.base import register
+from dpcomm.collectives.schedule import Step
 
-__all__ = ["BinomialTree", "tree_children", "tree_parent"]
+__all__ = ["BinomialTree", "steps", "tree_children", "tree_parent"]
 
 
 def _low(v: int, p: int) -> int:
@@ -67,6 +75,24 @@ def _round(m: int, p: int, down: bool) -> int:
     """1-based round of an edge of span ``m``: broadcast sends the largest span first, reduce the smallest."""
     d = max(p - 1, 0).bit_length()
     return d - m.bit_length() + 1 if down else m.bit_length()
+
+
+def _rounds(p: int, nbytes: int, down: bool, label: str) -> list[Step]:
+    """The tree's edges by :func:`_round`: (parent, child) for broadcast, (child, parent) for reduce."""
+    d = max(p - 1, 0).bit_length()
+    edges: list[list[tuple[int, int, int]]] = [[] for _ in range(d)]
+    for v in range(p):
+        for k in tree_children(v, p):
+            edges[_round(k - v, p, down) - 1].append((v, k, nbytes) if down else (k, v, nbytes))
+    return [Step.of(f"{label} {i + 1}", e) for i, e in enumerate(edges) if e]
+
+
+def steps(p: int, numel: int, elem_size: int = 4) -> list[Step]:
+    """The allreduce's rounds: :func:`tree_reduce` to rank 0 (nearest child first, one child per round),
+    then :func:`tree_broadcast` from it (farthest first); every message is the whole vector."""
+    if p < 2 or numel == 0:
+        return []
+    return _rounds(p, numel * elem_size, False, "reduce") + _rounds(p, numel * elem_size, True, "broadcast")
 
 
 def tree_broadcast(comm: P2P, flat: torch.Tensor, root: int) -> None:

@@ -23,6 +23,13 @@ reduce (ring reduce-scatter + gather at the root):
     Per rank: root ``P - 1`` messages, ``e (N - n_1)`` bytes; others ``P`` messages, ``e N`` bytes.
     ``T = 2(P-1) alpha + 2(P-1)/P beta S + (P-1)/P gamma S``. Non-root tensors end as scratch.
 
+One reduce-scatter step (``s = 0``, ``P = 4``; ``cK`` is chunk ``K``, ``+=`` adds into the own copy)::
+
+    rank 0 --c0--> rank 1 --c1--> rank 2 --c2--> rank 3 --c3--> rank 0
+    rank v: c(v-1) += received                       every link busy, S/P bytes each
+
+Schedule as data: :func:`steps` (allreduce; the messages the code above posts, step by step).
+
 Option ``segment_bytes`` (default None): the reduce-scatter sends chunk ``j`` as ``ceil(n_j e / g)``
 segments of ``g = segment_bytes`` bytes (whole elements, capped at the largest chunk; at least one) and adds
 segment ``k`` while ``k + 1`` arrives; the allreduce and reduce message counts grow by that (the
@@ -42,12 +49,33 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from dpcomm.collectives._p2p import P2P, begin, block_bounds, chunk_bounds, reduce_into, scratch
 from dpcomm.collectives.base import register
+from dpcomm.collectives.schedule import Step
 
-__all__ = ["Ring", "ring_allgather", "ring_reduce_scatter"]
+__all__ = ["Ring", "ring_allgather", "ring_reduce_scatter", "steps"]
+
+
+def steps(p: int, numel: int, elem_size: int = 4) -> list[Step]:
+    """The allreduce's ``2(P-1)`` steps: in reduce-scatter step ``s`` rank ``v`` sends chunk ``v - s`` to
+    ``v + 1``, in allgather step ``s`` chunk ``v + 1 - s`` (:func:`ring_reduce_scatter`,
+    :func:`ring_allgather` with ``own=1``; ``segment_bytes`` cuts messages, not bytes, and is not shown)."""
+    if p < 2 or numel == 0:
+        return []
+    size = np.array([b - a for a, b in chunk_bounds(numel, p)], dtype=np.int64) * elem_size
+    v = np.arange(p, dtype=np.int64)
+    out = [
+        Step(label=f"reduce-scatter {s}", src=v, dst=(v + 1) % p, nbytes=size[(v - s) % p])
+        for s in range(p - 1)
+    ]
+    out += [
+        Step(label=f"allgather {s}", src=v, dst=(v + 1) % p, nbytes=size[(v + 1 - s) % p])
+        for s in range(p - 1)
+    ]
+    return out
 
 
 def ring_reduce_scatter(

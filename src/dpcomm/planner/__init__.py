@@ -11,6 +11,10 @@ contiguous layer groups in communication order); :func:`make_plan` picks one by 
 ``optimal``    the exact minimum of t_iter over all contiguous partitions (dynamic program)
 =============  ==========================================================================================
 
+Pull plans for a parameter server (which layers' parameters are pulled together before forward; the
+iBatch paper) are :func:`plan_pulls` in :mod:`dpcomm.planner.pull` (``all``, ``layer``, ``ibatch``,
+``optimal``).
+
 The timing model they share is MG-WFBP Eq. 6-8/19-21; :func:`dpcomm.sim.simulate` evaluates a plan.
 """
 
@@ -25,6 +29,7 @@ from dpcomm.planner._common import check_nodes
 from dpcomm.planner.bucket import DDP_BUCKET_BYTES, HOROVOD_FUSION_BYTES, parse_bucket_size, plan_bucket
 from dpcomm.planner.mgwfbp import plan_mgwfbp
 from dpcomm.planner.optimal import optimal_partition, plan_optimal
+from dpcomm.planner.pull import PULL_METHODS, PullPlan, plan_pulls
 from dpcomm.planner.single import plan_single
 from dpcomm.planner.wfbp import plan_wfbp
 from dpcomm.trace.format import Trace
@@ -33,8 +38,10 @@ __all__ = [
     "check_nodes",
     "DDP_BUCKET_BYTES",
     "HOROVOD_FUSION_BYTES",
+    "PULL_METHODS",
     "SCHEDULES",
     "Plan",
+    "PullPlan",
     "make_plan",
     "optimal_partition",
     "parse_schedules",
@@ -42,6 +49,7 @@ __all__ = [
     "plan_bucket",
     "plan_mgwfbp",
     "plan_optimal",
+    "plan_pulls",
     "plan_single",
     "plan_wfbp",
 ]

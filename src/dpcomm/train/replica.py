@@ -173,7 +173,7 @@ def register_kind(kind: ReplicaKind) -> ReplicaKind:
     return kind
 
 
-BUILTIN_KINDS = ("dpcomm.train.dp_replica", "dpcomm.train.ddp_replica")
+BUILTIN_KINDS = ("dpcomm.train.dp_replica", "dpcomm.train.ddp_replica", "dpcomm.ps.replica")
 """Modules whose import registers a kind. Workers are fresh processes: a kind registered only in the parent
 would be unknown there, so a new kind's module is named here (imported on first use: they import torch)."""
 

@@ -1,0 +1,281 @@
+"""Pull plans for a parameter server: which layers' parameters a worker pulls together, before forward.
+
+Source: Wang et al., "iBatch: Saving Ethernet Bandwidth ... batching parameter communication and forward
+computation" (the iBatch paper), sections "Problem Formulation" (Eq. 1-5) and "Algorithm Design"
+(Algorithms 1 and 2). Names follow the paper: ``C_i`` forward time of layer ``i``, ``Tt_i`` transfer time of
+layer ``i``'s parameters (from all servers), ``Ts`` the start-up of one pull, ``l_k`` the last layer of
+batch ``k``, ``N`` batches. Layers are 0-based here (the paper's layer ``i`` is our ``i - 1``).
+
+The model (the paper's Eq. 1-4, generalised so that it holds whether or not Eq. 5 does): a worker's pulls
+run one after another on its link, and batch ``k``'s forward needs batch ``k``'s parameters::
+
+    P_k = sum_{j <= k} (Ts + sum_{i in batch j} Tt_i)          batch k's pull ends   (seconds)
+    F_k = max(P_k, F_{k-1}) + sum_{i in batch k} C_i           batch k's forward ends (F_0 = 0)
+    time = F_N
+
+When every batch ``k+1``'s pull outlasts batch ``k``'s forward (Eq. 5), ``F_N = P_N + sum C(batch N)``,
+which is Eq. 4 (``EXE1 + EXE2 + EXE3``). Unrolled, ``F_N = max_k (P_k + sum of C from batch k's first layer
+to the end)``.
+
+Methods (:func:`plan_pulls`):
+
+``all``     one batch: pull everything, then forward (the default PS; paper Fig. 4(a)).
+``layer``   one batch per layer: layer ``i``'s forward waits for its own pull (Fig. 4(b)).
+``ibatch``  the paper's two greedy algorithms (Algorithm 1 chooses ``l_1, l_2, ..`` forwards, Algorithm 2
+            ``l_{N-1}, l_{N-2}, ..`` backwards); the faster candidate under the model is kept (Fig. 4(c)).
+``optimal`` the exact minimum of the model (a dynamic program, below); ties go to the fewest batches.
+
+Where Algorithms 1-2 leave a choice open we decide as follows (each is a reading of the printed text):
+
+1. Alg. 1's first step fixes ``l_1`` (lines 4-5: the largest forward that batch 2's pull can still cover)
+   and leaves ``l_2`` free among the pairs meeting Eq. 5; we choose ``l_2`` by the rest steps' own rule,
+   the least ``Ts + comm(batch 2) - C(batch 1)`` (lines 11-12). Alg. 2's lines 4-5 fix both layers
+   unless some layers take zero time; such ties go to the largest ``l_{N-2}`` (shorter batches).
+2. Eq. 5 is strict (``>``). When no candidate meets it (every candidate pull hides under the forward it
+   overlaps), we take the candidate that comes closest: Alg. 1 the rest of the layers as one batch
+   (``l_k = L``), Alg. 2 one layer (``l_k = l_{k+1} - 1``), and a first step of ``(1, L)`` (Alg. 1) or
+   ``(1, 0)`` (Alg. 2), i.e. batches ``[1], [2..L]``.
+3. Alg. 2's first step chooses ``l_{N-2} = 0`` when two batches are best; then there is no rest step.
+
+Optimal: a dynamic program over (batches so far ``k``, last layer ``i``). ``P_k`` depends only on ``k`` and
+the last layer of batch ``k`` (``P_k = k Ts + sum_{j <= l_k} Tt_j``), so let ``G_k[i]`` be the earliest
+``F_k`` over all partitions of layers ``0..i`` into exactly ``k`` batches. Then::
+
+    G_1[i] = Ts + T[0..i] + C[0..i]
+    G_k[i] = min_{k-1 <= s <= i}  max(k Ts + T[0..i], G_{k-1}[s-1]) + C[s..i]
+
+Proof. A partition of ``0..i`` into ``k`` batches is a partition of ``0..s-1`` into ``k-1`` batches and the
+batch ``s..i``; the batch ends at ``g(x) = max(k Ts + T[0..i], x) + C[s..i]`` where ``x`` is the end of the
+prefix's forward. ``g`` is non-decreasing in ``x`` and ``P_k`` does not depend on how the prefix was cut,
+so replacing the prefix by one ending at ``G_{k-1}[s-1]`` (the least possible, by induction on ``k``, and
+attained) never ends later: the minimum over ``s`` is attained and is a lower bound. The answer is
+``min_k G_k[L-1]``; among ``k`` within a relative ``1e-12`` of it (rounding) the least ``k`` wins, so
+ties go to the fewest messages. ``O(L^3)`` work in ``L`` numpy passes of ``L x L``: GoogLeNet's 60-odd
+pulled layers take milliseconds. ``tests/test_pull.py`` checks it against exhaustive search.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from dpcomm.errors import UserError
+
+__all__ = ["PULL_METHODS", "PullPlan", "ibatch_backward", "ibatch_forward", "plan_pulls", "pull_time"]
+
+PULL_METHODS = ("all", "layer", "ibatch", "optimal")
+"""Pull-plan methods, in the order the CLI lists them."""
+TIE_REL = 1e-12
+"""Relative difference in modelled time below which two plans tie (fewer batches win)."""
+
+Batches = list[tuple[int, int]]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PullPlan:
+    """Batches of layers pulled as one message each, in forward order; plain data like :class:`Plan`."""
+
+    method: str
+    """The method that made it: ``all``, ``layer``, ``ibatch`` or ``optimal``."""
+    num_layers: int
+    """L, the number of layers (pulled units) of the model."""
+    batches: tuple[tuple[int, int], ...]
+    """``(first, last)`` layer indices per batch, inclusive, 0-based, forward order, covering ``0..L-1``."""
+    time_s: float = field(default=float("nan"), compare=False)
+    """The model's execution time ``F_N`` of these batches, seconds (NaN when unknown)."""
+    meta: dict[str, Any] = field(default_factory=dict, compare=False)
+    """Free-form facts (the greedy candidates' times, ...); not part of the plan's identity."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "batches", tuple((int(a), int(b)) for a, b in self.batches))
+        _check(self.batches, self.num_layers)
+
+    @property
+    def messages(self) -> int:
+        """Pulls per iteration (one start-up ``Ts`` each)."""
+        return len(self.batches)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "method": self.method,
+            "num_layers": self.num_layers,
+            "batches": [list(b) for b in self.batches],
+        }
+
+    @classmethod
+    def from_dict(cls, obj: dict[str, Any]) -> PullPlan:
+        return cls(
+            method=obj["method"], num_layers=obj["num_layers"], batches=[tuple(b) for b in obj["batches"]]
+        )
+
+    def sha256(self) -> str:
+        """Identity of the plan (method and batches) for cross-rank agreement checks."""
+        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+
+
+def _check(batches: Sequence[tuple[int, int]], L: int) -> None:
+    expect = 0
+    for a, b in batches:
+        if a != expect or b < a:
+            raise ValueError(f"pull batches {list(batches)} do not cover layers 0..{L - 1} in order")
+        expect = b + 1
+    if expect != L or L < 1:
+        raise ValueError(f"pull batches {list(batches)} do not cover layers 0..{L - 1}")
+
+
+def _inputs(compute_s, transfer_s, startup_s) -> tuple[np.ndarray, np.ndarray, float]:
+    C = np.asarray(compute_s, dtype=float).ravel()
+    T = np.asarray(transfer_s, dtype=float).ravel()
+    if C.size != T.size or C.size < 1:
+        raise UserError(f"need one forward and one transfer time per layer, got {C.size} and {T.size}")
+    if not (np.all(np.isfinite(C)) and np.all(np.isfinite(T)) and np.isfinite(startup_s)):
+        raise UserError("pull-plan times must be finite")
+    if np.any(C < 0) or np.any(T < 0) or startup_s < 0:
+        raise UserError("pull-plan times must be >= 0 seconds")
+    return C, T, float(startup_s)
+
+
+def pull_time(batches: Sequence[tuple[int, int]], compute_s, transfer_s, startup_s: float) -> float:
+    """The model's ``F_N`` for ``batches`` (module docstring), seconds, summed one batch at a time."""
+    C, T, Ts = _inputs(compute_s, transfer_s, startup_s)
+    _check(batches, C.size)
+    P = F = 0.0
+    for a, b in batches:
+        P += Ts + float(T[a : b + 1].sum())  # this batch's pull ends
+        F = max(P, F) + float(C[a : b + 1].sum())  # and its forward
+    return F
+
+
+def _cuts_to_batches(last: Sequence[int]) -> Batches:
+    """Paper's ``l_1 < .. < l_N = L`` (1-based last layers) -> 0-based ``(first, last)`` pairs."""
+    out, first = [], 0
+    for l in last:
+        out.append((first, l - 1))
+        first = l
+    return out
+
+
+def ibatch_forward(compute_s, transfer_s, startup_s: float) -> Batches:
+    """Algorithm 1: choose ``l_1, l_2, ..`` (1-based last layers) forwards; returns 0-based batches."""
+    C, T, Ts = _inputs(compute_s, transfer_s, startup_s)
+    L = C.size
+    if L == 1:
+        return [(0, 0)]
+    cC = np.concatenate(([0.0], np.cumsum(C)))  # cC[l] = C_1 + .. + C_l (paper indices)
+    cT = np.concatenate(([0.0], np.cumsum(T)))
+
+    def comm(a: int, b: int) -> float:  # Ts + Tt over paper layers a+1..b
+        return Ts + cT[b] - cT[a]
+
+    # first step (lines 2-5, choice 1 of the module docstring for l_2)
+    pairs = [(l1, l2) for l1 in range(1, L) for l2 in range(l1 + 1, L + 1) if comm(l1, l2) > cC[l1]]
+    if pairs:
+        best_overlap = max(cC[l1] for l1, _ in pairs)
+        pairs = [p for p in pairs if cC[p[0]] == best_overlap]
+        first_comm = min(comm(0, l1) for l1, _ in pairs)
+        pairs = [p for p in pairs if comm(0, p[0]) == first_comm]
+        l1, l2 = min(pairs, key=lambda p: (comm(p[0], p[1]) - cC[p[0]], p[1]))
+    else:
+        l1, l2 = 1, L  # choice 2
+    last = [l1, l2]
+    while last[-1] < L:  # rest steps (lines 7-13)
+        prev2, prev = (last[-2] if len(last) > 1 else 0), last[-1]
+        overlap = cC[prev] - cC[prev2]  # forward of batch k-1
+        ok = [lx for lx in range(prev + 1, L + 1) if comm(prev, lx) > overlap]
+        last.append(min(ok, key=lambda lx: comm(prev, lx) - overlap) if ok else L)
+    return _cuts_to_batches(last)
+
+
+def ibatch_backward(compute_s, transfer_s, startup_s: float) -> Batches:
+    """Algorithm 2: choose ``l_{N-1}, l_{N-2}, ..`` backwards; returns 0-based batches."""
+    C, T, Ts = _inputs(compute_s, transfer_s, startup_s)
+    L = C.size
+    if L == 1:
+        return [(0, 0)]
+    cC = np.concatenate(([0.0], np.cumsum(C)))
+    cT = np.concatenate(([0.0], np.cumsum(T)))
+
+    def comm(a: int, b: int) -> float:
+        return Ts + cT[b] - cT[a]
+
+    # first step: pairs (l_{N-1}, l_{N-2}) with 0 <= l_{N-2} < l_{N-1} < L meeting Eq. 5 for k = N-1
+    pairs = [(a, b) for a in range(1, L) for b in range(0, a) if comm(a, L) > cC[a] - cC[b]]
+    if pairs:
+        best_overlap = max(cC[a] - cC[b] for a, b in pairs)
+        pairs = [p for p in pairs if cC[p[0]] - cC[p[1]] == best_overlap]
+        last_comp = min(cC[L] - cC[a] for a, _ in pairs)
+        pairs = [p for p in pairs if cC[L] - cC[p[0]] == last_comp]
+        lN1, lN2 = max(pairs, key=lambda p: (p[1], p[0]))  # choice 1: ties only with zero-time layers
+    else:
+        lN1, lN2 = 1, 0  # choice 2
+    last = [lN2, lN1, L] if lN2 > 0 else [lN1, L]
+    while last[0] > 0:  # rest steps: choose l_k for k+1 = first of `last`
+        nxt, nxt2 = last[0], last[1]  # l_{k+1}, l_{k+2}
+        need = comm(nxt, nxt2)  # batch k+2's pull, to hide under batch k+1's forward
+        ok = [lx for lx in range(0, nxt) if need > cC[nxt] - cC[lx]]
+        lk = min(ok, key=lambda lx: need - (cC[nxt] - cC[lx])) if ok else nxt - 1
+        last.insert(0, lk)
+    return _cuts_to_batches([l for l in last if l > 0])
+
+
+def _optimal(C: np.ndarray, T: np.ndarray, Ts: float) -> tuple[float, Batches]:
+    L = C.size
+    cC = np.concatenate(([0.0], np.cumsum(C)))
+    cT = np.cumsum(T)  # cT[i] = T_0 + .. + T_i
+    span = cC[None, 1:] - cC[:-1, None]  # span[s, i] = C_s + .. + C_i where s <= i
+    span[np.tril_indices(L, -1)] = np.inf  # no batch s..i with s > i
+    G = Ts + cT + cC[1:]  # G_1[i]
+    cuts = [np.zeros(L, dtype=np.int64)]
+    best_k, best = 1, float(G[L - 1])
+    tops = [best]
+    buf = np.empty((L - 1, L))
+    for k in range(2, L + 1):
+        # row s-1 (s = 1..L-1): max(k Ts + T[0..i], G_{k-1}[s-1]) + C[s..i]
+        np.maximum(G[:-1, None], (k * Ts + cT)[None, :], out=buf)
+        buf += span[1:, :]
+        s = np.argmin(buf, axis=0)
+        G = buf[s, np.arange(L)]
+        cuts.append(s + 1)
+        tops.append(float(G[L - 1]))
+    best = min(tops)
+    limit = best + TIE_REL * max(1.0, abs(best))
+    best_k = next(k for k, t in enumerate(tops, start=1) if t <= limit)
+    batches, i = [], L - 1
+    for k in range(best_k - 1, -1, -1):
+        s = int(cuts[k][i])
+        batches.append((s, i))
+        i = s - 1
+    batches.reverse()
+    return tops[best_k - 1], batches
+
+
+def plan_pulls(compute_s, transfer_s, startup_s: float, method: str = "ibatch") -> PullPlan:
+    """The pull plan of ``method`` for per-layer forward times ``compute_s`` (``C_i``), per-layer transfer
+    times ``transfer_s`` (``Tt_i``) and the start-up ``startup_s`` (``Ts``), all seconds, forward order."""
+    C, T, Ts = _inputs(compute_s, transfer_s, startup_s)
+    L = C.size
+    name = str(method).strip().lower()
+    meta: dict[str, Any] = {}
+    if name == "all":
+        batches: Batches = [(0, L - 1)]
+    elif name == "layer":
+        batches = [(i, i) for i in range(L)]
+    elif name == "ibatch":
+        cands = {"forward": ibatch_forward(C, T, Ts), "backward": ibatch_backward(C, T, Ts)}
+        times = {k: pull_time(b, C, T, Ts) for k, b in cands.items()}
+        meta = {"candidates_s": times}
+        pick = min(times, key=lambda k: (times[k], len(cands[k])))
+        meta["algorithm"] = pick
+        batches = cands[pick]
+    elif name == "optimal":
+        meta["dp_time_s"], batches = _optimal(C, T, Ts)
+    else:
+        raise UserError(f"unknown pull method {method!r}: use one of {', '.join(PULL_METHODS)}")
+    return PullPlan(
+        method=name, num_layers=L, batches=batches, time_s=pull_time(batches, C, T, Ts), meta=meta
+    )

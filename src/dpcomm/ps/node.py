@@ -1,0 +1,359 @@
+"""A BSP parameter server on torch.distributed point-to-point messages: the worker's client and the server.
+
+Roles (``W`` workers, ``S`` servers; :class:`Layout`): co-located, rank ``s`` is worker ``s`` and server
+``s`` (``S = W``; BigDL's parameter manager, the iBatch paper's implementation); dedicated, ranks ``W..W+S-1``
+are servers only (the paper's Fig. 1, BytePS). Parameters are split into keys (:mod:`dpcomm.ps.keys`).
+
+A *unit* is a contiguous run of layers: a push group (gradient plan) or a pull batch (pull plan). Every
+(unit, server) pair is one message per worker; its keys are a contiguous slice of that server's shard, so
+a message is one slice. Messages from a rank to itself are local copies.
+
+One iteration ``t`` (BSP: the pulls for ``t+1`` are only sent once all ``W`` pushes of ``t`` are summed):
+
+1. worker: forward; before each pull batch ``k``'s first layer runs, :meth:`PsWorker.wait` on batch ``k``'s
+   ticket (all batches were posted at the end of ``t-1``, so batch ``k+1`` arrives while ``k`` computes);
+2. worker: backward; each push group is pushed (:meth:`PsWorker.push`) as soon as its gradients exist;
+3. server (:meth:`PsServer.serve`): wait for the ``W`` pushes of every group, sum them in rank order,
+   divide by ``W``, apply ``torch.optim.SGD`` (the worker's own lr, momentum, weight decay) to the shard,
+   post the receives for ``t+1``'s pushes, send every pull batch to every worker, in plan order;
+4. worker: post the receives of ``t+1``'s pulls (:meth:`PsWorker.pull`).
+
+The first iteration of a run pulls nothing: every rank starts from the same parameters (one seed, or the
+checkpoint). :meth:`PsWorker.wait` after the last iteration makes every worker current.
+
+Sparsified pushes (``topk`` with error feedback): each push message carries the ``k = ceil(ratio n)``
+entries of largest magnitude of (gradient + residual) as indices and values; the rest stays in the
+worker's residual and is added to the next push; servers add the sparse pushes into a dense sum.
+
+Every wait honours the process group's timeout; a peer that died or never answers becomes a
+:class:`PsError` with one line naming the rank, the message and the cause.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dpcomm.errors import first_line
+from dpcomm.ps.keys import Key, assign_keys
+
+__all__ = ["Layout", "PsError", "PsServer", "PsWorker", "Ticket", "units_of"]
+
+_PUSH_TAG = 1000  # + 2 g (values or indices) / + 2 g + 1 (values of a sparse push)
+_PULL_TAG = 500000  # + k
+_PROBE_TAG = 900000  # + k
+
+
+class PsError(RuntimeError):
+    """A parameter-server message failed (a peer died or timed out); the message is one line."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Layout:
+    """Who is who and which slice of which server each (unit, server) message is; the same on every rank."""
+
+    workers: int
+    servers: int
+    colocated: bool
+    numels: tuple[int, ...]
+    """Elements per parameter tensor (model parameter order)."""
+    layer_params: tuple[tuple[int, ...], ...]
+    """Parameter indices of each layer, forward order (ascending, contiguous)."""
+    keys: tuple[Key, ...] = field(init=False)
+    _memo: dict[Any, Any] = field(init=False, default_factory=dict, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "keys", tuple(assign_keys(self.numels, self.servers)))
+        object.__setattr__(self, "_memo", {})
+
+    def server_rank(self, s: int) -> int:
+        return s if self.colocated else self.workers + s
+
+    @property
+    def world(self) -> int:
+        return self.workers if self.colocated else self.workers + self.servers
+
+    def is_worker(self, rank: int) -> bool:
+        return rank < self.workers
+
+    def server_of(self, rank: int) -> int | None:
+        """The server index this rank runs, or None."""
+        if self.colocated:
+            return rank if rank < self.workers else None
+        return rank - self.workers if rank >= self.workers else None
+
+    def shard_keys(self, s: int) -> list[Key]:
+        if ("shard", s) not in self._memo:
+            self._memo["shard", s] = [k for k in self.keys if k.server == s]
+        return self._memo["shard", s]
+
+    def message(self, layers: tuple[int, int], s: int) -> list[Key]:
+        """Keys of server ``s`` for the layers ``first..last`` (inclusive), in shard order."""
+        memo = ("msg", tuple(layers), s)
+        if memo not in self._memo:
+            first, last = layers
+            params = {p for l in range(first, last + 1) for p in self.layer_params[l]}
+            self._memo[memo] = [k for k in self.shard_keys(s) if k.tensor in params]
+        return self._memo[memo]
+
+    def shard_slice(self, layers: tuple[int, int], s: int) -> tuple[int, int]:
+        """``[start, stop)`` of that message inside server ``s``'s shard (contiguous: layers are)."""
+        memo = ("slice", tuple(layers), s)
+        if memo not in self._memo:
+            keys, off, first = self.message(layers, s), 0, 0
+            for k in self.shard_keys(s):
+                if keys and k == keys[0]:
+                    first = off
+                off += k.numel
+            self._memo[memo] = (first, first + sum(k.numel for k in keys)) if keys else (0, 0)
+        return self._memo[memo]
+
+
+def units_of(groups: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
+    """Plan groups (lists of layers) -> ``(first, last)`` units, same order."""
+    return [(min(g), max(g)) for g in groups]
+
+
+def _wait(work: Any, what: str, rank: int) -> None:
+    try:
+        work.wait()
+    except Exception as exc:  # gloo: "Connection closed by peer", timeouts
+        raise PsError(f"parameter server: rank {rank}: {what}: {first_line(exc)}") from None
+
+
+@dataclass(slots=True)
+class Ticket:
+    """Posted receives (or sends) of one unit; :meth:`PsWorker.wait` completes it once."""
+
+    unit: int
+    parts: list[tuple[int, list[Key], torch.Tensor, Any]]
+    """(server, keys, buffer, work or None for a local copy)."""
+    done: bool = False
+
+
+class PsServer:
+    """Server ``s``: its shard of parameters, the optimizer on it, the pushes it expects."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        s: int,
+        flat_params: Sequence[torch.Tensor],
+        pushes: Sequence[tuple[int, int]],
+        *,
+        lr: float,
+        momentum: float,
+        weight_decay: float = 0.0,
+        sparsify: float | None = None,
+        group: Any = None,
+    ) -> None:
+        self.layout, self.s, self.pushes, self.sparsify, self.group = layout, s, list(pushes), sparsify, group
+        self.rank = layout.server_rank(s)
+        keys = layout.shard_keys(s)
+        data = (
+            torch.cat([flat_params[k.tensor].detach().reshape(-1)[k.start : k.stop] for k in keys])
+            if keys
+            else torch.zeros(0)
+        )
+        self.shard = torch.nn.Parameter(data.clone(), requires_grad=False)
+        self.optimizer = torch.optim.SGD([self.shard], lr=lr, momentum=momentum, weight_decay=weight_decay)
+        self.slices = [layout.shard_slice(u, s) for u in pushes]
+        self._recv: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # (worker, group) -> buffers
+        self._works: list[tuple[Any, str]] = []
+        self._sends: list[tuple[Any, str]] = []
+        self.local: dict[int, tuple[torch.Tensor, ...]] = {}  # group -> the co-located worker's own push
+
+    def _n(self, g: int) -> int:
+        a, b = self.slices[g]
+        return b - a
+
+    def _k(self, g: int) -> int:
+        return min(self._n(g), math.ceil(self.sparsify * self._n(g))) if self.sparsify else self._n(g)
+
+    def post_pushes(self) -> None:
+        """Post the receives of one iteration's pushes from every worker."""
+        for w in range(self.layout.workers):
+            if w == self.rank:
+                continue
+            for g in range(len(self.pushes)):
+                if not self._n(g):
+                    continue
+                if self.sparsify:
+                    idx, val = torch.empty(self._k(g), dtype=torch.int64), torch.empty(self._k(g))
+                    bufs = (idx, val)
+                    tags = (_PUSH_TAG + 2 * g, _PUSH_TAG + 2 * g + 1)
+                else:
+                    bufs, tags = (torch.empty(self._n(g)),), (_PUSH_TAG + 2 * g,)
+                self._recv[w, g] = bufs
+                for buf, tag in zip(bufs, tags, strict=True):
+                    self._works.append(
+                        (dist.irecv(buf, w, group=self.group, tag=tag), f"push {g} from rank {w}")
+                    )
+
+    def serve(self, pulls: Sequence[tuple[int, int]], *, post_next: bool = True) -> float:
+        """Sum the pushes, update the shard, post the next pushes (unless this was the last iteration: a
+        receive left posted would catch a later run's messages), send ``pulls``; returns the update time."""
+        for work, what in self._sends:  # last iteration's pulls must be out before the shard changes
+            _wait(work, what, self.rank)
+        for work, what in self._works:
+            _wait(work, what, self.rank)
+        self._sends, self._works = [], []
+        grad = torch.zeros_like(self.shard)
+        for w in range(self.layout.workers):  # rank order: the same sum on every run
+            for g, (a, b) in enumerate(self.slices):
+                if a == b:
+                    continue
+                bufs = self.local.pop(g) if w == self.rank else self._recv.pop((w, g))
+                if self.sparsify:
+                    grad[a:b].index_add_(0, bufs[0], bufs[1])
+                else:
+                    grad[a:b] += bufs[0]
+        grad /= self.layout.workers
+        t0 = time.perf_counter()
+        self.shard.grad = grad
+        self.optimizer.step()
+        self.shard.grad = None
+        update_s = time.perf_counter() - t0
+        if post_next:
+            self.post_pushes()
+        self.send(pulls, _PULL_TAG)
+        return update_s
+
+    def send(self, units: Sequence[tuple[int, int]], tag: int) -> list[Any]:
+        """Send every unit's slice of the shard to every other worker, unit by unit (plan order)."""
+        works = []
+        for k, u in enumerate(units):
+            a, b = self.layout.shard_slice(u, self.s)
+            if a == b:
+                continue
+            for w in range(self.layout.workers):
+                if w != self.rank:
+                    work = dist.isend(self.shard.data[a:b], w, group=self.group, tag=tag + k)
+                    works.append(work)
+                    self._sends.append((work, f"pull {k} to rank {w}"))
+        return works
+
+    def finish(self) -> None:
+        for work, what in self._sends:
+            _wait(work, what, self.rank)
+        self._sends = []
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The shard and its momentum buffer (zeros before the first step)."""
+        buf = self.optimizer.state.get(self.shard, {}).get("momentum_buffer")
+        return {"param": self.shard.data.clone(), "momentum": buf.clone() if buf is not None else None}
+
+    def load(self, param: torch.Tensor, momentum: torch.Tensor | None) -> None:
+        self.shard.data.copy_(param)
+        if momentum is not None:
+            self.optimizer.state[self.shard]["momentum_buffer"] = momentum.clone()
+
+
+class PsWorker:
+    """A worker's view: ``push(unit) -> ticket``, ``pull(units) -> tickets``, ``wait(ticket)``."""
+
+    def __init__(
+        self,
+        layout: Layout,
+        rank: int,
+        params: Sequence[torch.Tensor],
+        *,
+        sparsify: float | None = None,
+        server: PsServer | None = None,
+        group: Any = None,
+    ) -> None:
+        self.layout, self.rank, self.params, self.sparsify = layout, rank, list(params), sparsify
+        self.server, self.group = server, group  # the co-located server of this rank, if any
+        self.residual: dict[tuple[int, int], torch.Tensor] = {}  # (group, server) -> unsent gradient
+        self._sends: list[tuple[Any, str, torch.Tensor]] = []
+        self._units: list[tuple[int, int]] = []
+        self.wait_s = 0.0  # seconds blocked in wait() since last reset
+
+    def _gather(self, keys: list[Key], grads: bool) -> torch.Tensor:
+        parts = []
+        for k in keys:
+            p = self.params[k.tensor]
+            src = p.grad if grads else p.detach()
+            flat = torch.zeros(p.numel()) if src is None else src.reshape(-1)
+            parts.append(flat[k.start : k.stop])
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    def push(self, g: int, unit: tuple[int, int]) -> Ticket:
+        """Send push group ``g`` (layers ``unit``) to every server; returns at once."""
+        parts = []
+        for s in range(self.layout.servers):
+            keys = self.layout.message(unit, s)
+            if not keys:
+                continue
+            vals = self._gather(keys, grads=True)
+            if self.sparsify:
+                res = self.residual.get((g, s))
+                vals = vals + res if res is not None else vals.clone()
+                k = min(vals.numel(), math.ceil(self.sparsify * vals.numel()))
+                idx = torch.topk(vals.abs(), k, sorted=False).indices.sort().values
+                bufs = (idx, vals[idx].clone())
+                vals[idx] = 0.0
+                self.residual[g, s] = vals  # error feedback: what was not sent goes out next time
+            else:
+                bufs = (vals,)
+            dst = self.layout.server_rank(s)
+            if self.server is not None and dst == self.rank:
+                self.server.local[g] = bufs
+                parts.append((s, keys, bufs[0], None))
+                continue
+            for i, buf in enumerate(bufs):
+                work = dist.isend(buf, dst, group=self.group, tag=_PUSH_TAG + 2 * g + i)
+                self._sends.append((work, f"push {g} to rank {dst}", buf))
+            parts.append((s, keys, bufs[0], None))
+        return Ticket(unit=g, parts=parts, done=True)
+
+    def finish_pushes(self) -> None:
+        for work, what, _buf in self._sends:
+            _wait(work, what, self.rank)
+        self._sends = []
+
+    def pull(self, units: Sequence[tuple[int, int]], tag: int = _PULL_TAG) -> list[Ticket]:
+        """Post the receives of every unit (a batch of layers) from every server; returns one ticket each."""
+        tickets = []
+        self._units = list(units)
+        for k, u in enumerate(units):
+            parts = []
+            for s in range(self.layout.servers):
+                keys = self.layout.message(u, s)
+                if not keys:
+                    continue
+                src = self.layout.server_rank(s)
+                if self.server is not None and src == self.rank:
+                    parts.append((s, keys, None, None))  # local: read the shard when waited on
+                    continue
+                buf = torch.empty(sum(key.numel for key in keys))
+                parts.append((s, keys, buf, dist.irecv(buf, src, group=self.group, tag=tag + k)))
+            tickets.append(Ticket(unit=k, parts=parts))
+        return tickets
+
+    def wait(self, ticket: Ticket, *, into_params: bool = True) -> None:
+        """Complete a pull: wait for its messages and write them into the parameters."""
+        if ticket.done:
+            return
+        t0 = time.perf_counter()
+        for s, keys, buf, work in ticket.parts:
+            if work is not None:
+                _wait(work, f"pull {ticket.unit} from rank {self.layout.server_rank(s)}", self.rank)
+            if not into_params:
+                continue
+            if buf is None:  # co-located own shard
+                a, b = self.layout.shard_slice(self._units[ticket.unit], s)
+                buf = self.server.shard.data[a:b]
+            off = 0
+            with torch.no_grad():
+                for k in keys:
+                    self.params[k.tensor].view(-1)[k.start : k.stop].copy_(buf[off : off + k.numel])
+                    off += k.numel
+        ticket.done = True
+        self.wait_s += time.perf_counter() - t0

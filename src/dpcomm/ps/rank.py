@@ -1,0 +1,373 @@
+"""One rank of a BSP parameter-server run: a worker (and, co-located, a server) or a dedicated server.
+
+:class:`PsRank` drives :mod:`dpcomm.ps.node` for one training iteration at a time and is what a training
+loop holds (:mod:`dpcomm.ps.replica` fits it to the train layer's replica protocol; :mod:`dpcomm.ps.runner`
+is a loop of its own). Set-up, on every rank of the run:
+
+1. every rank builds the model from one seed (or the checkpoint), so workers and servers start equal;
+2. layers are the modules that own parameters, in registration (forward) order; push groups come from the
+   spec (``wfbp``: one per layer, last first; ``single``: one);
+3. the pull plan: ``all`` and ``layer`` need nothing measured; for ``ibatch``/``optimal`` the ranks time
+   ``probe_rounds`` rounds of pulling everything in one batch and layer by layer (``T_all = Ts + beta B``,
+   ``T_layer = L Ts + beta B``, so ``Ts`` and the per-byte ``beta`` follow; ``Tt_i = beta * bytes_i``),
+   and rank 0 times each layer's forward on a batch of the run's size (``C_i``); rank 0 plans
+   (:func:`dpcomm.planner.pull.plan_pulls`), broadcasts the plan, and every rank checks its sha256.
+
+Checkpoints: the current parameters and momentum live on the servers. At an iteration a checkpoint is due
+(``ckpt_at(t)``, the same test on every rank), every server sends its shard's momentum to rank 0, and rank
+0 completes its pulls early, so that its ``model`` and ``optimizer`` hold the whole current state in the
+usual ``state_dict`` form; a resumed run hands each server its slice back (bitwise continuation).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from dpcomm.planner.pull import PullPlan, plan_pulls
+from dpcomm.ps.node import _PROBE_TAG, Layout, PsError, PsServer, PsWorker, Ticket
+from dpcomm.ps.spec import PsSpec
+
+__all__ = ["PsRank", "layer_modules"]
+
+_MOMENTUM_TAG = 950000
+
+
+def layer_modules(model: nn.Module) -> list[nn.Module]:
+    """Modules that own parameters directly, in registration order (the pulled and pushed layers)."""
+    return [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+
+
+class PsRank:
+    """This rank's part of a parameter-server run (module docstring)."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.SGD,
+        spec: PsSpec,
+        *,
+        rank: int,
+        workers: int,
+        start: int = 0,
+        ckpt_at: Callable[[int], bool] = lambda _t: False,
+        sample: torch.Tensor | None = None,
+        group: Any = None,
+        log: Callable[[str], None] = lambda _m: None,
+        stop: int | None = None,
+        resumed: dict[str, Any] | None = None,
+    ) -> None:
+        self.model, self.optimizer, self.spec, self.rank, self.group = model, optimizer, spec, rank, group
+        self.ckpt_at, self.it, self.log, self.stop = ckpt_at, start, log, stop
+        self.params = list(model.parameters())
+        mods = layer_modules(model)
+        index = {id(p): i for i, p in enumerate(self.params)}
+        layer_params = tuple(tuple(index[id(p)] for p in m.parameters(recurse=False)) for m in mods)
+        servers = spec.servers or workers
+        self.layout = Layout(
+            workers=workers,
+            servers=servers,
+            colocated=not spec.servers,
+            numels=tuple(p.numel() for p in self.params),
+            layer_params=layer_params,
+        )
+        L = len(mods)
+        self.pushes = [(l, l) for l in range(L - 1, -1, -1)] if spec.push == "wfbp" else [(0, L - 1)]
+        g_cfg = optimizer.param_groups[0]
+        s = self.layout.server_of(rank)
+        self.server = None
+        if s is not None:
+            self.server = PsServer(
+                self.layout,
+                s,
+                self.params,
+                self.pushes,
+                lr=g_cfg["lr"],
+                momentum=g_cfg["momentum"],
+                weight_decay=g_cfg["weight_decay"],
+                sparsify=spec.sparsify,
+                group=group,
+            )
+            self._load_server_momentum()
+        self.worker = None
+        if self.layout.is_worker(rank):
+            self.worker = PsWorker(
+                self.layout, rank, self.params, sparsify=spec.sparsify, server=self.server, group=group
+            )
+        self.pull_plan = self._plan_pulls(mods, sample)
+        self.units = list(self.pull_plan.batches)
+        self.tickets: list[Ticket] = []
+        self._hooks: list[Any] = []
+        self.residuals: dict[int, torch.Tensor] = {}  # rank 0, at a checkpoint: every worker's residual
+        if self.worker is not None:
+            self._install_hooks(mods)
+            if resumed and resumed.get("residuals") is not None and rank in resumed["residuals"]:
+                self._load_residual(resumed["residuals"][rank])
+        if self.server is not None:
+            self.server.post_pushes()
+        self.records: list[dict[str, Any]] = []
+        self.loss = float("nan")
+
+    # --- set-up --------------------------------------------------------------------------------------------
+    def _load_server_momentum(self) -> None:
+        """Resuming: the worker optimizer holds the checkpoint's momentum; hand the server its slice."""
+        bufs = [self.optimizer.state.get(p, {}).get("momentum_buffer") for p in self.params]
+        if self.server is None or all(b is None for b in bufs):
+            return
+        keys = self.layout.shard_keys(self.server.s)
+        mom = torch.cat([bufs[k.tensor].reshape(-1)[k.start : k.stop] for k in keys]) if keys else None
+        self.server.load(self.server.shard.data, mom)
+
+    def _plan_pulls(self, mods: list[nn.Module], sample: torch.Tensor | None) -> PullPlan:
+        L = len(mods)
+        if self.spec.pull in ("all", "layer"):
+            return plan_pulls([0.0] * L, [0.0] * L, 0.0, self.spec.pull)
+        Ts, beta = self._probe(L)
+        remote = [0] * L  # bytes of each layer this rank pulls over the network (not from its own shard)
+        layer_of = {i: l for l, ps in enumerate(self.layout.layer_params) for i in ps}
+        for k in self.layout.keys:
+            if self.layout.server_rank(k.server) != self.rank:
+                remote[layer_of[k.tensor]] += k.numel * self.params[k.tensor].element_size()
+        C = self._time_forward(mods, sample) if self.rank == 0 else None
+        box: list[Any] = [None]
+        if self.rank == 0:
+            box = [plan_pulls(C, [beta * b for b in remote], Ts, self.spec.pull)]
+            box[0].meta.update({"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C})
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        plan = box[0]
+        shas: list[Any] = [None] * self.layout.world
+        dist.all_gather_object(shas, plan.sha256(), group=self.group)
+        if len(set(shas)) != 1:
+            raise PsError(f"parameter server: ranks disagree on the pull plan: {shas}")
+        self.log(
+            f"[rank {self.rank}] {self.spec.pull} pulls: {plan.messages} batch(es) {list(plan.batches)}, "
+            f"Ts {Ts * 1e6:.0f} us, beta {beta * 1e9:.2f} ns/B, model {plan.time_s * 1e3:.2f} ms"
+        )
+        return plan
+
+    def _probe(self, L: int) -> tuple[float, float]:
+        """``(Ts, beta)`` from timed pulls (module docstring), rank 0's medians, known to every rank."""
+        plans = {"all": [(0, L - 1)], "layer": [(l, l) for l in range(L)]}
+        times: dict[str, list[float]] = {"all": [], "layer": []}
+        for _ in range(self.spec.probe_rounds):
+            for name, units in plans.items():
+                dist.barrier(group=self.group)
+                t0 = time.perf_counter()
+                tickets = self.worker.pull(units, tag=_PROBE_TAG) if self.worker is not None else []
+                if self.server is not None:
+                    self.server.send(units, _PROBE_TAG)
+                for t in tickets:
+                    self.worker.wait(t, into_params=False)
+                times[name].append(time.perf_counter() - t0)
+                if self.server is not None:
+                    self.server.finish()
+        t_all, t_layer = statistics.median(times["all"]), statistics.median(times["layer"])
+        remote = sum(k.numel * 4 for k in self.layout.keys if self.layout.server_rank(k.server) != self.rank)
+        Ts = max(0.0, (t_layer - t_all) / max(1, L - 1))
+        beta = max(0.0, (t_all - Ts) / max(1, remote))
+        box = [(Ts, beta)]
+        dist.broadcast_object_list(box, src=0, group=self.group)
+        return box[0]
+
+    def _time_forward(
+        self, mods: list[nn.Module], sample: torch.Tensor | None, rounds: int = 3
+    ) -> list[float]:
+        """``C_i``: each layer's forward time (s), median of ``rounds`` forwards of ``sample``."""
+        if sample is None:
+            return [0.0] * len(mods)
+        saved = [b.clone() for b in self.model.buffers()]  # batch-norm statistics: leave them as they were
+        runs: list[list[float]] = []
+        marks: dict[int, float] = {}
+        hooks = []
+        for i, m in enumerate(mods):
+            hooks.append(
+                m.register_forward_pre_hook(lambda _m, _a, i=i: marks.__setitem__(i, time.perf_counter()))
+            )
+            hooks.append(
+                m.register_forward_hook(
+                    lambda _m, _a, _o, i=i: marks.__setitem__(-1 - i, time.perf_counter())
+                )
+            )
+        try:
+            for _ in range(rounds):
+                marks.clear()
+                self.model(sample)
+                runs.append([marks.get(-1 - i, 0.0) - marks.get(i, 0.0) for i in range(len(mods))])
+        finally:
+            for h in hooks:
+                h.remove()
+            for b, s in zip(self.model.buffers(), saved, strict=True):
+                b.copy_(s)
+        return [statistics.median(r[i] for r in runs) for i in range(len(mods))]
+
+    def _install_hooks(self, mods: list[nn.Module]) -> None:
+        batch_of = {l: k for k, (a, b) in enumerate(self.units) for l in range(a, b + 1)}
+        for l, m in enumerate(mods):
+            self._hooks.append(m.register_forward_pre_hook(lambda _m, _a, k=batch_of[l]: self._wait_batch(k)))
+        group_of = {l: g for g, (a, b) in enumerate(self.pushes) for l in range(a, b + 1)}
+        self._need = [sum(len(self.layout.layer_params[l]) for l in range(a, b + 1)) for a, b in self.pushes]
+        self._have = [0] * len(self.pushes)
+        for l in range(len(mods)):
+            for i in self.layout.layer_params[l]:
+                g = group_of[l]
+                self._hooks.append(
+                    self.params[i].register_post_accumulate_grad_hook(lambda _p, g=g: self._ready(g))
+                )
+
+    def _wait_batch(self, k: int) -> None:
+        if k < len(self.tickets):
+            self.worker.wait(self.tickets[k])
+
+    def _ready(self, g: int) -> None:
+        self._have[g] += 1
+        if self._have[g] == self._need[g]:
+            self.worker.push(g, self.pushes[g])
+
+    # --- one iteration -------------------------------------------------------------------------------------
+    def iteration(self, x: torch.Tensor | None, y: torch.Tensor | None) -> float:
+        """One BSP iteration of this rank (a dedicated server ignores ``x``, ``y`` and returns nan)."""
+        t0 = time.perf_counter()
+        fwd = bwd = 0.0
+        update_s = 0.0
+        if self.worker is not None:
+            self.worker.wait_s = 0.0
+            self.optimizer.zero_grad(set_to_none=True)
+            out = self.model(x)
+            t1 = time.perf_counter()
+            loss = F.cross_entropy(out, y)
+            self._have = [0] * len(self.pushes)
+            loss.backward()
+            t2 = time.perf_counter()
+            for g in range(len(self.pushes)):  # layers whose parameters got no gradient
+                if self._have[g] < self._need[g]:
+                    self._have[g] = self._need[g]
+                    self.worker.push(g, self.pushes[g])
+            self.worker.finish_pushes()
+            fwd, bwd = t1 - t0, t2 - t1
+            self.loss = float(loss.detach())
+        t2 = time.perf_counter()
+        if self.server is not None:
+            update_s = self.server.serve(self.units, post_next=self.stop is None or self.it + 1 < self.stop)
+        if self.worker is not None:
+            self.tickets = self.worker.pull(self.units)
+        if self.ckpt_at(self.it):
+            self._collect_state()
+        t3 = time.perf_counter()
+        pull_wait = self.worker.wait_s if self.worker is not None else 0.0
+        self.records.append(
+            {
+                "iteration": self.it,
+                "forward_s": fwd,
+                "backward_s": bwd,
+                "exposed_comm_s": (t3 - t2) + pull_wait,
+                "pull_wait_s": pull_wait,
+                "step_s": t3 - t2,
+                "total_s": t3 - t0,
+                "comm_s": None,
+                "phase": "steady",
+                "plan": self.spec.label(),
+                "update_s": update_s,
+            }
+        )
+        self.it += 1
+        return self.loss
+
+    def _collect_state(self) -> None:
+        """A checkpoint is due: rank 0 gets every shard's momentum and completes its pulls (docstring)."""
+        works = []
+        if self.server is not None:
+            st = self.server.state()
+            mom = st["momentum"] if st["momentum"] is not None else torch.zeros_like(st["param"])
+            if self.rank != 0 and mom.numel():
+                works.append(dist.isend(mom, 0, group=self.group, tag=_MOMENTUM_TAG))
+            self._own_mom = mom
+        if self.rank == 0:
+            shards = {}
+            for s in range(self.layout.servers):
+                n = sum(k.numel for k in self.layout.shard_keys(s))
+                src = self.layout.server_rank(s)
+                if src == 0:
+                    shards[s] = self._own_mom
+                elif n:
+                    shards[s] = torch.empty(n)
+                    works.append(dist.irecv(shards[s], src, group=self.group, tag=_MOMENTUM_TAG))
+            for w in works:
+                w.wait()
+            works = []
+            for t in self.tickets:
+                self.worker.wait(t)
+            for i, p in enumerate(self.params):
+                buf = torch.zeros_like(p).reshape(-1)
+                for s in range(self.layout.servers):
+                    off = 0
+                    for k in self.layout.shard_keys(s):
+                        if k.tensor == i:
+                            buf[k.start : k.stop] = shards[s][off : off + k.numel]
+                        off += k.numel
+                self.optimizer.state[p]["momentum_buffer"] = buf.view_as(p)
+        for w in works:
+            w.wait()
+        if self.spec.sparsify:  # error feedback: each worker's residual is state too
+            works = []
+            if self.worker is not None and self.rank != 0:
+                works.append(dist.isend(self._residual_flat(), 0, group=self.group, tag=_MOMENTUM_TAG + 1))
+            if self.rank == 0:
+                n = sum(n for _, n in self._residual_parts())
+                self.residuals = {0: self._residual_flat()}
+                for w in range(1, self.layout.workers):
+                    self.residuals[w] = torch.empty(n)
+                    works.append(dist.irecv(self.residuals[w], w, group=self.group, tag=_MOMENTUM_TAG + 1))
+            for w in works:
+                w.wait()
+
+    def _residual_parts(self) -> list[tuple[tuple[int, int], int]]:
+        """``((group, server), elements)`` of every push message, in a fixed order."""
+        return [
+            ((g, s), sum(k.numel for k in self.layout.message(u, s)))
+            for g, u in enumerate(self.pushes)
+            for s in range(self.layout.servers)
+        ]
+
+    def _residual_flat(self) -> torch.Tensor:
+        parts = [self.worker.residual.get(key, torch.zeros(n)) for key, n in self._residual_parts()]
+        return torch.cat(parts) if parts else torch.zeros(0)
+
+    def _load_residual(self, flat: torch.Tensor) -> None:
+        off = 0
+        for key, n in self._residual_parts():
+            if n:
+                self.worker.residual[key] = flat[off : off + n].clone()
+            off += n
+
+    def checkpoint_state(self) -> dict[str, Any]:
+        """What a checkpoint needs beyond ``model`` and ``optimizer``: the pull plan, and with top-k pushes
+        every worker's unsent residual (rank 0 holds them after a checkpoint iteration)."""
+        return {"pull_plan": self.pull_plan.to_dict(), "residuals": dict(self.residuals) or None}
+
+    def finish(self) -> None:
+        """Make every worker current (wait for the pulls posted after the last update)."""
+        if self.worker is not None:
+            for t in self.tickets:
+                self.worker.wait(t)
+        if self.server is not None:
+            self.server.finish()
+
+    def params_sha256(self) -> str:
+        h = hashlib.sha256()
+        for name, p in self.model.named_parameters():
+            h.update(name.encode())
+            h.update(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
+        return h.hexdigest()
+
+    def close(self) -> None:
+        for h in self._hooks:
+            h.remove()
+        self._hooks = []

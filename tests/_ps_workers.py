@@ -1,0 +1,131 @@
+"""Worker functions for tests/test_ps.py (module level: the launcher spawns processes that import them).
+
+One launch of ``W + S`` processes runs every case back to back: co-located cases on the group of the first
+``W`` ranks (the others sit them out), dedicated ones on all ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dpcomm.launch import init_worker
+from dpcomm.models import get_model, input_shape
+from dpcomm.ps.rank import PsRank
+from dpcomm.ps.spec import PsSpec
+from dpcomm.runtime.data import TrainData, derive_seed
+
+LR, MOMENTUM, WD = 0.05, 0.9, 1e-4
+
+
+def _build(seed: int = 0):
+    torch.manual_seed(seed)
+    model = get_model("lenet5", 10)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM, weight_decay=WD)
+    return model, opt
+
+
+def _data(rank: int, workers: int, batch: int) -> TrainData:
+    return TrainData(
+        "digits",
+        input_shape=input_shape("lenet5"),
+        num_classes=10,
+        batch_size=batch,
+        world_size=workers,
+        rank=rank,
+        seed=0,
+    )
+
+
+def _run(spec, rank, workers, iters, batch, group, start=0, state=None, ckpt_at=lambda _t: False):
+    model, opt = _build()
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["optimizer"])
+    data = _data(rank, workers, batch) if rank < workers else None
+    sample = data.batch(start)[0] if rank == 0 else None
+    ps = PsRank(
+        model,
+        opt,
+        spec,
+        rank=rank,
+        workers=workers,
+        start=start,
+        sample=sample,
+        group=group,
+        ckpt_at=ckpt_at,
+        stop=iters,
+        resumed=(state or {}).get("replica"),
+    )
+    saved = None
+    for it in range(start, iters):
+        x, y = data.batch(it) if data is not None else (None, None)
+        torch.manual_seed(derive_seed(0, rank, it))
+        ps.iteration(x, y)
+        if rank == 0 and ckpt_at(it):
+            saved = {
+                "model": copy.deepcopy(model.state_dict()),
+                "optimizer": copy.deepcopy(opt.state_dict()),
+                "replica": copy.deepcopy(ps.checkpoint_state()),
+            }
+    ps.finish()
+    ps.close()
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    return flat, ps.params_sha256(), saved, ps.pull_plan.to_dict()
+
+
+def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[dict[str, Any]]:
+    rank, _world = init_worker("gloo", timeout_s=30)
+    torch.set_num_threads(1)
+    colocated = dist.new_group(list(range(workers)))
+    out = []
+    for case in cases:
+        spec = PsSpec(**case["spec"], probe_rounds=1)
+        group = colocated if not spec.servers else None
+        if not spec.servers and rank >= workers:
+            out.append(None)
+            dist.barrier()
+            continue
+        flat, sha, saved, plan = _run(
+            spec,
+            rank,
+            workers,
+            case["iters"],
+            case["batch"],
+            group,
+            ckpt_at=(lambda t, c=case: t == c.get("ckpt", -1)),
+        )
+        row = {"sha": sha, "flat": flat if rank < workers else None, "plan": plan}
+        if "ckpt" in case:  # resume from the state saved after iteration ckpt, on every rank
+            box = [saved]
+            dist.broadcast_object_list(box, src=0, group=group)
+            flat2, sha2, _, _ = _run(
+                spec, rank, workers, case["iters"], case["batch"], group, start=case["ckpt"] + 1, state=box[0]
+            )
+            row["resumed_sha"] = sha2
+        out.append(row)
+        dist.barrier()
+    return out
+
+
+def reference(iters: int, workers: int, batch: int) -> torch.Tensor:
+    """All-reduce S-SGD in one process: every worker's batch with its own dropout seed, gradients averaged
+    (what ``--schedule single`` computes, up to the order of the float sums)."""
+    model, opt = _build()
+    data = [_data(r, workers, batch) for r in range(workers)]
+    for it in range(iters):
+        grads = [torch.zeros_like(p) for p in model.parameters()]
+        for r in range(workers):
+            x, y = data[r].batch(it)
+            torch.manual_seed(derive_seed(0, r, it))  # the same dropout masks as worker r
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            for g, p in zip(grads, model.parameters(), strict=True):
+                g += p.grad
+        for g, p in zip(grads, model.parameters(), strict=True):
+            p.grad = g / workers
+        opt.step()
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])

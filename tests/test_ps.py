@@ -1,0 +1,89 @@
+"""The parameter server end to end: replicas bitwise identical for every pull method and both placements,
+equal to all-reduce SGD within rounding, sparse pushes, checkpoint/resume of the server shards, a killed
+rank failing the others in one line. One launch of 5 processes (3 workers, 2 dedicated servers) runs the
+cases back to back; a second, short one kills a worker. Budget: ~60-90 s on the 2-core VM.
+"""
+
+import time
+
+import pytest
+import torch
+
+from dpcomm.launch import WorkerFailure, launch
+from dpcomm.planner.pull import PULL_METHODS
+from tests._ps_workers import reference, run_cases
+
+W, S, ITERS, BATCH = 3, 2, 2, 4
+# LeNet-5 after 2 iterations: the server sums W gradients and divides by W, the reference averages one
+# cross-entropy over the whole batch; the float32 results differ in the last bits only.
+ATOL = 2e-6
+
+
+@pytest.fixture(scope="module")
+def results():
+    cases = [
+        {"spec": {"pull": m, "servers": s}, "iters": ITERS, "batch": BATCH}
+        for s in (0, S)
+        for m in PULL_METHODS
+    ]
+    cases += [
+        {"spec": {"pull": "all", "sparsify": 1.0}, "iters": ITERS, "batch": BATCH},
+        {"spec": {"pull": "ibatch", "push": "single"}, "iters": ITERS, "batch": BATCH, "ckpt": 0},
+        {
+            "spec": {"pull": "optimal", "servers": S, "sparsify": 0.3},
+            "iters": ITERS,
+            "batch": BATCH,
+            "ckpt": 0,
+        },
+    ]
+    per_rank = launch(run_cases, W + S, cases, W, S)
+    return cases, per_rank
+
+
+@pytest.mark.slow
+def test_replicas_identical_and_equal_to_allreduce_sgd(results):
+    cases, per_rank = results
+    ref = reference(ITERS, W, BATCH)
+    for i, case in enumerate(cases):
+        rows = [per_rank[r][i] for r in range(W)]
+        assert len({row["sha"] for row in rows}) == 1, case  # bitwise identical workers
+        assert len({str(row["plan"]) for row in rows}) == 1
+        if case["spec"].get("sparsify", 1.0) == 1.0:
+            diff = (rows[0]["flat"] - ref).abs().max().item()
+            assert diff <= ATOL, (case, diff)
+            print(f"max |ps - allreduce| {diff:.3g}: {case}")
+        else:
+            assert not torch.equal(rows[0]["flat"], ref)  # top-k really dropped something
+
+
+@pytest.mark.slow
+def test_topk_of_everything_is_the_dense_push(results):
+    cases, per_rank = results
+    dense = next(i for i, c in enumerate(cases) if c["spec"] == {"pull": "all", "servers": 0})
+    sparse = next(i for i, c in enumerate(cases) if c["spec"].get("sparsify") == 1.0)
+    assert torch.equal(per_rank[0][dense]["flat"], per_rank[0][sparse]["flat"])
+
+
+@pytest.mark.slow
+def test_resume_from_server_state_is_bitwise(results):
+    cases, per_rank = results
+    for i, case in enumerate(cases):
+        if "ckpt" in case:
+            for r in range(W):
+                assert per_rank[r][i]["resumed_sha"] == per_rank[r][i]["sha"], (case, r)
+
+
+@pytest.mark.slow
+def test_killed_worker_fails_the_others_in_one_line(monkeypatch):
+    from dpcomm.ps.runner import PsTrainConfig, train_ps
+    from dpcomm.ps.spec import PsSpec
+
+    monkeypatch.setenv("DPCOMM_TEST_KILL", "1:2")
+    timeout = 5.0
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailure) as exc:
+        train_ps(PsTrainConfig(spec=PsSpec(pull="layer", servers=1), workers=2, iters=6, timeout_s=timeout))
+    elapsed = time.monotonic() - t0
+    msg = str(exc.value)
+    assert "\n" not in msg and "rank" in msg
+    assert elapsed < 60 + timeout  # start-up of 3 processes, then at most one timeout

@@ -1,0 +1,50 @@
+"""The parameter server as the training layer's ``ps`` kind (skipped where the training layer is absent).
+
+Budget: ~60 s on the 2-core VM (one 3-process run of two schedules, then a checkpointed and a resumed run).
+"""
+
+import pytest
+
+replica = pytest.importorskip("dpcomm.train.replica", reason="the training layer (dpcomm.train) is not here")
+
+from dpcomm.errors import UserError  # noqa: E402
+from dpcomm.ps.spec import PsSpec  # noqa: E402
+
+
+def test_ps_kind_is_registered_and_checks_its_schedule():
+    kinds = replica.kinds()
+    assert "ps" in kinds, "add 'dpcomm.ps.replica' to dpcomm.train.replica.BUILTIN_KINDS"
+    assert replica.kind_of("ps:ibatch").name == "ps"
+    from dpcomm.train.config import TrainConfig
+
+    cfg = TrainConfig(model="lenet5", nproc=3, data="digits", iters=4, batch_size=8)
+    assert replica.check_schedule(cfg, "ps:optimal,sparsify=topk:0.1") == PsSpec(pull="optimal", sparsify=0.1)
+    for bad in ("ps:greedy", "ps:all,servers=2", "ps:all,sparsify=topk:2"):
+        with pytest.raises(UserError):
+            replica.check_schedule(cfg, bad)
+
+
+@pytest.mark.slow
+def test_ps_trains_like_allreduce_and_resumes_bitwise(tmp_path):
+    from dpcomm.train import TrainConfig, compare_schedules, train
+
+    cfg = TrainConfig(model="lenet5", nproc=3, data="digits", iters=6, batch_size=8, progress=False)
+    single, ps = compare_schedules(cfg, ["single", "ps:ibatch"])
+    assert len(set(ps.params_sha256)) == 1  # every worker bitwise the same
+    assert ps.loss_final == pytest.approx(
+        single.loss_final, rel=1e-5
+    )  # same SGD, float sums in another order
+    assert ps.test_accuracy == pytest.approx(single.test_accuracy, abs=0.01)
+    ck = str(tmp_path / "ck")
+    half = TrainConfig(model="lenet5", nproc=3, data="digits", iters=3, batch_size=8, progress=False,
+                       schedule="ps:layer", checkpoint=ck)  # fmt: skip
+    train(half)
+    resumed = train(TrainConfig(**{**_fields(half), "iters": 6, "resume": True}))
+    whole = train(TrainConfig(**{**_fields(half), "iters": 6, "checkpoint": str(tmp_path / "ck2")}))
+    assert resumed.params_sha256 == whole.params_sha256
+
+
+def _fields(cfg):
+    from dataclasses import fields
+
+    return {f.name: getattr(cfg, f.name) for f in fields(cfg)}
