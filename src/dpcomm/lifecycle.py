@@ -215,15 +215,16 @@ def launcher_signals(nproc: int) -> Iterator[None]:
 def _watch_spawn(nproc: int, done: threading.Event) -> None:
     """Tell the main thread (SIGUSR1) once ``nproc`` children run the spawn entry point: they have been
     exec'd, with SIGINT ignored, and the launcher's own disposition no longer reaches them."""
-    me = os.getpid()
+    me, seen = os.getpid(), set()
     while not done.wait(0.005):
-        if _spawned_children(me) >= nproc:
+        seen |= _spawned_children(me)  # ever seen: a worker that already ended counts
+        if len(seen) >= nproc:
             signal.pthread_kill(threading.main_thread().ident, signal.SIGUSR1)
             return
 
 
-def _spawned_children(pid: int) -> int:
-    n = 0
+def _spawned_children(pid: int) -> set[int]:
+    found = set()
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -232,10 +233,11 @@ def _spawned_children(pid: int) -> int:
                 ppid = int(fh.read().rsplit(b")", 1)[1].split()[1])
             if ppid == pid:
                 with open(f"/proc/{entry.name}/cmdline", "rb") as fh:
-                    n += b"spawn_main" in fh.read()
+                    if b"spawn_main" in fh.read():
+                        found.add(int(entry.name))
         except (OSError, ValueError, IndexError):
             continue
-    return n
+    return found
 
 
 def _prctl() -> Callable[..., int] | None:
