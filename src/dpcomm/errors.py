@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["UserError", "first_line"]
+__all__ = ["Interrupted", "UserError", "first_line"]
 
 # gloo prefixes its messages with the C++ source location, e.g. "[/path/gloo/transport/tcp/pair.cc:553] ".
 _SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\] ")
@@ -16,6 +16,16 @@ _MAX_CHARS = 300  # a cause quoted in one line of a message
 
 class UserError(Exception):
     """Bad input from the user: a file, a flag, a name. The message is one line and names what is wrong."""
+
+
+class Interrupted(BaseException):  # noqa: N818 - named for what the user sees
+    """A signal (Ctrl-C, SIGTERM) stopped the run. The CLI prints ``dpcomm: interrupted`` and exits with
+    ``128 + signum`` (130, 143). A ``BaseException``, as ``KeyboardInterrupt`` is, so that ``except
+    Exception`` blocks let it through."""
+
+    def __init__(self, signum: int):
+        self.signum = int(signum)
+        super().__init__(f"interrupted by signal {self.signum}")
 
 
 def first_line(exc: BaseException, *, with_type: bool = False) -> str:

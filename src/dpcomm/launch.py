@@ -1,8 +1,10 @@
 """Start workers with PyTorch's own launcher machinery (what ``torchrun`` runs: the elastic agent).
 
 ``launch(fn, nproc, *args)`` runs ``fn(*args)`` in ``nproc`` local worker processes that find each other
-through a c10d rendezvous on 127.0.0.1 (or, with ``nnodes > 1``, a static rendezvous at ``master_addr``,
-as ``torchrun --nnodes N --node-rank R --master-addr A`` does) and returns their results by local rank.
+through a c10d store the launcher serves on 127.0.0.1 only (or, with ``nnodes > 1``, a static rendezvous at
+``master_addr``, as ``torchrun --nnodes N --node-rank R --master-addr A`` does, which listens on every
+interface of node 0) and returns their results by local rank. The store, the scratch folder, workers dying
+with the launcher and one-line interrupts are :mod:`dpcomm.lifecycle`'s.
 Inside a worker, :func:`init_worker` joins the default process group. ``fn`` must be a module-level
 function (workers are spawned).
 
@@ -20,14 +22,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import ipaddress
 import logging
 import os
+import signal
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dpcomm.errors import UserError
+from dpcomm import lifecycle
+from dpcomm.errors import Interrupted, UserError
 
 __all__ = [
     "LAUNCH_FLAGS",
@@ -76,7 +81,7 @@ class LaunchOptions:
     """Silence the elastic agent's own logging (worker failures still surface as :class:`WorkerFailure`)."""
 
     def __post_init__(self) -> None:
-        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port)
+        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port, master_addr=self.master_addr)
 
     @classmethod
     def of(cls, cfg: Any) -> LaunchOptions:
@@ -91,8 +96,11 @@ class LaunchOptions:
         )
 
 
-def check_launch(nproc: int, nnodes: int, node_rank: int, master_port: int) -> None:
-    """The one check of a launch's numbers; a :class:`UserError` naming the flag otherwise."""
+def check_launch(
+    nproc: int, nnodes: int, node_rank: int, master_port: int, *, master_addr: str | None = None
+) -> None:
+    """The one check of a launch's numbers (and ``master_addr``, when given); a :class:`UserError` naming the
+    flag otherwise. ``nproc`` must fit in this machine's memory (:func:`dpcomm.lifecycle.check_nproc`)."""
     for flag, v in (("--nproc", nproc), ("--nnodes", nnodes), ("--node-rank", node_rank)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise UserError(f"{flag} must be an integer, got {v!r}")
@@ -104,6 +112,9 @@ def check_launch(nproc: int, nnodes: int, node_rank: int, master_port: int) -> N
         raise UserError(
             f"--master-port must be a port number (and given when --nnodes > 1), got {master_port}"
         )
+    if master_addr is not None:
+        lifecycle.check_host(master_addr)
+    lifecycle.check_nproc(nproc)
 
 
 def add_launch_arguments(parser: argparse.ArgumentParser, *, required: bool = False) -> None:
@@ -157,6 +168,10 @@ def launch_options_from_args(
     )
 
 
+_AGENT_SIGNALS = "SIGTERM,SIGHUP,SIGQUIT"
+"""Signals the elastic agent turns into stopping the workers (SIGINT: ``lifecycle.launcher_signals``)."""
+
+
 @contextlib.contextmanager
 def _patched_env(extra: dict[str, str] | None) -> Iterator[None]:
     old = {k: os.environ.get(k) for k in (extra or {})}
@@ -173,14 +188,23 @@ def _patched_env(extra: dict[str, str] | None) -> Iterator[None]:
 
 @contextlib.contextmanager
 def _quiet(enabled: bool) -> Iterator[None]:
-    log = logging.getLogger("torch.distributed.elastic")
-    level = log.level
+    # torch gives some of its elastic loggers a level of their own ("Received 15 death signal"): set them all
+    # and torch.multiprocessing's "Terminating process N via signal SIGTERM" when one worker fails
+    roots = ("torch.distributed.elastic", "torch.multiprocessing")
+    names = [
+        *roots,
+        *(n for n in logging.root.manager.loggerDict if n.startswith(tuple(f"{r}." for r in roots))),
+    ]
+    logs = [logging.getLogger(n) for n in names]
+    levels = [log.level for log in logs]
     if enabled:
-        log.setLevel(logging.CRITICAL)
+        for log in logs:
+            log.setLevel(logging.CRITICAL)
     try:
         yield
     finally:
-        log.setLevel(level)
+        for log, level in zip(logs, levels, strict=True):
+            log.setLevel(level)
 
 
 def _message(failure: Any) -> str:
@@ -195,42 +219,75 @@ def _message(failure: Any) -> str:
 
 def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> list[Any]:
     """Run ``fn(*args)`` on every worker; return the list of results indexed by local rank."""
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+    from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     opts = nproc if isinstance(nproc, LaunchOptions) else LaunchOptions(nproc=nproc)
-    if opts.nnodes == 1:
-        cfg = LaunchConfig(
-            min_nodes=1,
-            max_nodes=1,
+    if opts.nnodes > 1 and opts.node_rank == 0:
+        lifecycle.check_port_free(opts.master_port)  # torch's store: *:port
+    with contextlib.ExitStack() as stack:
+        scratch = stack.enter_context(lifecycle.scratch_dir())
+        env = {
+            "DPCOMM_LAUNCHER_PID": str(os.getpid()),
+            "TORCHELASTIC_SIGNALS_TO_HANDLE": _AGENT_SIGNALS,  # torch sets it; this puts the old one back
+        }
+        common = dict(
             nproc_per_node=opts.nproc,
-            run_id=f"dpcomm-{uuid.uuid4().hex[:8]}",
-            rdzv_backend="c10d",
-            rdzv_endpoint=f"{opts.master_addr}:{opts.master_port}",
             max_restarts=0,
             monitor_interval=0.05,
             start_method="spawn",
+            logs_specs=DefaultLogsSpecs(log_dir=str(scratch)),
+            signals_to_handle=_AGENT_SIGNALS,
         )
-    else:
-        cfg = LaunchConfig(
-            min_nodes=opts.nnodes,
-            max_nodes=opts.nnodes,
-            nproc_per_node=opts.nproc,
-            run_id="dpcomm",
-            rdzv_backend="static",
-            rdzv_endpoint=f"{opts.master_addr}:{opts.master_port}",
-            rdzv_configs={"rank": opts.node_rank, "timeout": 900},
-            max_restarts=0,
-            monitor_interval=0.05,
-            start_method="spawn",
-        )
-    with _patched_env(opts.env), _quiet(opts.quiet):
+        if opts.nnodes == 1:
+            store = stack.enter_context(lifecycle.local_store(opts.master_addr, opts.master_port))
+            env |= {"DPCOMM_STORE": store, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
+            if "GLOO_SOCKET_IFNAME" not in {**os.environ, **(opts.env or {})} and _is_loopback(
+                opts.master_addr
+            ):
+                env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's own listeners on loopback too, not the host name's
+            cfg = LaunchConfig(
+                min_nodes=1,
+                max_nodes=1,
+                run_id=f"dpcomm-{uuid.uuid4().hex[:8]}",
+                rdzv_backend="c10d",
+                rdzv_endpoint=store,
+                rdzv_configs={"is_host": False},  # a client of the launcher's store
+                local_addr=opts.master_addr,
+                **common,
+            )
+        else:
+            cfg = LaunchConfig(
+                min_nodes=opts.nnodes,
+                max_nodes=opts.nnodes,
+                run_id="dpcomm",
+                rdzv_backend="static",
+                rdzv_endpoint=f"{opts.master_addr}:{opts.master_port}",
+                rdzv_configs={"rank": opts.node_rank, "timeout": 900},
+                **common,
+            )
+        stack.enter_context(_patched_env({**(opts.env or {}), **env}))
+        stack.enter_context(_quiet(opts.quiet))
+        stack.enter_context(lifecycle.launcher_signals(opts.nproc))
         try:
-            out = elastic_launch(cfg, fn)(*args)
+            out = elastic_launch(cfg, lifecycle.worker_entry)(fn, *args)
         except ChildFailedError as exc:
+            if any(f.exitcode == -signal.SIGINT for f in exc.failures.values()):
+                raise Interrupted(signal.SIGINT) from None  # Ctrl-C reached the workers first
             raise WorkerFailure({rank: _message(f) for rank, f in exc.failures.items()}) from None
+        except SignalException as exc:
+            raise Interrupted(int(exc.sigval)) from None
     base = opts.node_rank * opts.nproc
     return [out[base + i] if base + i in out else out[i] for i in range(opts.nproc)]
+
+
+def _is_loopback(addr: str) -> bool:
+    try:
+        return ipaddress.ip_address(addr).is_loopback
+    except ValueError:
+        return addr == "localhost"
 
 
 def init_worker(backend: str = "gloo", timeout_s: float = 60.0) -> tuple[int, int]:
@@ -242,5 +299,16 @@ def init_worker(backend: str = "gloo", timeout_s: float = 60.0) -> tuple[int, in
     import torch.distributed as dist
 
     if not dist.is_initialized():
-        dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+        timeout = datetime.timedelta(seconds=timeout_s)
+        addr = os.environ.get("DPCOMM_STORE")
+        if addr:  # a local launch: the launcher's store on loopback (dpcomm.lifecycle)
+            host, port = addr.rsplit(":", 1)
+            store = dist.TCPStore(host.strip("[]"), int(port), is_master=False, timeout=timeout)
+            prefix = f"dpcomm/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/workers"
+            rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+            dist.init_process_group(
+                backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, timeout=timeout
+            )
+        else:
+            dist.init_process_group(backend, timeout=timeout)
     return dist.get_rank(), dist.get_world_size()

@@ -113,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.collectives.benchmark import run_bench
     from dpcomm.costmodel.network import save_network
 
+    if args.fit:
+        from dpcomm.utils.io import check_output_path
+
+        check_output_path(args.fit)  # a folder or an unwritable place: one line before any worker starts
     cfg = config_from_args(args).resolved()
     if args.fit:
         from dpcomm.costmodel.collective import ALGORITHMS

@@ -48,8 +48,10 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.costmodel.calibrate import DEFAULT_SIZES, CalibrateOptions, calibrate
     from dpcomm.costmodel.network import save_network
     from dpcomm.launch import WorkerFailure
+    from dpcomm.utils.io import check_output_path
     from dpcomm.utils.sizes import parse_sizes
 
+    check_output_path(args.output)
     sizes = parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES
     opts = CalibrateOptions(
         nproc=_int("--nproc", args.nproc),

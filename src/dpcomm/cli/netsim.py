@@ -72,8 +72,11 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.sim.network import FlowModel, Goodput, make_fabric, simulate_allreduce
     from dpcomm.sim.network.algorithms import parse_algorithm
     from dpcomm.testbed.config import parse_rate
+    from dpcomm.utils.io import check_figure_path
     from dpcomm.utils.sizes import parse_sizes
 
+    if args.plot is not None:
+        check_figure_path(args.plot)  # before the simulation, not after it
     rate = parse_rate(args.rate)
     mtu = int(_number("--mtu", args.mtu, int))
     alpha = _number("--alpha-us", args.alpha_us) * 1e-6

@@ -64,7 +64,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from dpcomm.models import example_input, get_model
+    from dpcomm.utils.io import check_output_path
 
+    if args.output is not None:
+        check_output_path(args.output)
     if args.from_torch_profiler:
         trace = _from_torch_profiler(args)
         _write(trace, args)

@@ -58,7 +58,13 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.planner import parse_schedules
     from dpcomm.sim import sweep
     from dpcomm.sim.ps import is_ps_schedule
+    from dpcomm.utils.io import check_figure_path, check_output_path
 
+    for fig in (args.plot, args.timeline):
+        if fig is not None:
+            check_figure_path(fig)
+    if args.chrome_trace is not None:
+        check_output_path(args.chrome_trace)
     nodes_list = parse_nodes(args.nodes)
     named = [s.strip() for s in str(args.schedules).split(",") if s.strip()]
     ps_schedules = [s for s in named if is_ps_schedule(s)]

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--cc", default="reno", help="TCP congestion control in every server (default reno)")
     p.add_argument("--json", action="store_true", help="print the state as JSON")
     p = sub.add_parser("down", help="remove a testbed (default: every dpc- testbed); idempotent")
-    p.add_argument("--name", default=None, help="only this testbed")
+    p.add_argument("--name", default=None, help="only this testbed (1-8 of a-z0-9)")
     p = sub.add_parser("status", help="show a testbed: hosts, NICs, addresses, rates, byte counters")
     p.add_argument("--name", default="tb")
     p.add_argument("--json", action="store_true", help="print the state and counters as JSON")
@@ -59,8 +59,11 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.testbed import build, status
     from dpcomm.testbed import run as tbrun
     from dpcomm.testbed.config import TestbedConfig, parse_rate
+    from dpcomm.testbed.names import check_name
     from dpcomm.testbed.state import load_state
 
+    if args.name is not None:  # every action, before anything is read, run or removed
+        check_name(args.name)
     if args.action == "up":
         cfg = TestbedConfig(
             name=args.name,

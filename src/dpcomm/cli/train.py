@@ -45,6 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--checkpoint", metavar="DIR", default=None, help="write DIR/checkpoint.pt (rank 0)")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="every K iterations")
     p.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
+    p.add_argument("--overwrite", action="store_true", help="start afresh over an existing DIR/checkpoint.pt")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--chrome-trace", metavar="PATH", default=None, help="Chrome trace of the last iterations")
     p.add_argument("--profile-iters", type=int, default=3, help="iterations profiled before planning")

@@ -34,6 +34,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from dpcomm.errors import UserError
+from dpcomm.lifecycle import check_buffer, check_port_free
 from dpcomm.ops import OPS
 
 __all__ = [
@@ -45,7 +46,8 @@ __all__ = [
     "run_bench",
 ]
 
-_DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
+_ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
+_DTYPES = tuple(_ITEMSIZE)
 
 
 def busbw_factor(op: str, nproc: int) -> float:
@@ -66,7 +68,7 @@ class BenchConfig:
     """Registered algorithm names, e.g. ``("ring", "lp", "native")``."""
     ops: tuple[str, ...] = OPS
     sizes: tuple[int, ...] = (4, 1024, 65536, 1 << 20)
-    """Message sizes in bytes (rounded to whole elements, at least one)."""
+    """Message sizes in bytes, each a whole number of ``dtype`` elements that fits in memory."""
     dtype: str = "float32"
     iters: int = 5
     """Timed calls per (op, size, algo); the mean is kept."""
@@ -97,7 +99,7 @@ class BenchConfig:
         from dpcomm.collectives.base import names
         from dpcomm.launch import check_launch
 
-        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port)
+        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port, master_addr=self.master_addr)
         if not self.algos:
             raise UserError("--algos: give at least one algorithm")
         known = names()
@@ -113,6 +115,13 @@ class BenchConfig:
             raise UserError("--sizes: give sizes >= 0 bytes")
         if self.dtype not in _DTYPES:
             raise UserError(f"--dtype: unknown dtype '{self.dtype}' (choose from {', '.join(_DTYPES)})")
+        esize = _ITEMSIZE[self.dtype]
+        for s in self.sizes:  # said here, once, rather than rounded or failed in every worker
+            if s % esize:
+                raise UserError(f"--sizes: {s} B is not a whole number of {self.dtype} elements ({esize} B)")
+            check_buffer(s)
+        if not self.timeout_s > 0:
+            raise UserError(f"--timeout must be > 0 seconds, got {self.timeout_s}")
         if self.iters < 1 or self.warmup < 0 or self.repeat < 1:
             raise UserError(
                 f"need --iters >= 1, --warmup >= 0, --repeat >= 1, "
@@ -123,6 +132,8 @@ class BenchConfig:
         if self.bcube is not None and self.world != self.bcube[0] ** self.bcube[1]:
             n, k = self.bcube
             raise UserError(f"--bcube {n},{k} is {n**k} ranks, not {self.world} (--nproc x --nnodes)")
+        if self.master_port and self.node_rank == 0:  # before the table's header, not after it
+            check_port_free(self.master_port, self.master_addr if self.nnodes == 1 else "")
 
     @property
     def world(self) -> int:

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from dpcomm.costmodel.fit import WEIGHTINGS, fit_line
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
+from dpcomm.lifecycle import check_buffer, check_nproc
 
 __all__ = [
     "DEFAULT_SIZES",
@@ -74,6 +75,13 @@ class CalibrateOptions:
             raise UserError(f"--fit must be one of {', '.join(FITS)}, got {self.fit!r}")
         if any(s <= 0 for s in self.sizes):
             raise UserError(f"--sizes must all be > 0 bytes, got {list(self.sizes)}")
+        for s in self.sizes:  # said here, once, rather than rounded or failed in every worker
+            if s % _DTYPE_BYTES:
+                raise UserError(
+                    f"--sizes: {s} B is not a whole number of float32 elements ({_DTYPE_BYTES} B)"
+                )
+            check_buffer(s)
+        check_nproc(self.nproc)
         if len({_elements(s) for s in self.sizes}) < 2:
             raise UserError("--sizes needs at least two different sizes to fit a line")
 

@@ -86,6 +86,10 @@ class PsReplica:
     def plan(self) -> None:
         return None  # gradients are pushed per layer, not by a gradient plan; the pull plan is replica state
 
+    @property
+    def settled(self) -> bool:
+        return True  # nothing here waits on timings: checkpoints are written when due
+
     def checkpoint_state(self) -> dict[str, Any]:
         return self._ps.checkpoint_state()
 

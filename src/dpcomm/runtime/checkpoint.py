@@ -8,7 +8,9 @@ The payload is read back with ``torch.load(weights_only=True)`` (tensors, number
 no arbitrary objects). A file whose magic, checksum or payload is wrong is *corrupt*: reading it is a
 one-line :class:`~dpcomm.errors.UserError`, and nothing here ever writes over it, because a new checkpoint
 is checked by the same reader in memory before ``atomic_write_bytes`` (temporary file, fsync, rename)
-puts it in place. A reader therefore sees either the previous good checkpoint or the new good one.
+puts it in place. A reader therefore sees either the previous good checkpoint or the new good one. A crash
+during a write can leave only the temporary file, which :func:`remove_stale_temporaries` deletes when
+the next run starts.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ import torch
 from dpcomm.errors import UserError, first_line
 from dpcomm.utils.io import atomic_write_bytes
 
-__all__ = ["CHECKPOINT_NAME", "checkpoint_path", "save_checkpoint", "load_checkpoint", "check_writable"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "check_writable",
+    "checkpoint_path",
+    "load_checkpoint",
+    "remove_stale_temporaries",
+    "save_checkpoint",
+]
 
 CHECKPOINT_NAME = "checkpoint.pt"
 _MAGIC = b"DPCOMM-CHECKPOINT 1\n"
@@ -81,6 +90,20 @@ def load_checkpoint(directory: str | os.PathLike) -> dict[str, Any] | None:
     except OSError as exc:
         raise UserError(f"{path}: cannot read checkpoint ({exc.strerror or exc})") from None
     return _decode(data, path)
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files a crash during a checkpoint write left in ``directory`` (the atomic
+    write's ``.checkpoint.pt.<random>.tmp``); returns them. Called before a run starts, when no write of
+    this folder is under way."""
+    removed = []
+    for tmp in Path(directory).glob(f".{CHECKPOINT_NAME}.*.tmp"):
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except FileNotFoundError:
+            pass
+    return removed
 
 
 def check_writable(directory: str | os.PathLike) -> Path:

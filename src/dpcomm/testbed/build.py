@@ -214,7 +214,10 @@ def _alive(pid: int) -> bool:
 
 
 def down(name: str | None = None) -> list[str]:
-    """Remove the testbed ``name`` (``None``: every testbed); returns what was removed. Idempotent."""
+    """Remove the testbed ``name`` (``None``: every testbed); returns what was removed. Idempotent.
+    An empty or malformed name is an error, never "every testbed"."""
+    if name is not None:
+        names.check_name(name)
     require()
     removed = []
     for ns in leftovers(name):

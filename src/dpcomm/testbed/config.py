@@ -43,6 +43,7 @@ from dataclasses import dataclass
 
 from dpcomm.costmodel.network import PRESETS, Network
 from dpcomm.errors import UserError
+from dpcomm.testbed.names import check_name
 from dpcomm.topology import DEFAULT_BASE, Topology, parse_topology
 
 __all__ = ["TestbedConfig", "parse_rate", "format_rate", "link_network", "tcp_ceiling", "EMULATED_KINDS"]
@@ -50,8 +51,7 @@ __all__ = ["TestbedConfig", "parse_rate", "format_rate", "link_network", "tcp_ce
 EMULATED_KINDS = ("star", "bcube")
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
 _UNIT = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
-_NAME = re.compile(r"^[a-z0-9]{1,8}$")
-_CC = re.compile(r"^[a-z0-9_]{1,16}$")
+_CC = re.compile(r"[a-z0-9_]{1,16}")
 
 
 def parse_rate(text: str) -> int:
@@ -116,8 +116,7 @@ class TestbedConfig:
     """The private network the per-NIC addresses come from (only used inside the namespaces)."""
 
     def __post_init__(self) -> None:
-        if not _NAME.match(self.name):
-            raise UserError(f"bad testbed name '{self.name}' (1-8 characters of a-z and 0-9)")
+        check_name(self.name)
         topo = parse_topology(self.topology)
         kind = self.topology.split(":")[0].strip()
         if kind not in EMULATED_KINDS:
@@ -137,8 +136,8 @@ class TestbedConfig:
             raise UserError(f"host queue {self.host_queue_bytes} B is below 64 KiB")
         if self.burst_bytes is not None and self.burst_bytes < self.mtu + 14:
             raise UserError(f"burst {self.burst_bytes} B is smaller than one frame ({self.mtu + 14} B)")
-        if not _CC.match(self.congestion_control):
-            raise UserError(f"bad congestion control '{self.congestion_control}' (e.g. reno, bbr)")
+        if not _CC.fullmatch(self.congestion_control):
+            raise UserError(f"bad congestion control {self.congestion_control!r} (e.g. reno, bbr)")
 
     @property
     def topo(self) -> Topology:

@@ -18,7 +18,9 @@ rendezvous reaches the command two ways:
   ``dpcomm train`` take it as their thread count); an existing ``OMP_NUM_THREADS`` wins.
 
 Each worker's stdout and stderr go to ``<out_dir>/rank<i>.out|.err``. When a worker fails, the others get
-``grace_s`` to finish before they are stopped (a lost peer would otherwise leave them waiting).
+``grace_s`` to finish before they are stopped (a lost peer would otherwise leave them waiting). Workers die
+with the launcher: SIGTERM or Ctrl-C stops them on the way out, and each has ``PR_SET_PDEATHSIG`` (SIGKILL)
+for a launcher that is killed outright.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcomm.costmodel.network import save_network
+from dpcomm.lifecycle import die_with_parent_preexec
 from dpcomm.testbed.config import link_network
 from dpcomm.testbed.shell import TestbedError, require
 
@@ -154,6 +157,7 @@ def launch_workers(
     network = save_network(link_network(state["rate_bps"], state["mtu"]), out / "network.json")
     procs: list[subprocess.Popen] = []
     files = []
+    die_with_us = die_with_parent_preexec()  # even a kill -9 of this launcher stops every worker
     t0 = time.monotonic()
     try:
         for srv in state["servers"]:
@@ -168,7 +172,11 @@ def launch_workers(
             fo, fe = open(out / f"rank{rank}.out", "w"), open(out / f"rank{rank}.err", "w")
             files += [fo, fe]
             cmd = ["ip", "netns", "exec", srv["netns"], *_resolve(_argv_for(argv, state, rank, master_port))]
-            procs.append(subprocess.Popen(cmd, stdout=fo, stderr=fe, env=wenv, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    cmd, stdout=fo, stderr=fe, env=wenv, start_new_session=True, preexec_fn=die_with_us
+                )
+            )
         codes = _wait(procs, t0 + timeout_s, grace_s)
     finally:
         for p in procs:

@@ -11,6 +11,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dpcomm.errors import UserError
+from dpcomm.testbed.names import check_name
 from dpcomm.testbed.shell import TestbedError
 from dpcomm.utils.io import atomic_write_json, read_json
 
@@ -22,7 +24,7 @@ def state_dir() -> Path:
 
 
 def state_path(name: str) -> Path:
-    return state_dir() / f"{name}.json"
+    return state_dir() / f"{check_name(name)}.json"
 
 
 def save_state(state: dict[str, Any]) -> Path:
@@ -38,7 +40,16 @@ def load_state(name: str) -> dict[str, Any]:
 
 def saved_names() -> list[str]:
     d = state_dir()
-    return sorted(p.stem for p in d.glob("*.json")) if d.is_dir() else []
+    if not d.is_dir():
+        return []
+    return sorted(p.stem for p in d.glob("*.json") if _is_name(p.stem))
+
+
+def _is_name(stem: str) -> bool:
+    try:
+        return check_name(stem) == stem
+    except UserError:
+        return False
 
 
 def remove_state(name: str) -> bool:

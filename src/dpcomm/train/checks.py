@@ -1,5 +1,7 @@
 """Everything a user can get wrong in a training run, checked once in the parent before any worker starts:
-model, schedule(s), collective, mode, data, sizes, the checkpoint folder and, when resuming, the checkpoint.
+model, schedule(s), collective, mode, data, sizes, the output paths, the checkpoint folder (an existing
+checkpoint is never started over without ``overwrite``; temporaries a crashed write left are removed) and,
+when resuming, the checkpoint.
 
 Each schedule is checked (and parsed) once, by its replica kind (:func:`dpcomm.train.replica.check_schedule`);
 the parsed schedules travel to the workers with the config. Every problem is a one-line
@@ -15,6 +17,7 @@ from typing import Any
 from dpcomm.errors import UserError
 from dpcomm.train.config import COMPAT_KEYS, TrainConfig, compat, data_args, total_iterations
 from dpcomm.train.replica import check_schedule
+from dpcomm.utils.io import check_output_path
 
 __all__ = ["Checked", "check", "validate"]
 
@@ -34,7 +37,12 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
     from dpcomm.collectives import names as collective_names
     from dpcomm.models import input_shape
     from dpcomm.runtime.bsp import MODES
-    from dpcomm.runtime.checkpoint import check_writable, load_checkpoint
+    from dpcomm.runtime.checkpoint import (
+        check_writable,
+        checkpoint_path,
+        load_checkpoint,
+        remove_stale_temporaries,
+    )
     from dpcomm.runtime.data import DATA_KINDS
 
     input_shape(cfg.model)  # unknown model -> UserError
@@ -53,11 +61,18 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
         TrainData(cfg.data, **data_args(cfg, rank=0))  # the batch must fit the training set
     total = total_iterations(cfg)
     if cfg.chrome_trace:
+        check_output_path(cfg.chrome_trace)  # a folder, say, fails now, not after the training
         check_writable(os.path.dirname(os.path.abspath(cfg.chrome_trace)))
     if not cfg.checkpoint:
         return Checked(schedules=parsed, state=None)
     check_writable(cfg.checkpoint)
+    remove_stale_temporaries(cfg.checkpoint)
     if not cfg.resume:
+        if checkpoint_path(cfg.checkpoint).exists() and not cfg.overwrite:
+            raise UserError(
+                f"{checkpoint_path(cfg.checkpoint)} exists: continue it with --resume, "
+                "or start afresh over it with --overwrite"
+            )
         return Checked(schedules=parsed, state=None)
     state = load_checkpoint(cfg.checkpoint)  # corrupt -> UserError, nothing written
     if state is None:

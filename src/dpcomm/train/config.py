@@ -69,6 +69,9 @@ class TrainConfig:
     """Iterations between checkpoints; 0: only at the end."""
     resume: bool = False
     """Continue from the checkpoint in ``checkpoint`` (it must exist and be intact)."""
+    overwrite: bool = False
+    """Start afresh over an existing checkpoint in ``checkpoint`` (without it, or ``resume``, an existing
+    checkpoint, even a corrupt one, is an error: nothing writes over it unasked)."""
     chrome_trace: str | None = None
     """Write a Chrome trace of the last iterations (compute and communication rows per rank) here."""
     profile_iters: int = 3
@@ -96,7 +99,8 @@ class TrainConfig:
             if not ok:
                 raise UserError(msg)
 
-        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port)  # the one launch check
+        # the one launch check
+        check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port, master_addr=self.master_addr)
         need(self.batch_size >= 1, f"--batch-size must be positive, got {self.batch_size}")
         need(self.iters is None or self.epochs is None, "give --iters or --epochs, not both")
         need(self.iters is None or self.iters >= 1, f"--iters must be >= 1, got {self.iters}")
@@ -106,6 +110,7 @@ class TrainConfig:
         need(0 <= self.momentum < 1, f"momentum must be in [0, 1), got {self.momentum}")
         need(self.checkpoint_every >= 0, f"--checkpoint-every must be >= 0, got {self.checkpoint_every}")
         need(not self.resume or bool(self.checkpoint), "--resume needs --checkpoint DIR")
+        need(not (self.resume and self.overwrite), "give --resume or --overwrite, not both")
         need(not self.checkpoint_every or bool(self.checkpoint), "--checkpoint-every needs --checkpoint DIR")
         need(self.profile_iters >= 1, f"profile iterations must be >= 1, got {self.profile_iters}")
         need(self.verify_iters >= 0, f"--verify-iters must be >= 0, got {self.verify_iters}")

@@ -95,6 +95,10 @@ class DDPReplica:
     def plan(self) -> Plan | None:
         return None
 
+    @property
+    def settled(self) -> bool:
+        return True  # DDP's buckets are fixed from the start
+
     def checkpoint_state(self) -> dict[str, Any]:
         return {}
 

@@ -8,7 +8,7 @@ from typing import Any
 import torch.nn.functional as F
 
 from dpcomm.plan import Plan
-from dpcomm.runtime.records import Span
+from dpcomm.runtime.records import Phase, Span
 from dpcomm.train.config import TrainConfig
 from dpcomm.train.online import DataParallel
 from dpcomm.train.replica import DEFAULT_KIND, ReplicaContext, ReplicaKind, register_kind
@@ -64,6 +64,10 @@ class RuntimeReplica:
     @property
     def plan(self) -> Plan | None:
         return self.dp.plan
+
+    @property
+    def settled(self) -> bool:
+        return self.dp.phase is Phase.STEADY
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {}

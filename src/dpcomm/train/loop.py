@@ -14,10 +14,11 @@ does). Every worker runs:
 3. finish: every rank's loss, parameter hash, test accuracy, Chrome trace and rank 0's timings.
 
 Because data order and randomness depend only on ``(seed, rank, iteration)``, and the checkpoint holds the
-model, the optimizer and the plan in use, a resumed run ends with bitwise the same parameters as an
-uninterrupted one. (If the checkpoint was written while a planner-name plan was still being profiled,
-the resumed run profiles the remaining iterations itself; the plan, and so the bits for P >= 3, may then
-differ for timing-dependent schedules such as ``mgwfbp``/``optimal``.)
+model, the optimizer and the plan that was kept, a resumed run ends with bitwise the same parameters as the
+interrupted run would have, for every schedule. ``mgwfbp``/``optimal`` pick their plan from timings (two
+fresh runs may differ): a periodic checkpoint that falls while the plan is still being profiled or timed
+waits until it is kept (:attr:`Replica.settled`), so it always carries the plan. Only a run's *last*
+checkpoint can precede that (a run shorter than its planning); resuming it plans afresh.
 
 :func:`compare_schedules` trains one replica per schedule in the *same* workers, interleaved iteration by
 iteration on the same batches, so the schedules see the same machine load: the demo and the benchmark use it.
@@ -137,6 +138,7 @@ def _train_rank(
     ]
     start = replicas[0].start
     kill = _kill_point(rank)
+    due = False  # a periodic checkpoint is owed (it waits until the plan is kept)
     bar = Progress(cfg, [s for s, _ in schedules], start, total) if rank == 0 else None
     try:
         for it in range(start, total):
@@ -147,13 +149,13 @@ def _train_rank(
             for rep in replicas:
                 torch.manual_seed(derive_seed(cfg.seed, rank, it))  # dropout: same masks for every schedule
                 rep.iteration(x, y)
-            if rank == 0:
-                if cfg.checkpoint and (
-                    it + 1 == total or (cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0)
-                ):
+            if rank == 0 and cfg.checkpoint:
+                due = due or bool(cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0)
+                if it + 1 == total or (due and replicas[0].settled):
                     _save(cfg, replicas[0], it + 1, data)
-                if bar is not None:
-                    bar.update(it + 1, replicas)
+                    due = False
+            if bar is not None:
+                bar.update(it + 1, replicas)
         where["iteration"] = None
     finally:
         if bar is not None:

@@ -115,6 +115,13 @@ class Replica(Protocol):
         """The plan to save in a checkpoint (None: none, or not decided yet)."""
         ...
 
+    @property
+    def settled(self) -> bool:
+        """Whether the plan is final (kept): False while a planner-name plan is being profiled or timed.
+        Periodic checkpoints wait for it, so every checkpoint but a run's last holds the plan that was kept
+        and a resumed run continues exactly as the interrupted one would have."""
+        ...
+
     def checkpoint_state(self) -> dict[str, Any]:
         """Further state to checkpoint (``{}`` for none); returned on resume as ``state["replica"]``."""
         ...
