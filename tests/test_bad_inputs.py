@@ -56,6 +56,7 @@ CASES = [
     (["profile", "--model", "lenet5", "--batch-size", "2", "--analytic", "k80", "-o", "adir"], "is a folder"),
     (["calibrate", "--nproc", "2", "-o", "adir"], "adir: is a folder"),
     (["netsim", "--topology", "star:4", "--plot", "adir"], "adir: is a folder"),
+    ([*_BENCH, "--fit", "adir"], "adir: is a folder"),
     # inputs
     (["simulate", "--trace", "deep.json", "--nodes", "4"], "nested too deeply"),
     # launch options, said before any worker starts
