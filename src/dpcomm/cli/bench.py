@@ -36,7 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ops", default="allreduce,broadcast,reduce", help="comma-separated ops (default all)"
     )
     parser.add_argument(
-        "--sizes", default="4,1K,64K,1M,16M", help="bytes, K/M/G = 2**10/2**20/2**30 (default 4..16M)"
+        "--sizes",
+        default=None,
+        help="bytes, K/M/G = 2**10/2**20/2**30 (default one element,1K,64K,1M,16M)",
     )
     parser.add_argument("--dtype", default="float32", help="element type (default float32)")
     parser.add_argument(
@@ -71,6 +73,13 @@ def _list(text: str) -> tuple[str, ...]:
     return tuple(dict.fromkeys(s.strip() for s in text.split(",") if s.strip()))
 
 
+def _default_sizes(dtype: str) -> str:
+    """One element (4 B for float32, 8 B for float64: the smallest message of that type), then 1K..16M."""
+    from dpcomm.collectives.benchmark import element_size
+
+    return f"{element_size(dtype)},1K,64K,1M,16M"
+
+
 def config_from_args(args: argparse.Namespace):
     from dpcomm.collectives.benchmark import BenchConfig
     from dpcomm.utils.sizes import parse_sizes
@@ -88,7 +97,7 @@ def config_from_args(args: argparse.Namespace):
         nproc=where.nproc,
         algos=_list(args.algos),
         ops=_list(args.ops),
-        sizes=parse_sizes(args.sizes),
+        sizes=parse_sizes(args.sizes if args.sizes is not None else _default_sizes(args.dtype)),
         dtype=args.dtype,
         iters=_int("--iters", args.iters),
         warmup=_int("--warmup", args.warmup),

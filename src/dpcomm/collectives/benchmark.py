@@ -41,6 +41,7 @@ __all__ = [
     "BUSBW_FACTOR",
     "BenchConfig",
     "BenchResult",
+    "element_size",
     "Row",
     "busbw_factor",
     "run_bench",
@@ -48,6 +49,11 @@ __all__ = [
 
 _ITEMSIZE = {"float32": 4, "float64": 8, "float16": 2, "bfloat16": 2, "int32": 4, "int64": 8}
 _DTYPES = tuple(_ITEMSIZE)
+
+
+def element_size(dtype: str) -> int:
+    """Bytes of one ``dtype`` element (4 for an unknown name: the config then says the name is unknown)."""
+    return _ITEMSIZE.get(dtype, 4)
 
 
 def busbw_factor(op: str, nproc: int) -> float:
