@@ -133,6 +133,11 @@ class DDPPlanReplica:
     def plan(self) -> Plan | None:
         return self.wrapper.dpcomm.plan if self.wrapper is not None else self._resume_plan
 
+    @property
+    def settled(self) -> bool:
+        """The plan is kept once DDP is built (the trial runs inside the first iteration)."""
+        return self.wrapper is not None
+
     def checkpoint_state(self) -> dict[str, Any]:
         return {}
 
