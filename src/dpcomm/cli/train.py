@@ -54,6 +54,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=3,
         help="mgwfbp/optimal: iterations each timing the plan against single and DDP's buckets (0: off)",
     )
+    p.add_argument(
+        "--replan-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="re-measure and re-plan every K steady iterations, switch on a predicted gain (0: off)",
+    )
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default cores/nproc)")
     p.add_argument(
         "--timeout",

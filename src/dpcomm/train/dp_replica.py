@@ -48,6 +48,7 @@ class RuntimeReplica:
             mode=cfg.mode,
             profile_iters=profile_iters,
             verify_iters=cfg.verify_iters,
+            replan_every=cfg.replan_every,
             log=self.log.append,
         )
 
