@@ -47,6 +47,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--resume", action="store_true", help="continue from DIR/checkpoint.pt")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--chrome-trace", metavar="PATH", default=None, help="Chrome trace of the last iterations")
+    p.add_argument(
+        "--records-json", metavar="PATH", default=None, help="rank 0's log and per-iteration records as JSON"
+    )
     p.add_argument("--profile-iters", type=int, default=3, help="iterations profiled before planning")
     p.add_argument(
         "--verify-iters",

@@ -71,6 +71,8 @@ class TrainConfig:
     """Continue from the checkpoint in ``checkpoint`` (it must exist and be intact)."""
     chrome_trace: str | None = None
     """Write a Chrome trace of the last iterations (compute and communication rows per rank) here."""
+    records_json: str | None = None
+    """Write rank 0's log and per-iteration records (and the plan) here as JSON, atomically (node 0 only)."""
     profile_iters: int = 3
     """Iterations profiled before a planner-name plan is decided (MG-WFBP Alg. 1 lines 1-7)."""
     verify_iters: int = 3
