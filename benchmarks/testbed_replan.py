@@ -1,11 +1,15 @@
 """Online re-planning on the emulated cluster: change the link rate under a running ``dpcomm train``.
 
-    sudo .venv/bin/python benchmarks/testbed_replan.py --rate 100mbit --change 14:10mbit --change 33:100mbit
+    sudo .venv/bin/python benchmarks/testbed_replan.py --rate 100mbit --change 12:10mbit
+    sudo .venv/bin/python benchmarks/testbed_replan.py --rate 10mbit --change 12:100mbit
 
 Builds ``star:4`` at ``--rate`` (testbed ``--name``, removed at the end whatever happens), starts
 ``dpcomm testbed launch -- dpcomm train --model resnet20 --schedule mgwfbp --replan-every K ...`` and, from
-this process, for each ``--change SECONDS:RATE``, that many seconds after the launch
-``dpcomm testbed rate --rate RATE`` (as another shell would). Saves the command lines, the machine's load,
+this process, for each ``--change SECONDS:RATE``, that many seconds after training traffic began
+``dpcomm testbed rate --rate RATE`` (as another shell would). Training began when server 0 has sent
+``--start-bytes`` (default 2 MB: the initial parameter broadcast and the first all-reduce of ResNet-20), read
+from the tbf byte counters; worker start-up takes 6-25 s on the loaded 2-core VM, so a clock from the launch
+would not say which iterations run at which rate. Saves the command lines, the machine's load,
 the times of the changes, rank 0's log and its per-iteration records (``end_unix`` lines them up with the
 changes; ``rate`` says which rate each iteration ended under) as JSON (``--out``), and prints the re-plan
 lines and the median iteration time of each steady stretch between re-plans.
@@ -24,10 +28,10 @@ from collections import Counter
 from pathlib import Path
 
 from _common import loadavg
-from dpcomm.testbed import TestbedConfig, down, parse_rate, up
+from dpcomm.testbed import TestbedConfig, down, link_counters, load_state, parse_rate, up
 from dpcomm.utils.io import atomic_write_json
 
-DEFAULT_CHANGES = ["14:10mbit", "33:100mbit"]
+DEFAULT_CHANGES = ["12:10mbit"]
 
 
 def main() -> int:
@@ -36,8 +40,9 @@ def main() -> int:
     ap.add_argument("--rate", default="100mbit", help="link rate at start")
     ap.add_argument(
         "--change", action="append", default=None, metavar="SECONDS:RATE",
-        help=f"set every link to RATE SECONDS after the launch (repeatable; default {DEFAULT_CHANGES})",
+        help=f"set every link to RATE SECONDS after training began (repeatable; default {DEFAULT_CHANGES})",
     )  # fmt: skip
+    ap.add_argument("--start-bytes", type=float, default=2e6, help="server 0 bytes sent: training began")
     ap.add_argument("--model", default="resnet20")
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--replan-every", type=int, default=8)
@@ -61,9 +66,13 @@ def main() -> int:
         load_before = loadavg()
         t0 = time.time()
         proc = subprocess.Popen(launch, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        state = load_state(a.name)
+        while proc.poll() is None and link_counters(state)[(0, 0)]["tx"] < a.start_bytes:
+            time.sleep(0.2)
+        t_start = time.time()
         for at, rate in changes:
             try:
-                proc.wait(timeout=max(0.0, t0 + at - time.time()))
+                proc.wait(timeout=max(0.0, t_start + at - time.time()))
             except subprocess.TimeoutExpired:
                 pass
             cmd = [*dpcomm, "testbed", "rate", "--name", a.name, "--rate", rate]
@@ -89,9 +98,10 @@ def main() -> int:
         "rate": a.rate,
         "command": f"dpcomm testbed launch --name {a.name} -- " + " ".join(train),
         "changes": [
-            {"after_s": w - t0, "unix": w, "rate": r, "output": o,
+            {"after_s": w - t_start, "unix": w, "rate": r, "output": o,
              "command": f"dpcomm testbed rate --name {a.name} --rate {r}"} for w, r, o in done
         ],  # fmt: skip
+        "training_began_after_s": t_start - t0,
         "loadavg_before": load_before,
         "loadavg_after": load_after,
         "log": data["log"],
@@ -103,8 +113,9 @@ def main() -> int:
     for line in data["log"]:
         if "re-plan at" in line or line.split("] ", 1)[-1].startswith(("plan ", "measured t_f")):
             print(line)
+    print(f"training began {t_start - t0:.1f} s after the launch")
     for w, _, o in done:
-        print(f"{w - t0:.1f} s: {o}")
+        print(f"{w - t_start:.1f} s later: {o}")
     _segments(recs)
     print(f"load {load_before} -> {load_after}; saved {a.out}")
     return 0
