@@ -5,6 +5,7 @@ veth links (BML paper section 4.2's testbed, scaled down). Needs root and iprout
   dpcomm testbed status                                      hosts, NICs, addresses, rates, byte counters
   dpcomm testbed exec h0 -- ip addr                          run a command in server 0
   dpcomm testbed launch -- dpcomm train ...                  one worker per server, rank 0's output
+  dpcomm testbed rate --rate 10mbit [--server 2]             change the link rate of a running testbed
   dpcomm testbed down                                        remove everything (also after a crash)
 """
 
@@ -17,7 +18,7 @@ import sys
 from dpcomm.errors import UserError
 
 COMMAND = "testbed"
-HELP = "emulated cluster in network namespaces: up, status, exec, launch, down (root)"
+HELP = "emulated cluster in network namespaces: up, status, exec, launch, rate, down (root)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +50,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=1800.0, help="stop the workers after this many seconds")
     p.add_argument("--out-dir", default=None, help="where rank<i>.out/.err go (default: a new temp folder)")
     p.add_argument("cmd", nargs=argparse.REMAINDER, help="-- then the command, e.g. -- dpcomm train ...")
+    p = sub.add_parser("rate", help="change the link rate of a running testbed (tc qdisc change ... tbf)")
+    p.add_argument("--name", default="tb")
+    p.add_argument("--rate", required=True, help="new per-direction link rate, e.g. 10mbit, 1gbit")
+    p.add_argument("--server", type=int, default=None, help="only this server's links (default: all)")
 
 
 def _strip(cmd: list[str]) -> list[str]:
@@ -58,7 +63,7 @@ def _strip(cmd: list[str]) -> list[str]:
 def run(args: argparse.Namespace) -> int:
     from dpcomm.testbed import build, status
     from dpcomm.testbed import run as tbrun
-    from dpcomm.testbed.config import TestbedConfig, parse_rate
+    from dpcomm.testbed.config import TestbedConfig, format_rate, parse_rate
     from dpcomm.testbed.names import check_name
     from dpcomm.testbed.state import load_state
 
@@ -90,6 +95,14 @@ def run(args: argparse.Namespace) -> int:
             print(json.dumps(status.status_dict(state), indent=1))
         else:
             status.print_status(state, counters=True)
+        return 0
+    if args.action == "rate":
+        from dpcomm.testbed.rate import set_rate
+
+        rate = parse_rate(args.rate)  # a bad rate is an error before anything is touched
+        set_rate(state, rate, args.server)
+        where = f"server {args.server}'s links" if args.server is not None else "every link"
+        print(f"testbed {args.name}: {where} now {format_rate(rate)} each direction")
         return 0
     if args.action == "exec":
         return tbrun.exec_in(state, args.host, _strip(args.cmd))

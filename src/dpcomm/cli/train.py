@@ -48,12 +48,22 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--overwrite", action="store_true", help="start afresh over an existing DIR/checkpoint.pt")
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--chrome-trace", metavar="PATH", default=None, help="Chrome trace of the last iterations")
+    p.add_argument(
+        "--records-json", metavar="PATH", default=None, help="rank 0's log and per-iteration records as JSON"
+    )
     p.add_argument("--profile-iters", type=int, default=3, help="iterations profiled before planning")
     p.add_argument(
         "--verify-iters",
         type=int,
         default=3,
         help="mgwfbp/optimal: iterations each timing the plan against single and DDP's buckets (0: off)",
+    )
+    p.add_argument(
+        "--replan-every",
+        type=int,
+        default=0,
+        metavar="K",
+        help="re-measure and re-plan every K steady iterations, switch on a predicted gain (0: off)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default cores/nproc)")
     p.add_argument(

@@ -37,6 +37,11 @@ _KEEP_SPANS = 50
 
 def check(cfg: TrainConfig, schedule: str) -> PlannerSchedule | None:
     """``ddp`` (the baseline's rules) or ``ddp:PLANNER`` (a planner schedule; overlap mode only)."""
+    if cfg.replan_every:
+        raise UserError(
+            f"--replan-every runs with dpcomm's runtime schedules (e.g. mgwfbp), not {schedule}: "
+            "DDP's buckets are fixed when it is built"
+        )
     name, sep, planner = schedule.strip().partition(":")
     if not sep:
         return check_baseline(cfg, schedule)

@@ -21,6 +21,8 @@ __all__ = ["PsReplica", "check"]
 
 def check(cfg: Any, schedule: str) -> PsSpec:
     """The parsed schedule, or a one-line :class:`UserError` (runs in the parent, before any worker)."""
+    if getattr(cfg, "replan_every", 0):
+        raise UserError(f"--replan-every runs with dpcomm's runtime schedules (e.g. mgwfbp), not {schedule}")
     spec = parse_ps_schedule(schedule)
     if spec.servers:
         raise UserError(

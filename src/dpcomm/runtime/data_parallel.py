@@ -163,7 +163,7 @@ class DataParallel(nn.Module):
 
         self._driver = plan if isinstance(plan, PlanDriver) else None
         self.plan: Plan | None = plan if isinstance(plan, Plan) else None
-        """The plan in use; None while a driver's plan is being profiled or its candidates timed."""
+        """The plan kept; None until a driver's first plan is kept (while it re-plans: the last one kept)."""
         self.phase = Phase.STEADY if self._driver is None else Phase.PROFILE
         """What the iterations are for now (:class:`Phase`)."""
         self._running: Plan | None = self.plan
@@ -278,7 +278,7 @@ class DataParallel(nn.Module):
                 self._it.exposed_s += self._sync_grads.broadcast_params()
             self._stale = self.mode == "lp-alg1"
         self._finish_iteration(t0)
-        if self._driver is not None and self.phase is not Phase.STEADY:
+        if self._driver is not None:  # every rank asks at the same step (a driver may communicate)
             nxt = self._driver.after_step(self, self.records[-1])
             if nxt is not None:
                 self._use(*nxt)
@@ -407,7 +407,10 @@ class DataParallel(nn.Module):
     def _use(self, plan: Plan, phase: Phase) -> None:
         """Run ``plan`` from the next iteration on (new buckets only where its groups differ)."""
         self.phase, self._running = phase, plan
-        self.plan = plan if phase is Phase.STEADY else None
+        if phase is Phase.STEADY:  # while a driver re-plans, the plan kept last stays the one to save
+            self.plan = plan
+        if phase is Phase.PROFILE and self._layers.known:  # profiling again (re-planning): time each layer
+            self._layers.add_hooks()
         self._sync_grads.use(plan, self._layers.params_per_layer, self._names, self.reduce_dtype)
 
     def _drop_pre_hooks_if_unused(self) -> None:

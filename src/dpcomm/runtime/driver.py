@@ -9,8 +9,9 @@ at three points:
    (e.g. ``single`` while profiling) and its phase;
 2. ``layer_times(f, b)`` after each backward while the phase is ``PROFILE``: that iteration's per-layer
    forward and backward times, seconds (:func:`dpcomm.runtime.spans.layer_times`);
-3. ``after_step(dp, record)`` after each ``step()`` until the phase is ``STEADY``: a new ``(plan, phase)`` to
-   switch to from the next iteration, or None to keep the current one.
+3. ``after_step(dp, record)`` after every ``step()``: a new ``(plan, phase)`` to switch to from the next
+   iteration, or None to keep the current one. In ``STEADY`` a driver may go back to ``PROFILE`` (online
+   re-planning: the layers are timed again) and on to a new plan.
 
 A driver may communicate in ``begin`` and ``after_step`` (every rank calls them at the same point), using
 only the host's surface listed in :class:`PlanHost` (which ``DataParallel`` is). Another wrapper that wants
@@ -89,5 +90,5 @@ class PlanDriver(Protocol):
         ...
 
     def after_step(self, dp: PlanHost, record: IterRecord) -> tuple[Plan, Phase] | None:
-        """After a step that was not ``STEADY``: the plan and phase to switch to, or None to keep them."""
+        """After every step: the plan and phase to switch to, or None to keep them."""
         ...

@@ -34,8 +34,17 @@ class LayerOrder:
         self.params_per_layer: list[list[nn.Parameter]] = []
         """Each layer's parameters (a shared parameter in the first layer that uses it)."""
 
+        self._on_call = on_call
+        self._hooks: list[Any] = []
+        self.add_hooks()
+
+    def add_hooks(self) -> None:
+        """(Re-)register the pre-hooks (after :meth:`drop_hooks`, e.g. to profile again); no-op if present."""
+        if self._hooks:
+            return
+
         def hook(owner: int) -> Callable[..., None]:
-            return lambda _mod, _inputs: on_call(owner)
+            return lambda _mod, _inputs: self._on_call(owner)
 
         self._hooks = [mod.register_forward_pre_hook(hook(i)) for i, (_, mod) in enumerate(self.owners)]
 

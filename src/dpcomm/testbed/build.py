@@ -27,7 +27,7 @@ import time
 from typing import Any
 
 from dpcomm.testbed import names
-from dpcomm.testbed.config import TestbedConfig, format_rate
+from dpcomm.testbed.config import TestbedConfig, format_rate, tbf_line
 from dpcomm.testbed.shell import TestbedError, batch, netns_list, require, run
 from dpcomm.testbed.state import remove_state, save_state, saved_names, state_path
 from dpcomm.topology import BCube, plan_addresses
@@ -46,12 +46,6 @@ def leftovers(name: str | None = None) -> list[str]:
     """Namespaces of the testbed ``name`` (``None``: of any testbed) that exist now."""
     pre = names.prefix(name) if name else names.PREFIX
     return sorted(ns for ns in netns_list() if ns.startswith(pre))
-
-
-def _tbf(dev: str, cfg: TestbedConfig, *, host: bool) -> str:
-    """The tbf of one link end: switch ports queue ``queue_ms``; server NICs queue ``host_queue_bytes``."""
-    queue = f"limit {cfg.host_queue_bytes}" if host else f"latency {cfg.queue_ms}ms"
-    return f"qdisc replace dev {dev} root tbf rate {cfg.rate_bps}bit burst {cfg.burst} {queue}"
 
 
 def _sysctl(ns: str, settings: list[str]) -> None:
@@ -108,7 +102,7 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
         for l in topo.server_links():
             p = names.port(l.server, l.nic)
             sw_lines += [f"link set {p} master {names.bridge(l.switch)}", f"link set {p} up"]
-            sw_tc.append(_tbf(p, cfg, host=False))
+            sw_tc.append(tbf_line(p, cfg, host=False))
         batch("ip", sw_ns, sw_lines)
         batch("tc", sw_ns, sw_tc)
         for s, ns in enumerate(hosts):
@@ -116,7 +110,7 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
             for l in range(topo.nics_per_server):
                 dev = names.nic(l)
                 lines += [f"addr add {plan.address(s, l)} dev {dev}", f"link set {dev} up"]
-                tcs.append(_tbf(dev, cfg, host=True))
+                tcs.append(tbf_line(dev, cfg, host=True))
             if relay:
                 lines += _routes(topo, plan, s)
             batch("ip", ns, lines)

@@ -46,7 +46,15 @@ from dpcomm.errors import UserError
 from dpcomm.testbed.names import check_name
 from dpcomm.topology import DEFAULT_BASE, Topology, parse_topology
 
-__all__ = ["TestbedConfig", "parse_rate", "format_rate", "link_network", "tcp_ceiling", "EMULATED_KINDS"]
+__all__ = [
+    "EMULATED_KINDS",
+    "TestbedConfig",
+    "format_rate",
+    "link_network",
+    "parse_rate",
+    "tbf_line",
+    "tcp_ceiling",
+]
 
 EMULATED_KINDS = ("star", "bcube")
 _RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
@@ -149,3 +157,10 @@ class TestbedConfig:
         if self.burst_bytes is not None:
             return self.burst_bytes
         return max(self.rate_bps // 8 // 1000, 64 * 1024, self.mtu + 14)
+
+
+def tbf_line(dev: str, cfg: TestbedConfig, *, host: bool, verb: str = "replace") -> str:
+    """The ``tc`` line of one link end's tbf: switch ports queue ``queue_ms``; server NICs queue
+    ``host_queue_bytes``. ``verb``: ``replace`` (build) or ``change`` (a running testbed's rate)."""
+    queue = f"limit {cfg.host_queue_bytes}" if host else f"latency {cfg.queue_ms}ms"
+    return f"qdisc {verb} dev {dev} root tbf rate {cfg.rate_bps}bit burst {cfg.burst} {queue}"

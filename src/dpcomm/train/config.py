@@ -74,11 +74,17 @@ class TrainConfig:
     checkpoint, even a corrupt one, is an error: nothing writes over it unasked)."""
     chrome_trace: str | None = None
     """Write a Chrome trace of the last iterations (compute and communication rows per rank) here."""
+    records_json: str | None = None
+    """Write rank 0's log and per-iteration records (and the plan) here as JSON, atomically (node 0 only)."""
     profile_iters: int = 3
     """Iterations profiled before a planner-name plan is decided (MG-WFBP Alg. 1 lines 1-7)."""
     verify_iters: int = 3
     """``mgwfbp``/``optimal``: iterations each for timing the plan against ``single`` and DDP's buckets
     (the fastest is kept); 0: keep the planner's plan untimed."""
+    replan_every: int = 0
+    """Re-plan every this many steady iterations (dpcomm's runtime with a planner name): time the layers
+    and the all-reduce again, plan on the root, switch when the model predicts a gain (see
+    :mod:`dpcomm.train.replan`); 0: plan once."""
     nnodes: int = 1
     """Machines; > 1 uses a static rendezvous at ``master_addr:master_port`` (as ``torchrun``)."""
     node_rank: int = 0
@@ -114,6 +120,7 @@ class TrainConfig:
         need(not self.checkpoint_every or bool(self.checkpoint), "--checkpoint-every needs --checkpoint DIR")
         need(self.profile_iters >= 1, f"profile iterations must be >= 1, got {self.profile_iters}")
         need(self.verify_iters >= 0, f"--verify-iters must be >= 0, got {self.verify_iters}")
+        need(self.replan_every >= 0, f"--replan-every must be >= 0 (0: off), got {self.replan_every}")
         need(self.timeout_s > 0, f"timeout must be positive, got {self.timeout_s}")
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")
 

@@ -3,6 +3,7 @@ plan, planned on the workers (MG-WFBP Alg. 1-2) or, when resuming, the checkpoin
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import torch.nn.functional as F
@@ -48,6 +49,7 @@ class RuntimeReplica:
             mode=cfg.mode,
             profile_iters=profile_iters,
             verify_iters=cfg.verify_iters,
+            replan_every=cfg.replan_every,
             log=self.log.append,
         )
 
@@ -57,7 +59,9 @@ class RuntimeReplica:
         loss = F.cross_entropy(self.dp(x), y)
         loss.backward()
         self.dp.step(self.optimizer)
-        self.records.append({**self.dp.records[-1].to_dict(), "update_s": self._update.last_s})
+        # end_unix: wall clock at the step's end, to line iterations up with outside events (a link change)
+        rec = self.dp.records[-1].to_dict()
+        self.records.append({**rec, "update_s": self._update.last_s, "end_unix": time.time()})
         self.loss = float(loss.detach())
         return self.loss
 

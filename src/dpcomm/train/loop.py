@@ -46,7 +46,13 @@ _KILL_EXIT = 17
 
 def train(cfg: TrainConfig) -> TrainResult:
     """Check, launch the workers, train ``cfg.schedule``; returns the run's :class:`TrainResult`."""
-    return _launch(cfg, check(cfg).schedules)[0]
+    result = _launch(cfg, check(cfg).schedules)[0]
+    if cfg.records_json and cfg.node_rank == 0:  # rank 0 runs on node 0
+        from dpcomm.utils.io import atomic_write_json
+
+        atomic_write_json(cfg.records_json, {"schedule": result.schedule, "log": result.log,
+                                             "records": result.records, "plan": result.plan})  # fmt: skip
+    return result
 
 
 def compare_schedules(cfg: TrainConfig, schedules: list[str]) -> list[TrainResult]:

@@ -12,7 +12,10 @@ phases (:class:`~dpcomm.runtime.records.Phase`) in order:
    plan, ``single`` and DDP's default buckets run round-robin for ``verify_iters`` iterations each and the
    fastest, as the slowest rank saw it, is kept. The planners' cost model assumes communication overlaps
    computation for free; where it does not (CPU workers that also do the reductions), this measures instead;
-4. ``STEADY``: the kept plan.
+4. ``STEADY``: the kept plan. With ``replan_every=K`` > 0, after every ``K`` steady iterations the
+   planner goes back to 1. (``PROFILE`` with ``single``), measures and plans again, and switches only when
+   the model predicts a gain above :data:`~dpcomm.train.replan.REPLAN_GAIN` (:mod:`dpcomm.train.replan`);
+   otherwise the running plan comes back. No timed trial after a re-plan: the model decides.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, ClassVar
 
+import torch.distributed as dist
 from torch import nn
 
 from dpcomm.errors import UserError
@@ -28,7 +32,7 @@ from dpcomm.runtime import data_parallel as _runtime_dp
 from dpcomm.runtime.broadcast import check_same_plan, groups_text
 from dpcomm.runtime.driver import PlanHost
 from dpcomm.runtime.records import IterRecord, Phase
-from dpcomm.train import autoplan
+from dpcomm.train import autoplan, replan
 from dpcomm.train.schedule import PlannerSchedule
 
 __all__ = ["DataParallel", "OnlinePlanner"]
@@ -39,12 +43,27 @@ class OnlinePlanner:
     :class:`~dpcomm.runtime.driver.PlanHost`, e.g. the runtime's DataParallel) each plan in turn."""
 
     def __init__(
-        self, schedule: PlannerSchedule, *, profile_iters: int = 3, verify_iters: int = 3, network: Any = None
+        self,
+        schedule: PlannerSchedule,
+        *,
+        profile_iters: int = 3,
+        verify_iters: int = 3,
+        network: Any = None,
+        replan_every: int = 0,
     ):
         if profile_iters < 1:
             raise UserError("broadcast_every and profile_iters must be >= 1")
         if verify_iters < 0:
             raise UserError(f"verify_iters must be >= 0, got {verify_iters}")
+        if replan_every < 0:
+            raise UserError(f"replan_every must be >= 0 (0: off), got {replan_every}")
+        self.replan_every = replan_every
+        self.replans: list[dict[str, Any]] = []
+        """One dict per re-plan: ``iteration`` (the first on the plan kept), ``switched``, ``current_s``,
+        ``new_s`` (predicted t_iter, seconds), ``plan`` (the plan kept, :meth:`Plan.to_dict`)."""
+        self._kept: Plan | None = None  # the steady plan running
+        self._steady = 0  # steady iterations since it was adopted
+        self._replanning = False
         self.parsed = schedule
         self.schedule = schedule.text
         self.profile_iters = profile_iters
@@ -68,14 +87,52 @@ class OnlinePlanner:
         self._samples.append((f, b))
 
     def after_step(self, dp: PlanHost, record: IterRecord) -> tuple[Plan, Phase] | None:
+        nxt = self._next(dp, record)
+        if nxt is not None and nxt[1] is Phase.STEADY:
+            self._kept, self._steady = nxt[0], 0
+        return nxt
+
+    def _next(self, dp: PlanHost, record: IterRecord) -> tuple[Plan, Phase] | None:
         if self._trial is not None:
             return self._trial_step(dp, record)
+        if record.phase is Phase.STEADY:
+            self._steady += 1
+            if not replan.replan_due(self._steady, self.replan_every):
+                return None
+            self._samples, self._replanning = [], True
+            L = len(dp.layer_names)
+            dp.emit(
+                f"re-planning after {self._steady} steady iteration(s): profiling {self.profile_iters} "
+                f"iteration(s) from iteration {record.iteration + 1}"
+            )
+            return Plan.from_sizes("single", [L], L), Phase.PROFILE
         if len(self._samples) >= self.profile_iters:
-            return self._decide(dp)
+            return self._replan(dp, record) if self._replanning else self._decide(dp)
         return None
 
-    def _decide(self, dp: PlanHost) -> tuple[Plan, Phase]:
-        """Root plans from the measured trace and cost; every rank adopts it after the hash check."""
+    def _replan(self, dp: PlanHost, record: IterRecord) -> tuple[Plan, Phase]:
+        """Measure and plan again; the root decides whether the new plan is worth a switch (every rank gets
+        its decision with the plan, then the kept plan's hash is checked)."""
+        self._replanning = False
+        current = self._kept
+        new = self._measure_and_plan(dp)
+        box: list[Any] = [None]
+        if dp.rank == dp.root:
+            box[0] = replan.decide(self.trace, current, new, self.cost, dp.world_size)
+        if dp.world_size > 1:
+            src = dist.get_global_rank(dp.process_group, dp.root) if dp.process_group else dp.root
+            dist.broadcast_object_list(box, src=src, group=dp.process_group)
+        d: replan.Decision = box[0]
+        keep = new if d.switch else current
+        check_same_plan(keep, dp.process_group)
+        at = record.iteration + 1
+        self.replans.append({"iteration": at, "switched": d.switch, "current_s": d.current_s,
+                             "new_s": d.new_s, "plan": keep.to_dict()})  # fmt: skip
+        dp.emit(replan.message(at, d, current, new, groups_text))
+        return keep, Phase.STEADY
+
+    def _measure_and_plan(self, dp: PlanHost) -> Plan:
+        """Per-layer medians over ranks, the all-reduce cost, the trace; the root's plan, hash-checked."""
         pg, world = dp.process_group, dp.world_size
         f, b = autoplan.median_layer_times(self._samples, pg)
         scratch = dp.scratch()  # the old buffer: freed before the new plan's buffers exist
@@ -100,6 +157,12 @@ class OnlinePlanner:
         )
         sha = plan.sha256()[:12]
         dp.emit(f"plan {plan.schedule}: {len(plan.groups)} group(s) {groups_text(plan)} sha256 {sha}")
+        return plan
+
+    def _decide(self, dp: PlanHost) -> tuple[Plan, Phase]:
+        """Root plans from the measured trace and cost; every rank adopts it after the hash check."""
+        world = dp.world_size
+        plan = self._measure_and_plan(dp)
         candidates = autoplan.candidates(plan, self.trace, self.cost, world)
         if (
             self.verify_iters
@@ -147,6 +210,8 @@ class DataParallel(_runtime_dp.DataParallel):
         profile_iters: iterations measured before a planner-name plan is decided (>= 1).
         verify_iters: for ``mgwfbp``/``optimal``, time the planned plan, ``single`` and DDP's default buckets
             for this many iterations each (round-robin, after profiling), keep the fastest (0: no timing).
+        replan_every: for planner names, re-plan every this many steady iterations (0: never;
+            :mod:`dpcomm.train.replan`).
     """
 
     _tamper_plan: ClassVar[Callable[[Plan, int], Plan] | None] = None
@@ -162,6 +227,7 @@ class DataParallel(_runtime_dp.DataParallel):
         network: Any = None,
         profile_iters: int = 3,
         verify_iters: int = 3,
+        replan_every: int = 0,
         **kwargs: Any,
     ):
         if not isinstance(plan, Plan | str | PlannerSchedule) or (isinstance(plan, str) and not plan):
@@ -170,7 +236,11 @@ class DataParallel(_runtime_dp.DataParallel):
         if not isinstance(plan, Plan):
             parsed = PlannerSchedule.parse(plan) if isinstance(plan, str) else plan  # before communicating
             planner = OnlinePlanner(
-                parsed, profile_iters=profile_iters, verify_iters=verify_iters, network=network
+                parsed,
+                profile_iters=profile_iters,
+                verify_iters=verify_iters,
+                network=network,
+                replan_every=replan_every,
             )
         super().__init__(module, planner or plan, collective, process_group, **kwargs)
         self.planner: OnlinePlanner | None = planner
