@@ -166,7 +166,8 @@ class DDPPlanReplica:
         self.records.append(
             {"iteration": len(self.records), "forward_s": t1 - t0, "backward_s": ready - t1,
              "exposed_comm_s": t2 - ready, "step_s": t3 - t2, "total_s": t3 - t0, "comm_s": None,
-             "phase": phase, "plan": self.wrapper.dpcomm.plan.schedule, "update_s": self._update.last_s}
+             "phase": phase, "plan": self.wrapper.dpcomm.plan.schedule, "update_s": self._update.last_s,
+             "end_unix": time.time()}
         )  # fmt: skip
         wall = time.time() - time.perf_counter()
         rows = [("forward", "compute", t0, t1), ("backward", "compute", t1, ready),
