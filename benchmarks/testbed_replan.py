@@ -99,8 +99,14 @@ def main() -> int:
         "rate": a.rate,
         "command": f"dpcomm testbed launch --name {a.name} -- " + " ".join(train),
         "changes": [
-            {"after_s": w - t_start, "unix": w, "rate": r, "output": o,
-             "command": f"dpcomm testbed rate --name {a.name} --rate {r}"} for w, r, o in done
+            {
+                "after_s": w - t_start,
+                "unix": w,
+                "rate": r,
+                "output": o,
+                "command": f"dpcomm testbed rate --name {a.name} --rate {r}",
+            }
+            for w, r, o in done
         ],  # fmt: skip
         "training_began_after_s": t_start - t0,
         "loadavg_before": load_before,
