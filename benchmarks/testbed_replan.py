@@ -44,6 +44,7 @@ def main() -> int:
     )  # fmt: skip
     ap.add_argument("--start-bytes", type=float, default=2e6, help="server 0 bytes sent: training began")
     ap.add_argument("--model", default="resnet20")
+    ap.add_argument("--schedule", default="mgwfbp", help="mgwfbp, optimal, ddp:mgwfbp, ...")
     ap.add_argument("--iters", type=int, default=60)
     ap.add_argument("--replan-every", type=int, default=8)
     ap.add_argument("--batch-size", type=int, default=32)
@@ -54,7 +55,7 @@ def main() -> int:
         parse_rate(r)  # a bad rate fails here, before the testbed exists
     dpcomm = [sys.executable, "-m", "dpcomm"]
     records = Path(tempfile.mkdtemp(prefix="replan-")) / "records.json"
-    train = ["dpcomm", "train", "--model", a.model, "--schedule", "mgwfbp", "--replan-every",
+    train = ["dpcomm", "train", "--model", a.model, "--schedule", a.schedule, "--replan-every",
              str(a.replan_every), "--iters", str(a.iters), "--batch-size", str(a.batch_size),
              "--verify-iters", "0", "--threads", "1", "--timeout", "300",
              "--records-json", str(records)]  # fmt: skip

@@ -10,6 +10,12 @@ handing plain ``ddp`` to the baseline replica. With a planner, the first iterati
 trial of candidate plans (``mgwfbp``/``optimal``) and that first iteration are one ``profile`` record, the
 rest are steady. ``--collective`` other than ``native`` runs as a dpcomm comm hook on its own thread.
 When resuming, the checkpoint's plan is rebuilt as it was (no new planning).
+
+``--replan-every K`` (``ddp:PLANNER`` only): after every ``K`` steady iterations, before the next one, the
+layers are profiled again on that iteration's batch and the all-reduce measured
+(:func:`dpcomm.ddp.wrap.plan_on_workers`), rank 0 plans and decides as dpcomm's runtime does
+(:mod:`dpcomm.train.replan`), and on a switch a new DDP module is built around the same parameters with the
+new plan's bucket caps (the optimizer and its state stay). That iteration is a ``profile`` record.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from dpcomm.runtime.records import Phase, Span
 from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
 from dpcomm.train.ddp_replica import DDPReplica
 from dpcomm.train.ddp_replica import check as check_baseline
+from dpcomm.train.replan import replan_due
 from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
 from dpcomm.train.schedule import PlannerSchedule
 from dpcomm.train.setup import build_model
@@ -37,12 +44,9 @@ _KEEP_SPANS = 50
 
 def check(cfg: TrainConfig, schedule: str) -> PlannerSchedule | None:
     """``ddp`` (the baseline's rules) or ``ddp:PLANNER`` (a planner schedule; overlap mode only)."""
-    if cfg.replan_every:
-        raise UserError(
-            f"--replan-every runs with dpcomm's runtime schedules (e.g. mgwfbp), not {schedule}: "
-            "DDP's buckets are fixed when it is built"
-        )
     name, sep, planner = schedule.strip().partition(":")
+    if not sep and cfg.replan_every:
+        raise UserError("--replan-every needs a plan to re-make: use ddp:PLANNER (e.g. ddp:mgwfbp), not ddp")
     if not sep:
         return check_baseline(cfg, schedule)
     if cfg.mode != "overlap":
@@ -74,6 +78,7 @@ class DDPPlanReplica:
         self._resume_plan = Plan.from_dict(saved) if saved is not None else None
         self.wrapper: Any = None
         self._ready = 0.0
+        self._steady = 0  # steady iterations since the plan in use was adopted
         stamp = self._stamp
         for p in self.model.parameters():  # the last gradient accumulated marks the end of backward compute
             if p.requires_grad:
@@ -103,12 +108,48 @@ class DDPPlanReplica:
         if w.caps.note:
             self.log.append(f"[rank {self.rank}] {w.caps.note}")
 
+    def _replan(self, x: Any) -> None:
+        """Profile and measure again, plan on rank 0; on a predicted gain, a new DDP with the new caps."""
+        import torch.distributed as dist
+
+        from dpcomm.ddp import wrap
+        from dpcomm.ddp.wrap import plan_on_workers
+        from dpcomm.runtime.broadcast import check_same_plan, groups_text
+        from dpcomm.train import replan
+
+        cfg, at = self.cfg, len(self.records)
+        t0 = time.perf_counter()
+        new, trace, cost = plan_on_workers(
+            self.model,
+            self._parsed.text,
+            example=x,
+            collective=cfg.collective,
+            profile_iters=cfg.profile_iters,
+        )
+        current = self.wrapper.dpcomm.plan
+        box: list[Any] = [replan.decide(trace, current, new, cost, self.world) if self.rank == 0 else None]
+        if self.world > 1:
+            dist.broadcast_object_list(box, src=0)
+        d = box[0]
+        if d.switch:
+            old = self.wrapper
+            self.wrapper = wrap(self.model, new, example=x, collective=cfg.collective, verify_iters=0)
+            self.wrapper.dpcomm.trace, self.wrapper.dpcomm.cost = trace, cost
+            if old.dpcomm.hook_state is not None:
+                old.dpcomm.hook_state.close()
+            del old
+        check_same_plan(self.wrapper.dpcomm.plan, None)
+        took = f" (re-plan took {time.perf_counter() - t0:.1f} s)"
+        self.log.append(f"[rank {self.rank}] " + replan.message(at, d, current, new, groups_text) + took)
+
     def iteration(self, x: Any, y: Any) -> float:
         first = self.wrapper is None
-        if first:  # planning runs forward passes (dropout draws): this iteration's draws stay the loop's
+        again = not first and replan_due(self._steady, self.cfg.replan_every)
+        if first or again:  # planning runs forward passes (dropout draws): this iteration's stay the loop's
             rng = torch.get_rng_state()
-            self._build(x)
+            self._build(x) if first else self._replan(x)
             torch.set_rng_state(rng)
+            self._steady = 0
         self.optimizer.zero_grad(set_to_none=True)
         self._update.reset()
         t0 = time.perf_counter()
@@ -120,11 +161,13 @@ class DDPPlanReplica:
         self.optimizer.step()
         t3 = time.perf_counter()
         ready = min(max(self._ready, t1), t2)
-        phase = Phase.PROFILE if first else Phase.STEADY
+        phase = Phase.PROFILE if first or again else Phase.STEADY
+        self._steady += phase is Phase.STEADY
         self.records.append(
             {"iteration": len(self.records), "forward_s": t1 - t0, "backward_s": ready - t1,
              "exposed_comm_s": t2 - ready, "step_s": t3 - t2, "total_s": t3 - t0, "comm_s": None,
-             "phase": phase, "plan": self.wrapper.dpcomm.plan.schedule, "update_s": self._update.last_s}
+             "phase": phase, "plan": self.wrapper.dpcomm.plan.schedule, "update_s": self._update.last_s,
+             "end_unix": time.time()}
         )  # fmt: skip
         wall = time.time() - time.perf_counter()
         rows = [("forward", "compute", t0, t1), ("backward", "compute", t1, ready),

@@ -59,7 +59,7 @@ class RuntimeReplica:
         loss = F.cross_entropy(self.dp(x), y)
         loss.backward()
         self.dp.step(self.optimizer)
-        # end_unix: wall clock at the step's end, to line iterations up with outside events (a link change)
+        # end_unix: wall clock at the end of the step, to line iterations up with outside events
         rec = self.dp.records[-1].to_dict()
         self.records.append({**rec, "update_s": self._update.last_s, "end_unix": time.time()})
         self.loss = float(loss.detach())
