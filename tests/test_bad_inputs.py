@@ -57,6 +57,8 @@ CASES = [
     (["calibrate", "--nproc", "2", "-o", "adir"], "adir: is a folder"),
     (["netsim", "--topology", "star:4", "--plot", "adir"], "adir: is a folder"),
     ([*_BENCH, "--fit", "adir"], "adir: is a folder"),
+    (["train", "--iters", "1", "--chrome-trace", "adir"], "adir: is a folder"),
+    (["train", "--iters", "1", "--records-json", "adir"], "adir: is a folder"),
     # inputs
     (["simulate", "--trace", "deep.json", "--nodes", "4"], "nested too deeply"),
     # launch options, said before any worker starts
@@ -74,6 +76,16 @@ CASES = [
     ([*_CAL, "--sizes", "4K", "99999999999G"], "more than this machine's memory"),
     ([*_CAL, "--sizes", "4K", "5"], "5 B is not a whole number"),
     (["calibrate", "--nproc", "100000", "-o", "net.json"], "this machine can run about"),
+    # training options: the parameter server's and re-planning's
+    (["train", "--iters", "1", "--replan-every", "-1"], "--replan-every must be >= 0"),
+    (["train", "--iters", "1", "--pull", "ibatch"], "need --ps"),
+    (["train", "--iters", "1", "--ps", "--pull", "greedy"], "unknown pull method 'greedy'"),
+    (["train", "--iters", "1", "--ps", "--ps-servers", "0"], "--ps-servers must be >= 1"),
+    (["train", "--iters", "1", "--ps", "--sparsify", "topk:2"], "ratio must be in (0, 1]"),
+    (["train", "--iters", "1", "--ps", "--sparsify", "random:0.1"], "--sparsify must be topk:RATIO"),
+    (["train", "--iters", "1", "--ps", "--schedule", "wfbp"], "give --pull, not --schedule"),
+    (["profile", "--model", "lenet5", "--from-torch-profiler", "missing.json"], "missing.json: no such file"),
+    (["testbed", "rate", "--name", "tb", "--rate", "fast"], "bad rate 'fast'"),
     # testbed names: one full-match check for every action
     (["testbed", "status", "--name", "../.."], "bad testbed name '../..'"),
     (["testbed", "down", "--name", ""], "bad testbed name ''"),

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import shutil
 import signal
 import socket
 import subprocess
@@ -21,6 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.test_testbed import _SKIP as _TESTBED_SKIP
 
 _BENCH = [
     "bench",
@@ -226,24 +227,10 @@ def test_a_port_in_use_is_one_line_before_any_worker(capsys, monkeypatch):
 # testbed launch: workers run in network namespaces, each in a session of its own
 
 
-def _testbed_why_not() -> str | None:
-    if os.geteuid() != 0:
-        return "needs root (network namespaces, bridges, tc)"
-    if shutil.which("ip") is None or shutil.which("tc") is None:
-        return "needs iproute2 (ip, tc)"
-    probe = f"h6probe{os.getpid()}"
-    made = subprocess.run(["ip", "netns", "add", probe], capture_output=True, text=True)
-    if made.returncode != 0:
-        return f"cannot create a network namespace: {made.stderr.strip()}"
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
-    return None
-
-
 @pytest.fixture
 def testbed(tmp_path, monkeypatch):
-    why = _testbed_why_not()
-    if why:
-        pytest.skip(why)
+    if _TESTBED_SKIP:  # the testbed tests' own probe: root, iproute2, a namespace can be made
+        pytest.skip(_TESTBED_SKIP)
     from dpcomm.testbed import TestbedConfig, build
 
     monkeypatch.setenv("DPCOMM_TESTBED_DIR", str(tmp_path / "state"))

@@ -69,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.name is not None:  # every action, before anything is read, run or removed
         check_name(args.name)
+    new_rate = parse_rate(args.rate) if args.action == "rate" else None  # before any state is read
     if args.action == "up":
         cfg = TestbedConfig(
             name=args.name,
@@ -99,10 +100,9 @@ def run(args: argparse.Namespace) -> int:
     if args.action == "rate":
         from dpcomm.testbed.rate import set_rate
 
-        rate = parse_rate(args.rate)  # a bad rate is an error before anything is touched
-        set_rate(state, rate, args.server)
+        set_rate(state, new_rate, args.server)
         where = f"server {args.server}'s links" if args.server is not None else "every link"
-        print(f"testbed {args.name}: {where} now {format_rate(rate)} each direction")
+        print(f"testbed {args.name}: {where} now {format_rate(new_rate)} each direction")
         return 0
     if args.action == "exec":
         return tbrun.exec_in(state, args.host, _strip(args.cmd))

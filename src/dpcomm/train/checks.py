@@ -60,9 +60,10 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
 
         TrainData(cfg.data, **data_args(cfg, rank=0))  # the batch must fit the training set
     total = total_iterations(cfg)
-    if cfg.chrome_trace:
-        check_output_path(cfg.chrome_trace)  # a folder, say, fails now, not after the training
-        check_writable(os.path.dirname(os.path.abspath(cfg.chrome_trace)))
+    for out in (cfg.chrome_trace, cfg.records_json):
+        if out:
+            check_output_path(out)  # a folder, say, fails now, not after the training
+            check_writable(os.path.dirname(os.path.abspath(out)))
     if not cfg.checkpoint:
         return Checked(schedules=parsed, state=None)
     check_writable(cfg.checkpoint)
