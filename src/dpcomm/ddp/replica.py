@@ -24,22 +24,19 @@ import time
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
-from dpcomm.runtime.records import Phase, Span
+from dpcomm.runtime.records import Phase
 from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
-from dpcomm.train.ddp_replica import DDPReplica
+from dpcomm.train.ddp_replica import DDPReplica, DDPTimedReplica
 from dpcomm.train.ddp_replica import check as check_baseline
 from dpcomm.train.replan import replan_due
 from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
 from dpcomm.train.schedule import PlannerSchedule
-from dpcomm.train.setup import build_model
 
 __all__ = ["DDPPlanReplica", "build", "check"]
 
-_KEEP_SPANS = 50
 
 
 def check(cfg: TrainConfig, schedule: str) -> PlannerSchedule | None:
@@ -62,22 +59,14 @@ def build(ctx: ReplicaContext) -> Any:
     return DDPReplica(ctx) if ctx.parsed is None else DDPPlanReplica(ctx)
 
 
-class DDPPlanReplica:
+class DDPPlanReplica(DDPTimedReplica):
     """DDP with a dpcomm plan on this rank (see :mod:`dpcomm.train.replica`)."""
 
     def __init__(self, ctx: ReplicaContext):
-        s = build_model(ctx)
-        self.cfg, self.schedule, self.rank, self.world = ctx.cfg, ctx.schedule, ctx.rank, ctx.world
-        self.model, self.optimizer, self._update, self.start = s.model, s.optimizer, s.update, s.start
-        self.log: list[str] = []
-        self.records: list[dict[str, Any]] = []
-        self.loss = float("nan")
-        self._spans: list[list[Span]] = []
+        super().__init__(ctx)
         self._parsed: PlannerSchedule = ctx.parsed
         saved = (ctx.state or {}).get("plan")
         self._resume_plan = Plan.from_dict(saved) if saved is not None else None
-        self.wrapper: Any = None
-        self._ready = 0.0
         self._steady = 0  # steady iterations since the plan in use was adopted
         stamp = self._stamp
         for p in self.model.parameters():  # the last gradient accumulated marks the end of backward compute
@@ -85,7 +74,7 @@ class DDPPlanReplica:
                 p.register_post_accumulate_grad_hook(stamp)
 
     def _stamp(self, _p: Any) -> None:
-        self._ready = time.perf_counter()
+        self.ready_s = time.perf_counter()
 
     def _build(self, x: Any) -> None:
         from dpcomm.ddp import wrap
@@ -150,32 +139,9 @@ class DDPPlanReplica:
             self._build(x) if first else self._replan(x)
             torch.set_rng_state(rng)
             self._steady = 0
-        self.optimizer.zero_grad(set_to_none=True)
-        self._update.reset()
-        t0 = time.perf_counter()
-        out = self.wrapper(x)
-        t1 = time.perf_counter()
-        loss = F.cross_entropy(out, y)
-        loss.backward()
-        t2 = time.perf_counter()
-        self.optimizer.step()
-        t3 = time.perf_counter()
-        ready = min(max(self._ready, t1), t2)
         phase = Phase.PROFILE if first or again else Phase.STEADY
         self._steady += phase is Phase.STEADY
-        self.records.append(
-            {"iteration": len(self.records), "forward_s": t1 - t0, "backward_s": ready - t1,
-             "exposed_comm_s": t2 - ready, "step_s": t3 - t2, "total_s": t3 - t0, "comm_s": None,
-             "phase": phase, "plan": self.wrapper.dpcomm.plan.schedule, "update_s": self._update.last_s,
-             "end_unix": time.time()}
-        )  # fmt: skip
-        wall = time.time() - time.perf_counter()
-        rows = [("forward", "compute", t0, t1), ("backward", "compute", t1, ready),
-                ("exposed all-reduce wait", "comm", ready, t2), ("step", "compute", t2, t3)]  # fmt: skip
-        self._spans.append([Span(name=n, row=r, start=a + wall, end=b + wall) for n, r, a, b in rows])
-        del self._spans[:-_KEEP_SPANS]
-        self.loss = float(loss.detach())
-        return self.loss
+        return self._step(x, y, phase, self.wrapper.dpcomm.plan.schedule)
 
     @property
     def plan(self) -> Plan | None:
@@ -185,20 +151,6 @@ class DDPPlanReplica:
     def settled(self) -> bool:
         """The plan is kept once DDP is built (the trial runs inside the first iteration)."""
         return self.wrapper is not None
-
-    def checkpoint_state(self) -> dict[str, Any]:
-        return {}
-
-    def spans(self) -> list[list[Span]]:
-        return [list(s) for s in self._spans]
-
-    def finish(self) -> None:
-        pass
-
-    def params_sha256(self) -> str:
-        from dpcomm.train.setup import params_sha256
-
-        return params_sha256(self.model)
 
     def result_fields(self) -> dict[str, Any]:
         w = self.wrapper.dpcomm if self.wrapper is not None else None

@@ -22,7 +22,7 @@ from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
 from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
 from dpcomm.train.setup import build_model, params_sha256
 
-__all__ = ["DDPReplica", "check"]
+__all__ = ["DDPReplica", "DDPTimedReplica", "check"]
 
 _KEEP_SPANS = 50  # iterations whose timeline is kept for --chrome-trace
 
@@ -39,34 +39,26 @@ def check(cfg: TrainConfig, schedule: str) -> None:
         )
 
 
-class DDPReplica:
-    """PyTorch DDP on this rank (see :mod:`dpcomm.train.replica`)."""
+class DDPTimedReplica:
+    """What every DDP-backed replica shares: the model, optimizer, records and spans, and one timed step.
+
+    A subclass sets ``wrapper`` (the DistributedDataParallel) and calls :meth:`_step`; ``ready_s`` is the
+    ``time.perf_counter()`` at which the last bucket was handed over (the end of backward computation).
+    """
 
     def __init__(self, ctx: ReplicaContext):
         s = build_model(ctx)
-        self.cfg, self.schedule, self.rank = ctx.cfg, ctx.schedule, ctx.rank
+        self.cfg, self.schedule, self.rank, self.world = ctx.cfg, ctx.schedule, ctx.rank, ctx.world
         self.model, self.optimizer, self._update, self.start = s.model, s.optimizer, s.update, s.start
         self.log: list[str] = []
         self.records: list[dict[str, Any]] = []
         self.loss = float("nan")
         self._spans: list[list[Span]] = []
-        self.wrapper = DistributedDataParallel(self.model)  # default buckets: 25 MB, first 1 MB
-        self._last_ready = 0.0
-        world = ctx.world
+        self.wrapper: Any = None
+        self.ready_s = 0.0
 
-        def hook(_state, bucket):  # no annotations: DDP insists they be GradBucket/Future if present
-            # PyTorch's default allreduce_hook (divide by P, all-reduce, return the buffer) plus a timestamp:
-            # the last bucket handed over marks the end of backward computation.
-            self._last_ready = time.perf_counter()
-            buf = bucket.buffer().div_(world)
-            return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
-
-        self.wrapper.register_comm_hook(None, hook)
-        self.log.append(
-            f"[rank {self.rank}] DistributedDataParallel with default buckets (25 MB, first 1 MB)"
-        )
-
-    def iteration(self, x: Any, y: Any) -> float:
+    def _step(self, x: Any, y: Any, phase: Phase, plan: str) -> float:
+        """Forward, loss, backward and step of ``wrapper``, timed; one record and one timeline entry."""
         self.optimizer.zero_grad(set_to_none=True)
         self._update.reset()
         t0 = time.perf_counter()
@@ -77,11 +69,11 @@ class DDPReplica:
         t2 = time.perf_counter()
         self.optimizer.step()
         t3 = time.perf_counter()
-        ready = min(max(self._last_ready, t1), t2)
+        ready = min(max(self.ready_s, t1), t2)
         self.records.append(
             {"iteration": len(self.records), "forward_s": t1 - t0, "backward_s": ready - t1,
              "exposed_comm_s": t2 - ready, "step_s": t3 - t2, "total_s": t3 - t0, "comm_s": None,
-             "phase": Phase.STEADY, "plan": SCHEDULE_DDP, "update_s": self._update.last_s}
+             "phase": phase, "plan": plan, "update_s": self._update.last_s, "end_unix": time.time()}
         )  # fmt: skip
         wall = time.time() - time.perf_counter()
         rows = [("forward", "compute", t0, t1), ("backward", "compute", t1, ready),
@@ -90,14 +82,6 @@ class DDPReplica:
         del self._spans[:-_KEEP_SPANS]
         self.loss = float(loss.detach())
         return self.loss
-
-    @property
-    def plan(self) -> Plan | None:
-        return None
-
-    @property
-    def settled(self) -> bool:
-        return True  # DDP's buckets are fixed from the start
 
     def checkpoint_state(self) -> dict[str, Any]:
         return {}
@@ -110,6 +94,38 @@ class DDPReplica:
 
     def params_sha256(self) -> str:
         return params_sha256(self.model)
+
+
+class DDPReplica(DDPTimedReplica):
+    """PyTorch DDP on this rank (see :mod:`dpcomm.train.replica`)."""
+
+    def __init__(self, ctx: ReplicaContext):
+        super().__init__(ctx)
+        self.wrapper = DistributedDataParallel(self.model)  # default buckets: 25 MB, first 1 MB
+        world = ctx.world
+
+        def hook(_state, bucket):  # no annotations: DDP insists they be GradBucket/Future if present
+            # PyTorch's default allreduce_hook (divide by P, all-reduce, return the buffer) plus a timestamp:
+            # the last bucket handed over marks the end of backward computation.
+            self.ready_s = time.perf_counter()
+            buf = bucket.buffer().div_(world)
+            return dist.all_reduce(buf, async_op=True).get_future().then(lambda f: f.value()[0])
+
+        self.wrapper.register_comm_hook(None, hook)
+        self.log.append(
+            f"[rank {self.rank}] DistributedDataParallel with default buckets (25 MB, first 1 MB)"
+        )
+
+    def iteration(self, x: Any, y: Any) -> float:
+        return self._step(x, y, Phase.STEADY, SCHEDULE_DDP)
+
+    @property
+    def plan(self) -> Plan | None:
+        return None
+
+    @property
+    def settled(self) -> bool:
+        return True  # DDP's buckets are fixed from the start
 
     def result_fields(self) -> dict[str, Any]:
         return {"collective": "native", "grad_buffer_bytes": self._bucket_bytes()}  # DDP: torch's own
