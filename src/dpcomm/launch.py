@@ -46,7 +46,13 @@ __all__ = [
     "takes_launch_arguments",
 ]
 
-LAUNCH_FLAGS = ("--nnodes", "--node-rank", "--master-addr", "--master-port")
+_LAUNCH_ARGS = (  # flag, default (read as text), help: torchrun's names
+    ("--nnodes", "1", "machines (static rendezvous, as torchrun; default 1)"),
+    ("--node-rank", "0", "this machine's rank (default 0)"),
+    ("--master-addr", "127.0.0.1", "rendezvous host (default 127.0.0.1)"),
+    ("--master-port", "0", "rendezvous port (0: pick one; one machine)"),
+)
+LAUNCH_FLAGS = tuple(flag for flag, _, _ in _LAUNCH_ARGS)
 """The multi-node flags, named as ``torchrun`` names them."""
 _MARK = "_dpcomm_launch_flags"  # a parser default that says the flags were added
 
@@ -123,19 +129,8 @@ def add_launch_arguments(parser: argparse.ArgumentParser, *, required: bool = Fa
     Values are read as text and checked by :func:`launch_options_from_args`, so a bad one is one line and
     exit status 2 rather than argparse's usage message.
     """
-    parser.add_argument(
-        "--nnodes",
-        required=required,
-        default="1",
-        help="machines (static rendezvous, as torchrun; default 1)",
-    )
-    parser.add_argument("--node-rank", required=required, default="0", help="this machine's rank (default 0)")
-    parser.add_argument(
-        "--master-addr", required=required, default="127.0.0.1", help="rendezvous host (default 127.0.0.1)"
-    )
-    parser.add_argument(
-        "--master-port", required=required, default="0", help="rendezvous port (0: pick one; one machine)"
-    )
+    for flag, default, help_text in _LAUNCH_ARGS:
+        parser.add_argument(flag, required=required, default=default, help=help_text)
     parser.set_defaults(**{_MARK: True})
 
 

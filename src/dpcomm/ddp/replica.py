@@ -4,12 +4,12 @@
 
 It lives with :mod:`dpcomm.ddp`: the registry imports this module by the name listed in
 ``BUILTIN_KINDS`` (:mod:`dpcomm.train.replica`): ``dpcomm.ddp`` -> ``dpcomm.train``, one way only.
-It registers kind ``ddp`` again (a later registration replaces the earlier), checking the schedule and
-handing plain ``ddp`` to the baseline replica. With a planner, the first iteration's batch is the example
-``wrap`` profiles the layers on (so the layers are timed on the data actually trained); planning, the timed
-trial of candidate plans (``mgwfbp``/``optimal``) and that first iteration are one ``profile`` record, the
-rest are steady. ``--collective`` other than ``native`` runs as a dpcomm comm hook on its own thread.
-When resuming, the checkpoint's plan is rebuilt as it was (no new planning).
+It registers kind ``ddp``, checking the schedule and handing plain ``ddp`` to the baseline replica. With a
+planner, the first iteration's batch is the example ``wrap`` profiles the layers on (so the layers are timed
+on the data actually trained); planning, the timed trial of candidate plans (``mgwfbp``/``optimal``) and that
+first iteration are one ``profile`` record, the rest are steady. ``--collective`` other than ``native`` runs
+as a dpcomm comm hook on its own thread. When resuming, the checkpoint's plan is rebuilt as it was (no new
+planning).
 
 ``--replan-every K`` (``ddp:PLANNER`` only): after every ``K`` steady iterations, before the next one, the
 layers are profiled again on that iteration's batch and the all-reduce measured
@@ -36,7 +36,6 @@ from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
 from dpcomm.train.schedule import PlannerSchedule
 
 __all__ = ["DDPPlanReplica", "build", "check"]
-
 
 
 def check(cfg: TrainConfig, schedule: str) -> PlannerSchedule | None:

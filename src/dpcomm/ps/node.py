@@ -43,7 +43,7 @@ import torch.distributed as dist
 from dpcomm.errors import first_line
 from dpcomm.ps.keys import Key, assign_keys
 
-__all__ = ["Layout", "PsError", "PsServer", "PsWorker", "Ticket", "units_of"]
+__all__ = ["Layout", "PsError", "PsServer", "PsWorker", "Ticket"]
 
 _PUSH_TAG = 1000  # + 2 g (values or indices) / + 2 g + 1 (values of a sparse push)
 _PULL_TAG = 500000  # + k
@@ -113,11 +113,6 @@ class Layout:
                 off += k.numel
             self._memo[memo] = (first, first + sum(k.numel for k in keys)) if keys else (0, 0)
         return self._memo[memo]
-
-
-def units_of(groups: Sequence[Sequence[int]]) -> list[tuple[int, int]]:
-    """Plan groups (lists of layers) -> ``(first, last)`` units, same order."""
-    return [(min(g), max(g)) for g in groups]
 
 
 def _wait(work: Any, what: str, rank: int) -> None:

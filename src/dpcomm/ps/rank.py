@@ -21,7 +21,6 @@ usual ``state_dict`` form; a resumed run hands each server its slice back (bitwi
 
 from __future__ import annotations
 
-import hashlib
 import statistics
 import time
 from collections.abc import Callable
@@ -361,11 +360,9 @@ class PsRank:
             self.server.finish()
 
     def params_sha256(self) -> str:
-        h = hashlib.sha256()
-        for name, p in self.model.named_parameters():
-            h.update(name.encode())
-            h.update(p.detach().contiguous().view(-1).view(torch.uint8).numpy().tobytes())
-        return h.hexdigest()
+        from dpcomm.train.setup import params_sha256  # the one hash every replica kind reports
+
+        return params_sha256(self.model)
 
     def close(self) -> None:
         for h in self._hooks:

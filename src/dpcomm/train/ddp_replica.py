@@ -19,7 +19,7 @@ from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.runtime.records import Phase, Span
 from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
-from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
+from dpcomm.train.replica import ReplicaContext
 from dpcomm.train.setup import build_model, params_sha256
 
 __all__ = ["DDPReplica", "DDPTimedReplica", "check"]
@@ -139,6 +139,3 @@ class DDPReplica(DDPTimedReplica):
 
     def close(self) -> None:
         pass
-
-
-register_kind(ReplicaKind(name=SCHEDULE_DDP, build=DDPReplica, check=check, summary="PyTorch DDP baseline"))

@@ -175,9 +175,8 @@ def register_kind(kind: ReplicaKind) -> ReplicaKind:
 
 BUILTIN_KINDS = (
     "dpcomm.train.dp_replica",
-    "dpcomm.train.ddp_replica",
     "dpcomm.ps.replica",
-    "dpcomm.ddp.replica",  # after train.ddp_replica: it registers kind ddp again, adding ddp:PLANNER
+    "dpcomm.ddp.replica",  # kind ddp: plain ddp (train.ddp_replica's baseline) and ddp:PLANNER
 )
 """Modules whose import registers a kind. Workers are fresh processes: a kind registered only in the parent
 would be unknown there, so a new kind's module is named here (imported on first use: they import torch)."""
