@@ -36,7 +36,6 @@ __all__ = [
     "Traffic",
     "begin",
     "block_bounds",
-    "cause",
     "chunk_bounds",
     "count_traffic",
     "flat_view",
@@ -159,11 +158,6 @@ def scratch(numel: int, dtype: torch.dtype) -> torch.Tensor:
         buf = torch.empty(nbytes, dtype=torch.uint8)
         _scratch.buf = buf
     return buf[:nbytes].view(dtype)
-
-
-cause = first_line
-"""The same function as :func:`dpcomm.errors.first_line` (the one error shortener), under the name the
-runtime imported before it used ``dpcomm.errors`` directly."""
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -19,17 +19,12 @@ Reported, as nccl-tests does:
 bcube is left out with a note if other algorithms were asked for, and is an error when it was the only one
 or when ``bcube=(n, k)`` was given explicitly.
 
-:func:`fit_network` fits the network's ``alpha``, ``beta``, ``gamma`` to measured rows by least squares on
-relative residuals (weights ``1/t^2``; times span decades), each row predicted by its algorithm's formula in
-:mod:`dpcomm.costmodel` (linear in alpha, beta, gamma; LP with the block it actually ran). The fit uses the
-algorithms whose formula describes one link per rank (``ring``, ``lp``, ``mst``, ``be``, ``ps``); ``bcube``
-(its formula assumes ``k`` NICs) and ``native`` (costed as ring / binomial tree, a stand-in for gloo's
-own) are scored against the fitted network but do not steer it; ``auto`` and ``noop`` have no formula.
-Each algorithm's own one-algorithm fit is reported alongside: it says whether the formula's *shape* fits.
+Fitting alpha, beta and gamma to these rows (``dpcomm bench --fit``) is :mod:`dpcomm.collectives.bench_fit`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -160,7 +155,7 @@ class BenchConfig:
                 raise
             note = f"bcube skipped: {exc}"
         algos = tuple(a for a in self.algos if a != "bcube")
-        return _replace(self, algos=algos, notes=(*self.notes, note))
+        return dataclasses.replace(self, algos=algos, notes=(*self.notes, note))
 
     def options(self, algo: str) -> dict[str, Any]:
         """Constructor options of ``algo`` from this config."""
@@ -169,12 +164,6 @@ class BenchConfig:
         if algo == "lp" and self.block_bytes is not None:
             return {"block_bytes": self.block_bytes}
         return {}
-
-
-def _replace(cfg: BenchConfig, **changes: Any) -> BenchConfig:
-    d = {f: getattr(cfg, f) for f in cfg.__dataclass_fields__}
-    d.update(changes)
-    return BenchConfig(**d)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

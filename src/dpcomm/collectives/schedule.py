@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Step", "message_counts", "sent_by"]
+__all__ = ["Step", "message_counts"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,13 +61,3 @@ def message_counts(steps: Iterable[Step]) -> Counter[tuple[int, int, int]]:
     for st in steps:
         out.update(st.transfers())
     return out
-
-
-def sent_by(steps: Iterable[Step], p: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(messages, bytes)`` each of ``p`` ranks sends over the whole schedule."""
-    msgs = np.zeros(p, dtype=np.int64)
-    nbytes = np.zeros(p, dtype=np.int64)
-    for st in steps:
-        msgs += np.bincount(st.src, minlength=p)[:p]
-        nbytes += np.bincount(st.src, weights=st.nbytes, minlength=p)[:p].astype(np.int64)
-    return msgs, nbytes
