@@ -1,26 +1,42 @@
 """Parameter-server pulls on the emulated cluster: all, layer, ibatch, optimal side by side, with the model.
 
-    .venv/bin/python benchmarks/ibatch_testbed.py --topology star:4 --rate 1gbit --model lenet5 --batch 64
+    .venv/bin/python benchmarks/ibatch_testbed.py --topology star:4 --rate 100mbit --model resnet20 --batch 32
+    .venv/bin/python benchmarks/ibatch_testbed.py --topology star:4 --servers 2 ...   # dedicated servers
 
-Needs root. Builds one testbed (name ``h5ps``), runs one process per server, co-located servers, and in
-that one run trains one parameter-server replica per pull method on the same batches, one method after the
-other (each replica on its own process group). Not interleaved iteration by iteration: a replica posts its
-pulls at the end of an iteration, and they must travel under its own next forward, not under another
-replica's iteration. Each replica's
-``F_N`` (pulls + forward: the forward's wall time, pre-hooks waiting on pulls included) is measured per
-iteration; the model's prediction uses the ``Ts``/``beta`` that the ``ibatch`` replica's probe measured on
-these links and the forward times rank 0 profiled: ``pull_time(batches, C, Tt, Ts)`` for every method's
-batches. Prints a Markdown table (medians over the iterations after the first).
+Needs root. Builds one testbed (name ``h5ps``), runs one process per emulated server, and in that one run
+trains one parameter-server replica per pull method on the same batches, each on its own process group.
+With ``--servers S`` the last ``S`` servers of the topology are dedicated parameter servers and the others
+workers; without it every server is a worker and serves one shard (co-located).
+
+The methods run one after the other, ``--iters`` iterations each, and that round is repeated ``--rounds``
+times in a rotated order (so no method always runs first or last). Not interleaved iteration by iteration:
+a replica posts its pulls at the end of an iteration, and they must travel under its own next forward, not
+under another replica's iteration; for the same reason the first iteration of every round is left out.
+
+Measured, per method: ``F_N``, the forward's wall time with the pre-hooks waiting on pulls (the model's
+execution time: pulls overlapped with forward), the median over every worker and steady iteration; the
+exposed pull wait; the forward's own compute (``F_N`` less the wait); ``t_iter``. Predicted:
+``pull_time(batches, C, Tt, Ts)`` with the very inputs the planners had (the ``ibatch`` replica's plan
+meta): ``Ts`` and ``Tt_i`` from its timed pulls on these links, ``C_i`` from the forwards every worker
+timed at once before training.
+
+``--mtu`` is 9000 by default: at 1500 the kernel's per-packet work on the emulated links (veth, tbf, TCP)
+took CPU from the overlapped forward on this 2-core machine (ResNet-20: its compute 33-37 ms when nothing
+was on the wire, 33-60 ms while pulls arrived; ``docs/ps.md``); with jumbo frames there are 6x fewer packets
+and the forward runs at its profiled speed.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
 import sys
 from pathlib import Path
+
+from _common import loadavg
 
 METHODS = ["all", "layer", "ibatch", "optimal"]
 
@@ -37,8 +53,6 @@ def worker(args: argparse.Namespace) -> None:
 
     world, rank = int(os.environ["DPCOMM_NNODES"]), int(os.environ["DPCOMM_NODE_RANK"])
     addr, port = os.environ["DPCOMM_MASTER_ADDR"], os.environ["DPCOMM_MASTER_PORT"]
-    import datetime
-
     dist.init_process_group(
         "gloo",
         init_method=f"tcp://{addr}:{port}",
@@ -47,15 +61,19 @@ def worker(args: argparse.Namespace) -> None:
         timeout=datetime.timedelta(seconds=120),
     )
     torch.set_num_threads(1)
-    data = TrainData(
-        "synthetic",
-        input_shape=input_shape(args.model),
-        num_classes=num_classes(args.model),
-        batch_size=args.batch,
-        world_size=world,
-        rank=rank,
-        seed=0,
-    )
+    workers = world - args.servers
+    data = None
+    if rank < workers:
+        data = TrainData(
+            "synthetic",
+            input_shape=input_shape(args.model),
+            num_classes=num_classes(args.model),
+            batch_size=args.batch,
+            world_size=workers,
+            rank=rank,
+            seed=0,
+        )
+    total = args.iters * args.rounds
     reps = {}
     for m in METHODS:
         torch.manual_seed(0)
@@ -65,58 +83,114 @@ def worker(args: argparse.Namespace) -> None:
         reps[m] = PsRank(
             model,
             opt,
-            PsSpec(pull=m, probe_rounds=3),
+            PsSpec(pull=m, servers=args.servers, probe_rounds=5),
             rank=rank,
-            workers=world,
-            sample=data.batch(0)[0] if rank == 0 else None,
+            workers=workers,
+            sample=data.batch(0)[0] if data is not None else None,
             group=group,
-            stop=args.iters,
+            stop=total,
         )
-    for m in METHODS:  # one method after the other: a replica's pulls must run under its own next forward,
-        for it in range(args.iters):  # not under another replica's iteration (as interleaving would have it)
-            x, y = data.batch(it)
-            torch.manual_seed(derive_seed(0, rank, it))
-            reps[m].iteration(x, y)
+    steady: dict[str, list[dict]] = {m: [] for m in METHODS}
+    done = {m: 0 for m in METHODS}
+    for rnd in range(args.rounds):
+        for m in METHODS[rnd % 4 :] + METHODS[: rnd % 4]:  # rotated: no method always first
+            for i in range(args.iters):
+                it = done[m]
+                x, y = data.batch(it) if data is not None else (None, None)
+                torch.manual_seed(derive_seed(0, rank, it))
+                reps[m].iteration(x, y)
+                done[m] += 1
+                # a round's first iteration pulled under another replica's run: kept for its sends only
+                steady[m].append({**reps[m].records[-1], "first_of_round": i == 0})
     for r in reps.values():
         r.finish()
+    every: list = [None] * world
+    dist.all_gather_object(every, steady)
     if rank == 0:
         meta = reps["ibatch"].pull_plan.meta
-        C, Ts, beta = meta["C_s"], meta["Ts_s"], meta["beta_s_per_byte"]
-        lay = reps["ibatch"].layout
-        nbytes = [sum(lay.numels[i] * 4 for i in ps) for ps in lay.layer_params]
-        Tt = [beta * b * (world - 1) / world for b in nbytes]  # the co-located share arrives over the link
-        out = {"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C, "methods": {}}
+        C, Tt, Ts = meta["C_s"], meta["Tt_s"], meta["Ts_s"]
+        out = {
+            "Ts_s": Ts,
+            "beta_s_per_byte": meta["beta_s_per_byte"],
+            "C_s": C,
+            "Tt_s": Tt,
+            "workers": workers,
+            "servers": args.servers or workers,
+            "placement": "dedicated" if args.servers else "co-located",
+            "methods": {},
+        }
         for m, r in reps.items():
-            steady = r.records[1:]
+            recs, fn, wait = [], [], []
+            sent: dict[int, list[float]] = {}
+            for per_rank in every:  # when each server sent iteration t's pulls (at the end of t - 1)
+                for x in per_rank[m]:
+                    if x["pulls_sent_unix"] is not None:
+                        sent.setdefault(x["iteration"] + 1, []).append(x["pulls_sent_unix"])
+            rank_of = {id(x): q for q, per_rank in enumerate(every[:workers]) for x in per_rank[m]}
+            for x in (x for per_rank in every[:workers] for x in per_rank[m]):
+                if x["first_of_round"]:
+                    continue
+                # F_N counts from when the pulls start: the last server's send (BSP: no batch is whole
+                # before it), or the forward's start if that is later
+                origin = max(x["start_unix"], max(sent[x["iteration"]]))
+                recs.append({**x, "rank": rank_of[id(x)]})
+                fn.append(x["start_unix"] + x["forward_s"] - origin)
+                wait.append(max(0.0, x["pull_wait_s"] - (origin - x["start_unix"])))
             out["methods"][m] = {
                 "batches": [list(b) for b in r.pull_plan.batches],
-                "fn_s": statistics.median(x["forward_s"] for x in steady),
-                "pull_wait_s": statistics.median(x["pull_wait_s"] for x in steady),
-                "t_iter_s": statistics.median(x["total_s"] for x in steady),
+                "algorithm": r.pull_plan.meta.get("algorithm"),
+                "samples": len(recs),
+                "fn_s": statistics.median(fn),
+                "fn_q1_s": statistics.quantiles(fn, n=4)[0],
+                "fn_q3_s": statistics.quantiles(fn, n=4)[2],
+                "pull_wait_s": statistics.median(wait),
+                "compute_s": statistics.median(f - w for f, w in zip(fn, wait, strict=True)),
+                "t_iter_s": statistics.median(x["total_s"] for x in recs),
+                "sync_s": statistics.median(x["forward_s"] - f for x, f in zip(recs, fn, strict=True)),
                 "predicted_fn_s": pull_time(r.pull_plan.batches, C, Tt, Ts),
+                "samples_fn_s": [
+                    [x["rank"], x["iteration"], round(f, 6)] for x, f in zip(recs, fn, strict=True)
+                ],
             }
         print("RESULT " + json.dumps(out))
     dist.barrier()
 
 
+def table(out: dict) -> str:
+    lines = [
+        "| pull method | batches | F_N measured (ms, median [quartiles]) | F_N model (ms) | model/measured "
+        "| pull wait (ms) | forward compute (ms) | BSP sync (ms) | t_iter (ms) |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for m, r in out["methods"].items():
+        n = str(len(r["batches"])) + (f" ({r['algorithm']})" if r["algorithm"] else "")
+        lines.append(
+            f"| {m} | {n} | {r['fn_s'] * 1e3:.1f} [{r['fn_q1_s'] * 1e3:.1f}, {r['fn_q3_s'] * 1e3:.1f}] | "
+            f"{r['predicted_fn_s'] * 1e3:.1f} | {r['predicted_fn_s'] / r['fn_s']:.2f} | "
+            f"{r['pull_wait_s'] * 1e3:.1f} | {r['compute_s'] * 1e3:.1f} | {r['sync_s'] * 1e3:.1f} | "
+            f"{r['t_iter_s'] * 1e3:.1f} |"
+        )
+    return "\n".join(lines)
+
+
 def driver(args: argparse.Namespace) -> int:
     from dpcomm.testbed import TestbedConfig, down, launch_workers, parse_rate, up
+    from dpcomm.testbed.counters import link_counters
 
-    cfg = TestbedConfig(name="h5ps", topology=args.topology, rate_bps=parse_rate(args.rate))
-    load = open("/proc/loadavg").read().split()[:3]
+    cfg = TestbedConfig(
+        name="h5ps",
+        topology=args.topology,
+        rate_bps=parse_rate(args.rate),
+        mtu=args.mtu,
+        queue_ms=args.queue_ms,
+        slow_start_after_idle=args.slow_start_after_idle,
+    )
+    load = loadavg()
     state = up(cfg)
     try:
-        argv = [
-            "python",
-            str(Path(__file__).resolve()),
-            "--worker",
-            "--model",
-            args.model,
-            "--batch",
-            str(args.batch),
-            "--iters",
-            str(args.iters),
-        ]
+        argv = ["python", str(Path(__file__).resolve()), "--worker", "--model", args.model]
+        argv += ["--batch", str(args.batch), "--iters", str(args.iters), "--rounds", str(args.rounds)]
+        argv += ["--servers", str(args.servers)]
         res = launch_workers(state, argv, timeout_s=args.timeout)
         text = (res.out_dir / "rank0.out").read_text()
         lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
@@ -124,25 +198,38 @@ def driver(args: argparse.Namespace) -> int:
             print((res.out_dir / "rank0.err").read_text()[-3000:])
             return 1
         out = json.loads(lines[-1][7:])
+        out["drops"] = sum(c["tx_drops"] + c["rx_drops"] for c in link_counters(state).values())
     finally:
         down(cfg.name)
-    print(
-        f"{args.model}, batch {args.batch}, {args.topology} at {args.rate}, co-located, "
-        f"{args.iters} iterations; "
-        f"load average before {' '.join(load)}; measured Ts {out['Ts_s'] * 1e3:.2f} ms, "
-        f"beta {out['beta_s_per_byte'] * 1e9:.2f} ns/B, forward {sum(out['C_s']) * 1e3:.1f} ms\n"
+    out.update(
+        {
+            "model": args.model,
+            "batch": args.batch,
+            "topology": args.topology,
+            "rate": args.rate,
+            "mtu": args.mtu,
+            "queue_ms": args.queue_ms,
+            "slow_start_after_idle": args.slow_start_after_idle,
+            "iters": args.iters,
+            "rounds": args.rounds,
+            "load_before": load,
+            "date": datetime.date.today().isoformat(),
+        }
     )
     print(
-        "| pull method | batches | F_N measured (ms) | F_N model (ms) | model/measured "
-        "| exposed pull wait (ms) | t_iter (ms) |"
+        f"{args.model}, batch {args.batch}, {args.topology} at {args.rate}, MTU {args.mtu}, "
+        f"switch-port queue {args.queue_ms:g} ms ({out['drops']} frames dropped in the run), slow start after "
+        f"idle {'on' if args.slow_start_after_idle else 'off'}, "
+        f"{out['workers']} workers, {out['servers']} {out['placement']} servers, {args.rounds} rounds of "
+        f"{args.iters} iterations per method; load average before {load}; measured Ts "
+        f"{out['Ts_s'] * 1e3:.3f} ms, beta {out['beta_s_per_byte'] * 1e9:.2f} ns/B, "
+        f"profiled forward {sum(out['C_s']) * 1e3:.1f} ms, pulls {sum(out['Tt_s']) * 1e3:.1f} ms\n"
     )
-    print("|---|---|---|---|---|---|---|")
-    for m, r in out["methods"].items():
-        print(
-            f"| {m} | {len(r['batches'])} | {r['fn_s'] * 1e3:.1f} | {r['predicted_fn_s'] * 1e3:.1f} | "
-            f"{r['predicted_fn_s'] / r['fn_s']:.2f} | {r['pull_wait_s'] * 1e3:.1f} | "
-            f"{r['t_iter_s'] * 1e3:.1f} |"
-        )
+    print(table(out))
+    if args.json:
+        from dpcomm.utils.io import atomic_write_text
+
+        atomic_write_text(args.json, json.dumps(out, indent=1) + "\n")
     return 0
 
 
@@ -150,14 +237,18 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--topology", default="star:4")
-    parser.add_argument("--rate", default="1gbit")
-    parser.add_argument("--model", default="lenet5")
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--iters", type=int, default=8)
+    parser.add_argument("--rate", default="100mbit")
+    parser.add_argument("--mtu", type=int, default=9000)
+    parser.add_argument("--queue-ms", type=float, default=20.0, help="switch-port queue (tbf latency)")
+    parser.add_argument("--slow-start-after-idle", action="store_true", help="Linux's default (off here)")
+    parser.add_argument("--servers", type=int, default=0, help="dedicated servers (0: co-located)")
+    parser.add_argument("--model", default="resnet20")
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--iters", type=int, default=8, help="iterations per method per round")
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900.0)
-    args, extra = (
-        parser.parse_known_args()
-    )  # the testbed appends --nnodes/--node-rank/.. (read from env here)
+    parser.add_argument("--json", help="write the results here")
+    args, extra = parser.parse_known_args()  # the testbed appends --nnodes/--node-rank/.. (read from env)
     if extra and not args.worker:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if args.worker:

@@ -46,7 +46,7 @@ def _run(spec, rank, workers, iters, batch, group, start=0, state=None, ckpt_at=
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
     data = _data(rank, workers, batch) if rank < workers else None
-    sample = data.batch(start)[0] if rank == 0 else None
+    sample = data.batch(start)[0] if data is not None else None
     ps = PsRank(
         model,
         opt,

@@ -27,15 +27,19 @@ def test_keys_cover_every_element_once_and_balance_bytes(numels, servers):
         assert covered == list(range(n))  # each element once, in order
     loads = server_loads(keys, servers)
     assert max(loads) - min(loads) <= 1 and sum(loads) == sum(numels)
-    assert [k.server for k in keys] == sorted(k.server for k in keys)  # servers hold consecutive runs
+    for t, n in enumerate(numels):  # striped: every tensor spread over the servers in near-equal pieces
+        sizes = [sum(k.numel for k in keys if k.tensor == t and k.server == s) for s in range(servers)]
+        assert max(sizes) - min(sizes) <= 1
+        assert [k.server for k in keys if k.tensor == t] == sorted(k.server for k in keys if k.tensor == t)
     assert assign_keys(numels, servers) == keys  # a pure function
 
 
 def test_keys_hand_worked():
-    # 12 elements over 3 servers: 4 each; tensor 0 (6) is split 4 + 2, tensor 2 (5) 2 + 3
+    # 12 elements over 3 servers: tensor 0 (6) is 2 + 2 + 2; tensor 2 (5) 2 + 2 + 1, the larger pieces on
+    # servers 0 and 1; so tensor 3's one element goes to server 2 (the round-robin goes on): 4 each
     keys = assign_keys([6, 0, 5, 1], 3)
     assert [(k.tensor, k.start, k.stop, k.server) for k in keys] == [
-        (0, 0, 4, 0), (0, 4, 6, 1), (2, 0, 2, 1), (2, 2, 5, 2), (3, 0, 1, 2),
+        (0, 0, 2, 0), (0, 2, 4, 1), (0, 4, 6, 2), (2, 0, 2, 0), (2, 2, 4, 1), (2, 4, 5, 2), (3, 0, 1, 2),
     ]  # fmt: skip
 
 

@@ -32,6 +32,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--queue-ms", type=float, default=20.0, help="tbf queue (latency), ms (default 20)")
     p.add_argument("--burst", type=int, default=None, help="tbf bucket, bytes (default max(1 ms, 64 KiB))")
     p.add_argument("--cc", default="reno", help="TCP congestion control in every server (default reno)")
+    p.add_argument(
+        "--no-slow-start-after-idle",
+        dest="slow_start_after_idle",
+        action="store_false",
+        help="keep TCP windows across idle time (net.ipv4.tcp_slow_start_after_idle=0; default: Linux's 1)",
+    )
     p.add_argument("--json", action="store_true", help="print the state as JSON")
     p = sub.add_parser("down", help="remove a testbed (default: every dpc- testbed); idempotent")
     p.add_argument("--name", default=None, help="only this testbed (1-8 of a-z0-9)")
@@ -79,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
             queue_ms=args.queue_ms,
             burst_bytes=args.burst,
             congestion_control=args.cc,
+            slow_start_after_idle=args.slow_start_after_idle,
         )
         state = build.up(cfg)
         if args.json:

@@ -23,6 +23,11 @@ Methods (:func:`plan_pulls`):
 ``layer``   one batch per layer: layer ``i``'s forward waits for its own pull (Fig. 4(b)).
 ``ibatch``  the paper's two greedy algorithms (Algorithm 1 chooses ``l_1, l_2, ..`` forwards, Algorithm 2
             ``l_{N-1}, l_{N-2}, ..`` backwards); the faster candidate under the model is kept (Fig. 4(c)).
+            ``all`` and ``layer`` are candidates too, so ``ibatch`` is never slower than the better of
+            them under the model: the greedy rules only look one batch ahead, and where start-ups cost
+            nothing (``Ts`` = 0, as our parameter server's pulls on TCP measure) layer by layer is optimal
+            while Algorithm 1 may still merge (ResNet-20 on the emulated cluster: 49.7 ms against 44.6).
+            ``meta["algorithm"]`` names the candidate kept (``forward``, ``backward``, ``all``, ``layer``).
 ``optimal`` the exact minimum of the model (a dynamic program, below); ties go to the fewest batches.
 
 Where Algorithms 1-2 leave a choice open we decide as follows (each is a reading of the printed text):
@@ -266,7 +271,12 @@ def plan_pulls(compute_s, transfer_s, startup_s: float, method: str = "ibatch") 
     elif name == "layer":
         batches = [(i, i) for i in range(L)]
     elif name == "ibatch":
-        cands = {"forward": ibatch_forward(C, T, Ts), "backward": ibatch_backward(C, T, Ts)}
+        cands = {
+            "forward": ibatch_forward(C, T, Ts),
+            "backward": ibatch_backward(C, T, Ts),
+            "all": [(0, L - 1)],
+            "layer": [(i, i) for i in range(L)],
+        }
         times = {k: pull_time(b, C, T, Ts) for k, b in cands.items()}
         meta = {"candidates_s": times}
         pick = min(times, key=lambda k: (times[k], len(cands[k])))

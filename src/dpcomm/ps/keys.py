@@ -1,14 +1,21 @@
 """Keys of a parameter server: which piece of which tensor each server holds (a pure function).
 
 A *key* is ``(tensor, shard)``: the ``shard``-th piece of tensor ``tensor`` (model parameter order), the
-elements ``start..stop-1`` of its flattened view, held by server ``server``. :func:`assign_keys` lays every
-tensor end to end (the model's parameters in order, as one vector of ``n`` elements) and cuts that vector
-into ``S`` pieces of ``floor(n/S)`` or ``ceil(n/S)`` elements (one dtype, so bytes are even too); a
-tensor that straddles a cut is split into one key per server it touches. So the servers' loads differ by at
-most one element, and a key never spans two servers.
+elements ``start..stop-1`` of its flattened view, held by server ``server``. :func:`assign_keys` *stripes*
+every tensor over the servers: a tensor of ``n`` elements is cut into ``S`` consecutive pieces of
+``floor(n/S)`` or ``ceil(n/S)`` elements, piece ``j`` on server ``j`` (an empty piece is no key). The
+``n % S`` larger pieces go round-robin, continuing where the previous tensor stopped, so the servers' loads
+differ by at most one element in all (one dtype: bytes are even too).
 
-Source: the key-value view of ps-lite (Li et al., OSDI 2014) and BytePS's even partitioning; the iBatch
-paper's BigDL parameter manager shards the flattened parameters the same way, one slice per node.
+Why striped and not one run of whole layers per server: a pull batch (a run of layers) then comes from every
+server in equal parts, and as every server sends its parts in plan order, the batches reach a worker in
+forward order, back to back on its link, which is what the pull model assumes (:mod:`dpcomm.planner.pull`).
+With one contiguous run per server (our first layout, and BigDL's), server 0 holds the first layers and
+server ``S-1`` the last, so the last batches travel at the same time as the first and batch 1 arrives up to
+``S-1`` times later than modelled: measured on the emulated cluster, ``docs/ps.md``.
+
+Source: the key-value view of ps-lite (Li et al., OSDI 2014), which also splits a large tensor over every
+server; BytePS partitions tensors evenly the same way.
 """
 
 from __future__ import annotations
@@ -55,19 +62,17 @@ def assign_keys(numels: Sequence[int], servers: int) -> list[Key]:
         raise ValueError(f"servers must be >= 1, got {servers}")
     if any(n < 0 for n in numels):
         raise ValueError("tensor sizes must be >= 0")
-    cuts = _bounds(sum(numels), servers)
     keys: list[Key] = []
-    base = 0  # offset of the tensor in the whole vector
-    s = 0
+    extra = 0  # the server that takes the next larger piece (round-robin over tensors)
     for t, n in enumerate(numels):
+        q, r = divmod(n, servers)
         at, shard = 0, 0
-        while at < n:
-            while cuts[s + 1] <= base + at:  # skip servers whose piece ends before here (empty ones too)
-                s += 1
-            stop = min(n, cuts[s + 1] - base)
-            keys.append(Key(t, shard, at, stop, s))
-            at, shard = stop, shard + 1
-        base += n
+        for s in range(servers):
+            size = q + (1 if (s - extra) % servers < r else 0)
+            if size:
+                keys.append(Key(t, shard, at, at + size, s))
+                at, shard = at + size, shard + 1
+        extra = (extra + r) % servers
     return keys
 
 

@@ -5,12 +5,15 @@ loop holds (:mod:`dpcomm.ps.replica` fits it to the train layer's replica protoc
 is a loop of its own). Set-up, on every rank of the run:
 
 1. every rank builds the model from one seed (or the checkpoint), so workers and servers start equal;
-2. layers are the modules that own parameters, in registration (forward) order; push groups come from the
-   spec (``wfbp``: one per layer, last first; ``single``: one);
+2. layers are the learnable layers (:func:`dpcomm.models.learnable_layers`) in the order rank 0's forward
+   first runs them (:func:`forward_layers`), and the parameters (so keys and shards) follow that order;
+   push groups come from the spec (``wfbp``: one per layer, last first; ``single``: one);
 3. the pull plan: ``all`` and ``layer`` need nothing measured; for ``ibatch``/``optimal`` the ranks time
    ``probe_rounds`` rounds of pulling everything in one batch and layer by layer (``T_all = Ts + beta B``,
    ``T_layer = L Ts + beta B``, so ``Ts`` and the per-byte ``beta`` follow; ``Tt_i = beta * bytes_i``),
-   and rank 0 times each layer's forward on a batch of the run's size (``C_i``); rank 0 plans
+   and every worker given a ``sample`` times each layer's forward on it (``C_i``), all of them at once, as
+   they compute during training (on a shared machine a forward run alone is faster than one run beside
+   the other workers'); rank 0 takes each layer's median over those workers, plans
    (:func:`dpcomm.planner.pull.plan_pulls`), broadcasts the plan, and every rank checks its sha256.
 
 Checkpoints: the current parameters and momentum live on the servers. At an iteration a checkpoint is due
@@ -28,21 +31,36 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
+from dpcomm.models.loss import classification_loss
+from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.planner.pull import PullPlan, plan_pulls
 from dpcomm.ps.node import _PROBE_TAG, Layout, PsError, PsServer, PsWorker, Ticket
 from dpcomm.ps.spec import PsSpec
 
-__all__ = ["PsRank", "layer_modules"]
+__all__ = ["PsRank", "forward_layers"]
 
 _MOMENTUM_TAG = 950000
 
 
-def layer_modules(model: nn.Module) -> list[nn.Module]:
-    """Modules that own parameters directly, in registration order (the pulled and pushed layers)."""
-    return [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+def forward_layers(model: nn.Module, sample: torch.Tensor | None, group: Any = None) -> list[nn.Module]:
+    """The pulled and pushed layers (:func:`dpcomm.models.learnable_layers`), in the order rank 0's forward
+    of ``sample`` first runs them (GoogLeNet runs its aux heads mid-forward but registers them last: a pull
+    plan in registration order would stall its forward there), the same on every rank (rank 0's order is
+    broadcast; a dedicated server has no sample). The ordering forward leaves the batch-norm statistics and
+    the random-number generator as they were."""
+    names: list[Any] = [None]
+    if dist.get_rank(group) == 0:
+        saved = [b.clone() for b in model.buffers()]
+        with torch.random.fork_rng(devices=[]):
+            names = [[n for n, _ in learnable_layers(model, sample)]]
+        for b, v in zip(model.buffers(), saved, strict=True):
+            b.copy_(v)
+    dist.broadcast_object_list(names, src=dist.get_global_rank(group, 0) if group else 0, group=group)
+    mods = dict(model.named_modules())
+    mods[type(model).__name__] = model  # learnable_layers names the root module by its class
+    return [mods[n] for n in names[0]]
 
 
 class PsRank:
@@ -66,17 +84,19 @@ class PsRank:
     ) -> None:
         self.model, self.optimizer, self.spec, self.rank, self.group = model, optimizer, spec, rank, group
         self.ckpt_at, self.it, self.log, self.stop = ckpt_at, start, log, stop
-        self.params = list(model.parameters())
-        mods = layer_modules(model)
-        index = {id(p): i for i, p in enumerate(self.params)}
-        layer_params = tuple(tuple(index[id(p)] for p in m.parameters(recurse=False)) for m in mods)
+        mods = forward_layers(model, sample, group)
+        owned = layer_params(model, [("", m) for m in mods])  # a shared parameter goes with its first layer
+        # parameters (and so keys, shards and pull messages) in forward order: a batch is a contiguous run
+        self.params = [p for ps in owned for p in ps]
+        first = [sum(len(ps) for ps in owned[:l]) for l in range(len(owned))]
+        layer_params_ = tuple(tuple(range(f, f + len(ps))) for f, ps in zip(first, owned, strict=True))
         servers = spec.servers or workers
         self.layout = Layout(
             workers=workers,
             servers=servers,
             colocated=not spec.servers,
             numels=tuple(p.numel() for p in self.params),
-            layer_params=layer_params,
+            layer_params=layer_params_,
         )
         L = len(mods)
         self.pushes = [(l, l) for l in range(L - 1, -1, -1)] if spec.push == "wfbp" else [(0, L - 1)]
@@ -135,11 +155,16 @@ class PsRank:
         for k in self.layout.keys:
             if self.layout.server_rank(k.server) != self.rank:
                 remote[layer_of[k.tensor]] += k.numel * self.params[k.tensor].element_size()
-        C = self._time_forward(mods, sample) if self.rank == 0 else None
+        mine = self._time_forward(mods, sample if self.worker is not None else None)
+        every: list[Any] = [None] * self.layout.world
+        dist.all_gather_object(every, mine, group=self.group)
+        timed = [c for c in every if c is not None] or [[0.0] * L]
+        C = [statistics.median(c[i] for c in timed) for i in range(L)]
+        Tt = [beta * b for b in remote]
         box: list[Any] = [None]
         if self.rank == 0:
-            box = [plan_pulls(C, [beta * b for b in remote], Ts, self.spec.pull)]
-            box[0].meta.update({"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C})
+            box = [plan_pulls(C, Tt, Ts, self.spec.pull)]
+            box[0].meta.update({"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C, "Tt_s": Tt})
         dist.broadcast_object_list(box, src=0, group=self.group)
         plan = box[0]
         shas: list[Any] = [None] * self.layout.world
@@ -178,28 +203,39 @@ class PsRank:
 
     def _time_forward(
         self, mods: list[nn.Module], sample: torch.Tensor | None, rounds: int = 3
-    ) -> list[float]:
-        """``C_i``: each layer's forward time (s), median of ``rounds`` forwards of ``sample``."""
+    ) -> list[float] | None:
+        """``C_i``: each layer's forward time (s), median of ``rounds`` forwards of ``sample`` (None without
+        one); every rank of the group calls it, and the rounds start together (a barrier each). Layer ``i``
+        owns the time from its start to layer ``i+1``'s, the first from the forward's start, the last to its
+        end, so the ``C_i`` add up to the whole forward (pooling, concatenation and activations between
+        learnable layers are compute that a pulled batch must wait for too)."""
         if sample is None:
-            return [0.0] * len(mods)
+            for _ in range(rounds):
+                dist.barrier(group=self.group)
+            return None
         saved = [b.clone() for b in self.model.buffers()]  # batch-norm statistics: leave them as they were
         runs: list[list[float]] = []
         marks: dict[int, float] = {}
-        hooks = []
-        for i, m in enumerate(mods):
-            hooks.append(
-                m.register_forward_pre_hook(lambda _m, _a, i=i: marks.__setitem__(i, time.perf_counter()))
-            )
-            hooks.append(
-                m.register_forward_hook(
-                    lambda _m, _a, _o, i=i: marks.__setitem__(-1 - i, time.perf_counter())
-                )
-            )
+
+        def _mark(i: int) -> None:  # a pre-hook must return None: a value would replace the inputs
+            marks.setdefault(i, time.perf_counter())
+
+        hooks = [m.register_forward_pre_hook(lambda _m, _a, i=i: _mark(i)) for i, m in enumerate(mods)]
+        L = len(mods)
         try:
             for _ in range(rounds):
+                dist.barrier(group=self.group)
                 marks.clear()
+                marks[-1] = time.perf_counter()
                 self.model(sample)
-                runs.append([marks.get(-1 - i, 0.0) - marks.get(i, 0.0) for i in range(len(mods))])
+                marks[L] = time.perf_counter()
+                # layer i owns the forward from its first call to layer i+1's (the operators between
+                # learnable layers, pooling and concatenation, included): the C_i add up to the forward
+                at = [marks.get(i) for i in range(L)]
+                for i in range(L - 1, -1, -1):  # a layer that never ran starts where the next one does
+                    at[i] = at[i] if at[i] is not None else (at[i + 1] if i + 1 < L else marks[L])
+                at[0] = marks[-1]
+                runs.append([(at[i + 1] if i + 1 < L else marks[L]) - at[i] for i in range(L)])
         finally:
             for h in hooks:
                 h.remove()
@@ -233,15 +269,16 @@ class PsRank:
     # --- one iteration -------------------------------------------------------------------------------------
     def iteration(self, x: torch.Tensor | None, y: torch.Tensor | None) -> float:
         """One BSP iteration of this rank (a dedicated server ignores ``x``, ``y`` and returns nan)."""
-        t0 = time.perf_counter()
+        t0, start_unix = time.perf_counter(), time.time()
         fwd = bwd = 0.0
         update_s = 0.0
+        sent_unix = None
         if self.worker is not None:
             self.worker.wait_s = 0.0
             self.optimizer.zero_grad(set_to_none=True)
             out = self.model(x)
             t1 = time.perf_counter()
-            loss = F.cross_entropy(out, y)
+            loss = classification_loss(out, y)
             self._have = [0] * len(self.pushes)
             loss.backward()
             t2 = time.perf_counter()
@@ -255,6 +292,7 @@ class PsRank:
         t2 = time.perf_counter()
         if self.server is not None:
             update_s = self.server.serve(self.units, post_next=self.stop is None or self.it + 1 < self.stop)
+            sent_unix = time.time()  # the next iteration's pulls are on their way from this server
         if self.worker is not None:
             self.tickets = self.worker.pull(self.units)
         if self.ckpt_at(self.it):
@@ -274,6 +312,8 @@ class PsRank:
                 "phase": "steady",
                 "plan": self.spec.label(),
                 "update_s": update_s,
+                "start_unix": start_unix,
+                "pulls_sent_unix": sent_unix,
             }
         )
         self.it += 1

@@ -59,7 +59,11 @@ class PsReplica:
         def ckpt_at(it: int) -> bool:  # the loop's own test: rank 0 saves after these iterations
             return bool(cfg.checkpoint) and (it + 1 == total or bool(every and (it + 1) % every == 0))
 
-        sample = torch.randn(cfg.batch_size, *input_shape(cfg.model)) if ctx.rank == 0 else None
+        # every worker times its forward on a sample (all at once); a generator of its own leaves the run's
+        # random draws alone
+        sample = torch.randn(
+            cfg.batch_size, *input_shape(cfg.model), generator=torch.Generator().manual_seed(0)
+        )
         # A process group of its own: replicas of several schedules run interleaved in one loop, and another
         # parameter server's messages (same tags) must never land in this one's posted receives.
         group = torch.distributed.new_group(list(range(ctx.world)))

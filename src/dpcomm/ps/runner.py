@@ -125,7 +125,7 @@ def _rank_main(cfg: PsTrainConfig) -> dict[str, Any]:
             seed=cfg.seed,
         )
     logs: list[str] = []
-    sample = data.batch(start)[0] if rank == 0 and data is not None else None
+    sample = data.batch(start)[0] if data is not None else None  # every worker times its forward
     ps = PsRank(
         model,
         opt,

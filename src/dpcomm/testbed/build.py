@@ -4,7 +4,8 @@
 
 1. one namespace per server and one switch namespace; loopback up; IPv6 off (no router solicitations or
    DAD packets to pollute the byte counters); reverse-path filtering off; TCP congestion control
-   ``cfg.congestion_control`` in the servers (reno, not the host's default: see :mod:`dpcomm.testbed.config`);
+   ``cfg.congestion_control`` in the servers (reno, not the host's default: see :mod:`dpcomm.testbed.config`)
+   and ``cfg.slow_start_after_idle``;
 2. one Linux bridge per switch (STP off, so ports forward at once) in the switch namespace;
 3. one veth pair per server NIC: ``dpc-l<l>`` in the server, ``dpc-s<i>l<l>`` on the bridge of its switch;
 4. one address per NIC from the plan of :func:`dpcomm.topology.plan_addresses` (``10.77.<l>.<i+1>/24``);
@@ -83,6 +84,7 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
             _sysctl(ns, _SYSCTL_ALL + (["net.ipv4.ip_forward=1"] if relay and ns != sw_ns else []))
             if ns != sw_ns:
                 _set_congestion_control(ns, cfg.congestion_control)
+                _sysctl(ns, [f"net.ipv4.tcp_slow_start_after_idle={int(cfg.slow_start_after_idle)}"])
         sw_lines = ["link set lo up"]
         for sw in topo.switches():
             br = names.bridge(sw.index)
@@ -164,6 +166,7 @@ def _state(cfg: TestbedConfig, plan: Any, sw_ns: str, hosts: list[str], relay: b
         "queue_ms": cfg.queue_ms,
         "host_queue_bytes": cfg.host_queue_bytes,
         "congestion_control": cfg.congestion_control,
+        "slow_start_after_idle": cfg.slow_start_after_idle,
         "base": cfg.base,
         "relay": relay,
         "switch_netns": sw_ns,

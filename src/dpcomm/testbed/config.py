@@ -30,6 +30,14 @@ cable carries at most ``rate``. The tbf parameters and why:
   sec. 4.2), but the kernel lets a non-initial namespace pick only a congestion control listed in the host's
   ``net.ipv4.tcp_allowed_congestion_control`` (here ``reno bbr``), and the testbed never changes the host.
 
+- ``slow_start_after_idle``: Linux's default (on) restarts a connection from its initial window after one
+  retransmission timeout (>= 200 ms) of silence. A parameter server's connections idle for most of an
+  iteration and then carry a burst, so every pull began in slow start, and with a deep switch queue (whose
+  delay the slow start waits out, one round trip per doubling) ``star:4`` at 20 Mbit/s pulled ResNet-20's
+  parameters in 471 ms median (quartiles 344-707) against the 304 ms its back-to-back probe measured.
+  Off (``testbed up --no-slow-start-after-idle``), windows survive the idle time, as on clusters tuned for
+  bursty traffic; ``benchmarks/ibatch_testbed.py`` runs that way (``docs/ps.md``).
+
 :func:`link_network` describes one emulated link to the cost model (``testbed launch`` hands it to every
 worker as ``$DPCOMM_NETWORK``, so ``lp``'s default block and ``auto`` fit the emulated network, not 10GbE):
 ``beta`` = 8 / (rate x TCP ceiling) s/byte, ``alpha`` = the 10gbe preset's 45.26 us (a TCP stack's
@@ -120,6 +128,10 @@ class TestbedConfig:
     congestion_control: str = "reno"
     """TCP congestion control of every namespace (``net.ipv4.tcp_congestion_control``; see the module
     docstring); it must be in the host's ``net.ipv4.tcp_allowed_congestion_control``."""
+    slow_start_after_idle: bool = True
+    """``net.ipv4.tcp_slow_start_after_idle`` in every server: True is Linux's default (a connection idle
+    for one retransmission timeout starts again from the initial window); False keeps the window, as
+    clusters tuned for bursty RPC and parameter traffic set it (see the module docstring)."""
     base: str = DEFAULT_BASE
     """The private network the per-NIC addresses come from (only used inside the namespaces)."""
 

@@ -12,10 +12,10 @@ import time
 from typing import Any
 
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
 from dpcomm.errors import UserError
+from dpcomm.models.loss import classification_loss
 from dpcomm.plan import Plan
 from dpcomm.runtime.records import Phase, Span
 from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
@@ -64,7 +64,7 @@ class DDPTimedReplica:
         t0 = time.perf_counter()
         out = self.wrapper(x)
         t1 = time.perf_counter()
-        loss = F.cross_entropy(out, y)
+        loss = classification_loss(out, y)
         loss.backward()
         t2 = time.perf_counter()
         self.optimizer.step()

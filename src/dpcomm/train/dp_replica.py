@@ -6,8 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import torch.nn.functional as F
-
+from dpcomm.models.loss import classification_loss
 from dpcomm.plan import Plan
 from dpcomm.runtime.records import Phase, Span
 from dpcomm.train.config import TrainConfig
@@ -56,7 +55,7 @@ class RuntimeReplica:
     def iteration(self, x: Any, y: Any) -> float:
         self.optimizer.zero_grad(set_to_none=True)
         self._update.reset()  # stays 0 where this rank does not step (lp-alg1/2 non-roots)
-        loss = F.cross_entropy(self.dp(x), y)
+        loss = classification_loss(self.dp(x), y)
         loss.backward()
         self.dp.step(self.optimizer)
         # end_unix: wall clock at the end of the step, to line iterations up with outside events
