@@ -218,8 +218,8 @@ def driver(args: argparse.Namespace) -> int:
     )
     print(
         f"{args.model}, batch {args.batch}, {args.topology} at {args.rate}, MTU {args.mtu}, "
-        f"switch-port queue {args.queue_ms:g} ms ({out['drops']} frames dropped in the run), slow start after "
-        f"idle {'on' if args.slow_start_after_idle else 'off'}, "
+        f"switch-port queue {args.queue_ms:g} ms ({out['drops']} frames dropped in the run), "
+        f"slow start after idle {'on' if args.slow_start_after_idle else 'off'}, "
         f"{out['workers']} workers, {out['servers']} {out['placement']} servers, {args.rounds} rounds of "
         f"{args.iters} iterations per method; load average before {load}; measured Ts "
         f"{out['Ts_s'] * 1e3:.3f} ms, beta {out['beta_s_per_byte'] * 1e9:.2f} ns/B, "

@@ -27,7 +27,7 @@ def test_keys_cover_every_element_once_and_balance_bytes(numels, servers):
         assert covered == list(range(n))  # each element once, in order
     loads = server_loads(keys, servers)
     assert max(loads) - min(loads) <= 1 and sum(loads) == sum(numels)
-    for t, n in enumerate(numels):  # striped: every tensor spread over the servers in near-equal pieces
+    for t in range(len(numels)):  # striped: every tensor spread over the servers in near-equal pieces
         sizes = [sum(k.numel for k in keys if k.tensor == t and k.server == s) for s in range(servers)]
         assert max(sizes) - min(sizes) <= 1
         assert [k.server for k in keys if k.tensor == t] == sorted(k.server for k in keys if k.tensor == t)

@@ -33,8 +33,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpcomm.models.loss import classification_loss
 from dpcomm.models.layers import layer_params, learnable_layers
+from dpcomm.models.loss import classification_loss
 from dpcomm.planner.pull import PullPlan, plan_pulls
 from dpcomm.ps.node import _PROBE_TAG, Layout, PsError, PsServer, PsWorker, Ticket
 from dpcomm.ps.spec import PsSpec
