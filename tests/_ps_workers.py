@@ -40,7 +40,7 @@ def _data(rank: int, workers: int, batch: int) -> TrainData:
     )
 
 
-def _run(spec, rank, workers, iters, batch, group, start=0, state=None, ckpt_at=lambda _t: False):
+def _run(spec, rank, workers, iters, batch, group, lanes, start=0, state=None, ckpt_at=lambda _t: False):
     model, opt = _build()
     if state is not None:
         model.load_state_dict(state["model"])
@@ -59,6 +59,7 @@ def _run(spec, rank, workers, iters, batch, group, start=0, state=None, ckpt_at=
         ckpt_at=ckpt_at,
         stop=iters,
         resumed=(state or {}).get("replica"),
+        lanes=lanes,
     )
     saved = None
     for it in range(start, iters):
@@ -81,6 +82,9 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
     rank, _world = init_worker("gloo", timeout_s=30)
     torch.set_num_threads(1)
     colocated = dist.new_group(list(range(workers)))
+    # the push/pull lanes of both rank sets, made once on every rank (the co-located cases leave some out)
+    lanes = {True: (dist.new_group(list(range(workers))), dist.new_group(list(range(workers))))}
+    lanes[False] = (dist.new_group(), dist.new_group())
     out = []
     for case in cases:
         spec = PsSpec(**case["spec"], probe_rounds=1)
@@ -96,6 +100,7 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
             case["iters"],
             case["batch"],
             group,
+            lanes[not spec.servers],
             ckpt_at=(lambda t, c=case: t == c.get("ckpt", -1)),
         )
         row = {"sha": sha, "flat": flat if rank < workers else None, "plan": plan}
@@ -103,7 +108,15 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
             box = [saved]
             dist.broadcast_object_list(box, src=0, group=group)
             flat2, sha2, _, _ = _run(
-                spec, rank, workers, case["iters"], case["batch"], group, start=case["ckpt"] + 1, state=box[0]
+                spec,
+                rank,
+                workers,
+                case["iters"],
+                case["batch"],
+                group,
+                lanes[not spec.servers],
+                start=case["ckpt"] + 1,
+                state=box[0],
             )
             row["resumed_sha"] = sha2
         out.append(row)

@@ -25,6 +25,15 @@ Sparsified pushes (``topk`` with error feedback): each push message carries the 
 entries of largest magnitude of (gradient + residual) as indices and values; the rest stays in the
 worker's residual and is added to the next push; servers add the sparse pushes into a dense sum.
 
+Two process groups, one per direction (``lanes``: messages from a lower to a higher rank on the first,
+the others on the second). gloo's TCP transport matches every point-to-point message with a rendezvous on
+the pair's one connection: the sender announces it, the receiver answers "ready", then the data flows. In
+a co-located run every pair exchanges pulls both ways at once, so on one connection a receiver's "ready"
+queued behind megabytes of its own data going the other way, and one of the two pulls waited for the
+other: on ``star:2`` at 100 Mbit/s one worker got LeNet-5's parameters in the link's time (528 ms) and the
+other in twice that (1050 ms), every iteration. With a connection per direction, the data of each goes one
+way only and the answers never wait behind it (``docs/ps.md``).
+
 Every wait honours the process group's timeout; a peer that died or never answers becomes a
 :class:`PsError` with one line naming the rank, the message and the cause.
 """
@@ -115,6 +124,14 @@ class Layout:
         return self._memo[memo]
 
 
+def lane(lanes: Any, src: int, dst: int) -> Any:
+    """The process group of a message from ``src`` to ``dst``: ``lanes`` is ``(up, down)`` (module
+    docstring), or one group (or None, the default group) for both directions."""
+    if isinstance(lanes, tuple):
+        return lanes[0] if src < dst else lanes[1]
+    return lanes
+
+
 def _wait(work: Any, what: str, rank: int) -> None:
     try:
         work.wait()
@@ -188,7 +205,10 @@ class PsServer:
                 self._recv[w, g] = bufs
                 for buf, tag in zip(bufs, tags, strict=True):
                     self._works.append(
-                        (dist.irecv(buf, w, group=self.group, tag=tag), f"push {g} from rank {w}")
+                        (
+                            dist.irecv(buf, w, group=lane(self.group, w, self.rank), tag=tag),
+                            f"push {g} from rank {w}",
+                        )
                     )
 
     def serve(self, pulls: Sequence[tuple[int, int]], *, post_next: bool = True) -> float:
@@ -229,7 +249,9 @@ class PsServer:
                 continue
             for w in range(self.layout.workers):
                 if w != self.rank:
-                    work = dist.isend(self.shard.data[a:b], w, group=self.group, tag=tag + k)
+                    work = dist.isend(
+                        self.shard.data[a:b], w, group=lane(self.group, self.rank, w), tag=tag + k
+                    )
                     works.append(work)
                     self._sends.append((work, f"pull {k} to rank {w}"))
         return works
@@ -303,7 +325,7 @@ class PsWorker:
                 parts.append((s, keys, bufs[0], None))
                 continue
             for i, buf in enumerate(bufs):
-                work = dist.isend(buf, dst, group=self.group, tag=_PUSH_TAG + 2 * g + i)
+                work = dist.isend(buf, dst, group=lane(self.group, self.rank, dst), tag=_PUSH_TAG + 2 * g + i)
                 self._sends.append((work, f"push {g} to rank {dst}", buf))
             parts.append((s, keys, bufs[0], None))
         return Ticket(unit=g, parts=parts, done=True)
@@ -328,7 +350,8 @@ class PsWorker:
                     parts.append((s, keys, None, None))  # local: read the shard when waited on
                     continue
                 buf = torch.empty(sum(key.numel for key in keys))
-                parts.append((s, keys, buf, dist.irecv(buf, src, group=self.group, tag=tag + k)))
+                work = dist.irecv(buf, src, group=lane(self.group, src, self.rank), tag=tag + k)
+                parts.append((s, keys, buf, work))
             tickets.append(Ticket(unit=k, parts=parts))
         return tickets
 

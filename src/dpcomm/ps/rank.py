@@ -81,7 +81,11 @@ class PsRank:
         log: Callable[[str], None] = lambda _m: None,
         stop: int | None = None,
         resumed: dict[str, Any] | None = None,
+        lanes: tuple[Any, Any] | None = None,
     ) -> None:
+        """``lanes``: the two process groups of pushes and pulls, lower to higher rank and back
+        (:mod:`dpcomm.ps.node`), over ``group``'s ranks; None: made here, which every rank of the default
+        group must then do at the same point (``torch.distributed.new_group``)."""
         self.model, self.optimizer, self.spec, self.rank, self.group = model, optimizer, spec, rank, group
         self.ckpt_at, self.it, self.log, self.stop = ckpt_at, start, log, stop
         mods = forward_layers(model, sample, group)
@@ -100,6 +104,9 @@ class PsRank:
         )
         L = len(mods)
         self.pushes = [(l, l) for l in range(L - 1, -1, -1)] if spec.push == "wfbp" else [(0, L - 1)]
+        if lanes is None:  # pushes and pulls on two groups of their own, one per direction (dpcomm.ps.node)
+            members = dist.get_process_group_ranks(group) if group is not None else None
+            lanes = (dist.new_group(members), dist.new_group(members))
         g_cfg = optimizer.param_groups[0]
         s = self.layout.server_of(rank)
         self.server = None
@@ -113,13 +120,13 @@ class PsRank:
                 momentum=g_cfg["momentum"],
                 weight_decay=g_cfg["weight_decay"],
                 sparsify=spec.sparsify,
-                group=group,
+                group=lanes,
             )
             self._load_server_momentum()
         self.worker = None
         if self.layout.is_worker(rank):
             self.worker = PsWorker(
-                self.layout, rank, self.params, sparsify=spec.sparsify, server=self.server, group=group
+                self.layout, rank, self.params, sparsify=spec.sparsify, server=self.server, group=lanes
             )
         self.pull_plan = self._plan_pulls(mods, sample)
         self.units = list(self.pull_plan.batches)
@@ -202,15 +209,17 @@ class PsRank:
         return box[0]
 
     def _time_forward(
-        self, mods: list[nn.Module], sample: torch.Tensor | None, rounds: int = 3
+        self, mods: list[nn.Module], sample: torch.Tensor | None, rounds: int = 5, warmup: int = 3
     ) -> list[float] | None:
         """``C_i``: each layer's forward time (s), median of ``rounds`` forwards of ``sample`` (None without
-        one); every rank of the group calls it, and the rounds start together (a barrier each). Layer ``i``
+        one), after ``warmup`` untimed ones (a new model's first forwards run 1.5x slower while the
+        allocator settles: ResNet-20 55, 63, 48, then 34-39 ms); every rank of the group calls it, and the
+        rounds start together (a barrier each). Layer ``i``
         owns the time from its start to layer ``i+1``'s, the first from the forward's start, the last to its
         end, so the ``C_i`` add up to the whole forward (pooling, concatenation and activations between
         learnable layers are compute that a pulled batch must wait for too)."""
         if sample is None:
-            for _ in range(rounds):
+            for _ in range(warmup + rounds):
                 dist.barrier(group=self.group)
             return None
         saved = [b.clone() for b in self.model.buffers()]  # batch-norm statistics: leave them as they were
@@ -223,8 +232,11 @@ class PsRank:
         hooks = [m.register_forward_pre_hook(lambda _m, _a, i=i: _mark(i)) for i, m in enumerate(mods)]
         L = len(mods)
         try:
-            for _ in range(rounds):
+            for r in range(warmup + rounds):
                 dist.barrier(group=self.group)
+                if r < warmup:
+                    self.model(sample)
+                    continue
                 marks.clear()
                 marks[-1] = time.perf_counter()
                 self.model(sample)
