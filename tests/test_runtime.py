@@ -408,6 +408,13 @@ def test_trial_times_candidates_round_robin_and_keeps_the_fewest_messages_within
     close.record(0.1000)
     assert close.choose(None)[0] is c
     assert close.choose(None, margin=0.001)[0] is a
+    # a preferred baseline (DDP's own buckets) is kept within the margin, even against fewer messages,
+    # and not outside it (c is 9.6% slower than b)
+    assert trial.choose(None, prefer=2)[0] is b
+    near = Trial([b, c], 1)
+    near.record(0.0990)
+    near.record(0.1000)
+    assert near.choose(None)[0] is b and near.choose(None, prefer=1)[0] is c
 
 
 def test_candidates_are_the_plan_single_and_ddp_buckets_once_each():

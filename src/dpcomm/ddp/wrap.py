@@ -16,8 +16,9 @@ Alg. 1 lines 1-7, "benchmarks in the first several iterations"), but before DDP 
    do the reductions, each message also takes CPU time from backward): DDP is built with the planned plan,
    ``single`` and DDP's default buckets, the three are timed round-robin on the example batch
    (``verify_iters`` forward/backward passes each, no optimizer step; buffers restored) and the fastest,
-   as the slowest rank saw it, is kept (of those within 2%, the one with the fewest buckets), as
-   ``dpcomm.DataParallel`` does (:class:`dpcomm.train.autoplan.Trial`).
+   as the slowest rank saw it, is kept, as ``dpcomm.DataParallel`` does
+   (:class:`dpcomm.train.autoplan.Trial`); of those within 2% of the fastest, DDP's default buckets if
+   they are one (what the user had is kept unless a plan is measurably faster), else the fewest buckets.
 
 Buckets equal the plan from the second iteration on (DDP rebuilds them in gradient-ready order after the
 first; see :mod:`dpcomm.ddp.buckets`); a DDP kept from the timed trial has rebuilt them already.
@@ -217,7 +218,7 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs)
     import gc
 
     from dpcomm.trace.profiler import default_loss
-    from dpcomm.train.autoplan import Trial, candidates
+    from dpcomm.train.autoplan import Trial, candidates, ddp_default_plan
 
     world = dist.get_world_size(group)
     options = [caps] + [
@@ -241,7 +242,11 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs)
             (loss_fn or default_loss)(out).backward()
             if step >= 2 * len(ddps):
                 trial.record(time.perf_counter() - t0)
-        best, medians = trial.choose(group)
+        # DDP's own buckets are what the user had: kept unless a plan is measurably (> 2%) faster
+        default = ddp_default_plan(trace, cost, world).groups
+        best, medians = trial.choose(group, prefer=next(
+            (i for i, c in enumerate(options) if c.plan.groups == default), None
+        ))  # fmt: skip
     finally:
         for p in params:
             p.grad = None

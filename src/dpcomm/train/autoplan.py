@@ -158,16 +158,21 @@ def _plain(meta: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def ddp_default_plan(trace: Trace, cost: CommCost, nodes: int) -> Plan:
+    """DDP's default buckets as a plan (1 MiB first, then 25 MiB), named ``ddp-buckets``."""
+    from dpcomm.planner.bucket import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, plan_bucket
+
+    first, rest = DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES
+    return plan_bucket(trace, cost, nodes, size_bytes=rest, first_bytes=first, name="ddp-buckets")
+
+
 def candidates(plan: Plan, trace: Trace, cost: CommCost, nodes: int) -> list[Plan]:
     """The planned plan first, then the fallbacks a measurement may prefer: ``single`` (one start-up, no
     overlap) and DDP's default buckets (1 MiB first, then 25 MiB); plans with the same groups appear once."""
     from dpcomm.planner import plan_single
-    from dpcomm.planner.bucket import DDP_BUCKET_BYTES, DDP_FIRST_BUCKET_BYTES, plan_bucket
 
     out = [plan]
-    first, rest = DDP_FIRST_BUCKET_BYTES, DDP_BUCKET_BYTES
-    ddp = plan_bucket(trace, cost, nodes, size_bytes=rest, first_bytes=first, name="ddp-buckets")
-    for c in (plan_single(trace, cost, nodes), ddp):
+    for c in (plan_single(trace, cost, nodes), ddp_default_plan(trace, cost, nodes)):
         if all(c.groups != o.groups for o in out):
             out.append(c)
     return out
@@ -196,16 +201,17 @@ class Trial:
         self.times[self._cur].append(seconds)
         self._cur = (self._cur + 1) % len(self.plans)
 
-    def choose(self, group: Any, margin: float = 0.02) -> tuple[Plan, list[float]]:
+    def choose(self, group: Any, margin: float = 0.02, prefer: int | None = None) -> tuple[Plan, list[float]]:
         """The candidate to keep, and the medians of its iteration times as the slowest rank measured them
         (so every rank chooses the same): of the candidates within ``margin`` (a fraction) of the fastest,
-        the one with the fewest messages (groups; the earlier candidate on a tie). Fewer messages cost less
-        CPU beside backward and fewer start-ups, so where timing cannot tell plans apart they are the safer
-        choice on a busy machine."""
+        candidate ``prefer`` if it is one of them, else the one with the fewest messages (groups; the
+        earlier candidate on a tie). Fewer messages cost less CPU beside backward and fewer start-ups, so
+        where timing cannot tell plans apart they are the safer choice on a busy machine; ``prefer`` is for
+        a baseline the user already has (DDP's own buckets), kept unless a plan is measurably faster."""
         med = torch.tensor([statistics.median(t) for t in self.times], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
             dist.all_reduce(med, op=dist.ReduceOp.MAX, group=group)
         medians = med.tolist()
         close = [i for i, m in enumerate(medians) if m <= min(medians) * (1 + margin)]
-        best = min(close, key=lambda i: (len(self.plans[i].groups), i))
+        best = prefer if prefer in close else min(close, key=lambda i: (len(self.plans[i].groups), i))
         return self.plans[best], medians
