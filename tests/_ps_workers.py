@@ -142,3 +142,25 @@ def reference(iters: int, workers: int, batch: int) -> torch.Tensor:
             p.grad = g / workers
         opt.step()
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+def googlenet_layers() -> dict[str, Any]:
+    """One rank's PS set-up and one iteration on GoogLeNet (64x64 inputs): its layer order and the loss."""
+    from dpcomm.models import learnable_layers
+
+    init_worker("gloo", timeout_s=30)
+    torch.manual_seed(0)
+    model = get_model("googlenet", 10)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(2, 3, 64, 64), torch.tensor([1, 2])
+    ps = PsRank(model, opt, PsSpec(pull="ibatch", probe_rounds=1), rank=0, workers=1, sample=x, stop=1)
+    names = {id(m): n for n, m in model.named_modules()}
+    loss = ps.iteration(x, y)
+    ps.finish()
+    return {
+        "ps": [names[id(m)] for m in ps.layers],
+        "forward": [n for n, _ in learnable_layers(model, x)],
+        "registered": [n for n, _ in learnable_layers(model)],
+        "loss": loss,
+        "C": ps.pull_plan.meta["C_s"],
+    }

@@ -133,3 +133,27 @@ def test_unknown_model_is_one_line_listing_choices():
     assert "\n" not in msg and "resnet51" in msg and all(n in msg for n in PUBLISHED)
     with pytest.raises(UserError):
         example_input("lenet5", 0)
+
+
+def test_classification_loss_adds_each_aux_head_with_weight_0_3():
+    from dpcomm.models.loss import AUX_WEIGHT, classification_loss
+
+    torch.manual_seed(0)
+    y = torch.randint(0, 5, (4,))
+    main, aux2, aux1 = (torch.randn(4, 5) for _ in range(3))
+    ce = nn.functional.cross_entropy
+    assert classification_loss(main, y) == ce(main, y)  # eval mode: logits alone
+    want = ce(main, y) + AUX_WEIGHT * ce(aux2, y) + AUX_WEIGHT * ce(aux1, y)
+    assert torch.equal(classification_loss((main, aux2, aux1), y), want) and AUX_WEIGHT == 0.3
+    assert torch.equal(classification_loss((main, None), y), ce(main, y))  # inception-v3 without aux
+
+
+def test_googlenet_trains_on_its_tuple_output():
+    from dpcomm.models.loss import classification_loss
+
+    model = GoogLeNet(num_classes=10)  # aux heads on: training mode returns (logits, aux2, aux1)
+    x, y = torch.randn(2, 3, 64, 64), torch.tensor([1, 2])
+    out = model(x)
+    assert isinstance(out, tuple) and len(out) == 3
+    classification_loss(out, y).backward()
+    assert model.aux1.fc2.weight.grad is not None and model.fc.weight.grad is not None

@@ -11,7 +11,7 @@ import torch
 
 from dpcomm.launch import WorkerFailure, launch
 from dpcomm.planner.pull import PULL_METHODS
-from tests._ps_workers import reference, run_cases
+from tests._ps_workers import googlenet_layers, reference, run_cases
 
 W, S, ITERS, BATCH = 3, 2, 2, 4
 # LeNet-5 after 2 iterations: the server sums W gradients and divides by W, the reference averages one
@@ -87,3 +87,15 @@ def test_killed_worker_fails_the_others_in_one_line(monkeypatch):
     msg = str(exc.value)
     assert "\n" not in msg and "rank" in msg
     assert elapsed < 60 + timeout  # start-up of 3 processes, then at most one timeout
+
+
+@pytest.mark.slow
+def test_layers_in_forward_order_and_aux_heads_trained():
+    # GoogLeNet registers its aux heads last but runs aux1 after inception4a: the PS pulls (and shards) the
+    # layers in the order the forward runs them, and the loss includes the aux heads' (a tuple output)
+    got = launch(googlenet_layers, 1)[0]
+    assert got["ps"] == got["forward"] != got["registered"]
+    order = got["ps"]
+    first_4b = next(i for i, n in enumerate(order) if n.startswith("inception4b"))
+    assert order.index("aux1.conv.conv") < first_4b and order[-1] == "fc"
+    assert torch.isfinite(torch.tensor(got["loss"])) and len(got["C"]) == 123 and min(got["C"]) >= 0

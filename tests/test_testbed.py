@@ -103,6 +103,26 @@ def test_bad_up_arguments_are_one_line(capsys, argv, words):
     assert rc == 2 and err.count("\n") == 1 and words in err
 
 
+def _sysctl(ns: str, key: str) -> str:
+    return subprocess.run(
+        ["ip", "netns", "exec", ns, "sysctl", "-n", key], capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+def test_no_slow_start_after_idle_reaches_every_server(tb, capsys):
+    rc, _, _ = _run_cli(
+        capsys, "testbed", "up", "--topology", "star:2", "--name", tb, "--no-slow-start-after-idle"
+    )
+    try:
+        assert rc == 0 and load_state(tb)["slow_start_after_idle"] is False
+        for i in range(2):
+            assert _sysctl(names.host_ns(tb, i), "net.ipv4.tcp_slow_start_after_idle") == "0"
+    finally:
+        build.down(tb)
+
+
 @pytest.mark.testbed
 @pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 def test_up_status_exec_down(tb, capsys):
@@ -160,6 +180,8 @@ def test_up_status_exec_down(tb, capsys):
         ).stdout.strip()
         assert cc == "reno", (i, cc)
     assert state["congestion_control"] == "reno"
+    assert _sysctl(names.host_ns(tb, 0), "net.ipv4.tcp_slow_start_after_idle") == "1"  # Linux's default
+    assert state["slow_start_after_idle"] is True
 
     # a dpcomm command without the multi-node flags is refused up front, not on every server
     rc, _, err = _run_cli(capsys, "testbed", "launch", "--name", tb, "--", "dpcomm", "models")

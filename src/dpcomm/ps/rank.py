@@ -88,7 +88,7 @@ class PsRank:
         group must then do at the same point (``torch.distributed.new_group``)."""
         self.model, self.optimizer, self.spec, self.rank, self.group = model, optimizer, spec, rank, group
         self.ckpt_at, self.it, self.log, self.stop = ckpt_at, start, log, stop
-        mods = forward_layers(model, sample, group)
+        self.layers = mods = forward_layers(model, sample, group)
         owned = layer_params(model, [("", m) for m in mods])  # a shared parameter goes with its first layer
         # parameters (and so keys, shards and pull messages) in forward order: a batch is a contiguous run
         self.params = [p for ps in owned for p in ps]
