@@ -10,7 +10,8 @@ is a loop of its own). Set-up, on every rank of the run:
    push groups come from the spec (``wfbp``: one per layer, last first; ``single``: one);
 3. the pull plan: ``all`` and ``layer`` need nothing measured; for ``ibatch``/``optimal`` the ranks time
    ``probe_rounds`` rounds of pulling everything in one batch and layer by layer (``T_all = Ts + beta B``,
-   ``T_layer = L Ts + beta B``, so ``Ts`` and the per-byte ``beta`` follow; ``Tt_i = beta * bytes_i``),
+   ``T_layer = L Ts + beta B``, so ``Ts`` and the per-byte ``beta`` follow, each the median over the
+   workers; ``Tt_i = beta * bytes_i``),
    and every worker given a ``sample`` times each layer's forward on it (``C_i``), all of them at once, as
    they compute during training (on a shared machine a forward run alone is faster than one run beside
    the other workers'); rank 0 takes each layer's median over those workers, plans
@@ -185,7 +186,10 @@ class PsRank:
         return plan
 
     def _probe(self, L: int) -> tuple[float, float]:
-        """``(Ts, beta)`` from timed pulls (module docstring), rank 0's medians, known to every rank."""
+        """``(Ts, beta)`` from timed pulls (module docstring), known to every rank: each worker's own from
+        its median round, then the median over the workers. Every worker's view counts: in a co-located run
+        with three or more workers the pulls of one round reach some workers later than others, and rank 0
+        alone may be a fast one."""
         plans = {"all": [(0, L - 1)], "layer": [(l, l) for l in range(L)]}
         times: dict[str, list[float]] = {"all": [], "layer": []}
         for _ in range(self.spec.probe_rounds):
@@ -200,13 +204,18 @@ class PsRank:
                 times[name].append(time.perf_counter() - t0)
                 if self.server is not None:
                     self.server.finish()
-        t_all, t_layer = statistics.median(times["all"]), statistics.median(times["layer"])
-        remote = sum(k.numel * 4 for k in self.layout.keys if self.layout.server_rank(k.server) != self.rank)
-        Ts = max(0.0, (t_layer - t_all) / max(1, L - 1))
-        beta = max(0.0, (t_all - Ts) / max(1, remote))
-        box = [(Ts, beta)]
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        return box[0]
+        mine = None
+        if self.worker is not None:
+            t_all, t_layer = statistics.median(times["all"]), statistics.median(times["layer"])
+            remote = sum(
+                k.numel * 4 for k in self.layout.keys if self.layout.server_rank(k.server) != self.rank
+            )
+            Ts = max(0.0, (t_layer - t_all) / max(1, L - 1))
+            mine = (Ts, max(0.0, (t_all - Ts) / max(1, remote)))
+        every: list[Any] = [None] * self.layout.world
+        dist.all_gather_object(every, mine, group=self.group)
+        seen = [e for e in every if e is not None]
+        return statistics.median(e[0] for e in seen), statistics.median(e[1] for e in seen)
 
     def _time_forward(
         self, mods: list[nn.Module], sample: torch.Tensor | None, rounds: int = 5, warmup: int = 3
