@@ -224,11 +224,10 @@ class PsRank:
         """``C_i``: each layer's forward time (s), median of ``rounds`` forwards of ``sample`` (None without
         one), after ``warmup`` untimed ones (a new model's first forwards run 1.5x slower while the
         allocator settles: ResNet-20 55, 63, 48, then 34-39 ms), each followed by a backward as in
-        training; every rank of the group calls it, and the
-        rounds start together (a barrier each). Layer ``i``
-        owns the time from its start to layer ``i+1``'s, the first from the forward's start, the last to its
-        end, so the ``C_i`` add up to the whole forward (pooling, concatenation and activations between
-        learnable layers are compute that a pulled batch must wait for too)."""
+        training; every rank of the group calls it, and the rounds start together (a barrier each). Layer
+        ``i`` owns the time from its start to layer ``i+1``'s, the first from the forward's start, the last
+        to its end, so the ``C_i`` add up to the whole forward (pooling, concatenation and activations
+        between learnable layers are compute that a pulled batch must wait for too)."""
         if sample is None:
             for _ in range(warmup + rounds):
                 dist.barrier(group=self.group)
