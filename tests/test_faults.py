@@ -192,7 +192,8 @@ def test_ctrl_c_while_workers_start_is_one_line(tmp_path):
     The launcher ignores SIGINT while it spawns them and takes it back once they run (lifecycle's module
     docstring): the Ctrl-C comes once /proc shows it taken back. A fixed 0.3 s after the workers appeared
     was once too early in a full test run (the Ctrl-C was ignored and the benchmark ran to the end)."""
-    proc = _start(tmp_path, *_BENCH, "--json")
+    argv = [*_BENCH[: _BENCH.index("--iters") + 1], "50000"]  # long enough for a second Ctrl-C (below)
+    proc = _start(tmp_path, *argv, "--json")
     _wait_for_workers(proc, settle_s=0.0)
     deadline = time.monotonic() + 60
     while _ignores_sigint(proc.pid) and time.monotonic() < deadline and proc.poll() is None:
@@ -200,7 +201,7 @@ def test_ctrl_c_while_workers_start_is_one_line(tmp_path):
     assert not _ignores_sigint(proc.pid), "the launcher never took SIGINT back"
     os.killpg(proc.pid, signal.SIGINT)
     try:  # in two full fresh-clone runs a first Ctrl-C was lost and the benchmark ran to its end (rc 0);
-        _, err = proc.communicate(timeout=5)  # the docstring of dpcomm.lifecycle says: press again
+        _, err = proc.communicate(timeout=3)  # the docstring of dpcomm.lifecycle says: press again
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGINT)
         _, err = proc.communicate(timeout=60)
