@@ -20,6 +20,7 @@ nothing behind and ends in one line.
   traceback in each. A watcher thread sees the workers exec'd and gives SIGINT back to the launcher
   (through SIGUSR1 to its main thread); Ctrl-C then stops the agent, which stops the workers with SIGTERM.
   A Ctrl-C inside that window (spawning plus a 5 ms poll, tens of milliseconds) is ignored: press again.
+  A launcher that starts with SIGINT ignored (a background job of a non-interactive shell) keeps it so.
   In the workers SIGINT and SIGTERM keep their default action (die, silently). SIGTERM to the launcher goes
   to the agent, which stops the workers. Either way :class:`dpcomm.errors.Interrupted` or
   ``KeyboardInterrupt`` reaches the CLI: ``dpcomm: interrupted``, exit 130 or 143.
