@@ -89,6 +89,7 @@ def worker(args: argparse.Namespace) -> None:
             sample=data.batch(0)[0] if data is not None else None,
             group=group,
             stop=total,
+            align_sends=not args.unaligned,
         )
     steady: dict[str, list[dict]] = {m: [] for m in METHODS}
     done = {m: 0 for m in METHODS}
@@ -190,7 +191,7 @@ def driver(args: argparse.Namespace) -> int:
     try:
         argv = ["python", str(Path(__file__).resolve()), "--worker", "--model", args.model]
         argv += ["--batch", str(args.batch), "--iters", str(args.iters), "--rounds", str(args.rounds)]
-        argv += ["--servers", str(args.servers)]
+        argv += ["--servers", str(args.servers)] + (["--unaligned"] if args.unaligned else [])
         res = launch_workers(state, argv, timeout_s=args.timeout)
         text = (res.out_dir / "rank0.out").read_text()
         lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
@@ -212,6 +213,7 @@ def driver(args: argparse.Namespace) -> int:
             "slow_start_after_idle": args.slow_start_after_idle,
             "iters": args.iters,
             "rounds": args.rounds,
+            "aligned_sends": not args.unaligned,
             "load_before": load,
             "date": datetime.date.today().isoformat(),
         }
@@ -220,6 +222,7 @@ def driver(args: argparse.Namespace) -> int:
         f"{args.model}, batch {args.batch}, {args.topology} at {args.rate}, MTU {args.mtu}, "
         f"switch-port queue {args.queue_ms:g} ms ({out['drops']} frames dropped in the run), "
         f"slow start after idle {'on' if args.slow_start_after_idle else 'off'}, "
+        f"pull sends {'unaligned' if args.unaligned else 'aligned'}, "
         f"{out['workers']} workers, {out['servers']} {out['placement']} servers, {args.rounds} rounds of "
         f"{args.iters} iterations per method; load average before {load}; measured Ts "
         f"{out['Ts_s'] * 1e3:.3f} ms, beta {out['beta_s_per_byte'] * 1e9:.2f} ns/B, "
@@ -247,6 +250,9 @@ def main() -> int:
     parser.add_argument("--iters", type=int, default=8, help="iterations per method per round")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--timeout", type=float, default=900.0)
+    parser.add_argument(
+        "--unaligned", action="store_true", help="co-located servers send pulls as each is ready (no barrier)"
+    )
     parser.add_argument("--json", help="write the results here")
     args, extra = parser.parse_known_args()  # the testbed appends --nnodes/--node-rank/.. (read from env)
     if extra and not args.worker:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -211,9 +211,17 @@ class PsServer:
                         )
                     )
 
-    def serve(self, pulls: Sequence[tuple[int, int]], *, post_next: bool = True) -> float:
+    def serve(
+        self,
+        pulls: Sequence[tuple[int, int]],
+        *,
+        post_next: bool = True,
+        align: Callable[[], None] | None = None,
+    ) -> float:
         """Sum the pushes, update the shard, post the next pushes (unless this was the last iteration: a
-        receive left posted would catch a later run's messages), send ``pulls``; returns the update time."""
+        receive left posted would catch a later run's messages), call ``align`` (co-located runs: every
+        server sends at once, :meth:`dpcomm.ps.rank.PsRank._align_sends`), send ``pulls``; returns the
+        update time."""
         for work, what in self._sends:  # last iteration's pulls must be out before the shard changes
             _wait(work, what, self.rank)
         for work, what in self._works:
@@ -237,6 +245,8 @@ class PsServer:
         update_s = time.perf_counter() - t0
         if post_next:
             self.post_pushes()
+        if align is not None:
+            align()
         self.send(pulls, _PULL_TAG)
         return update_s
 
