@@ -196,6 +196,22 @@ def test_shipped_traces_cover_the_zoo():
         find_trace("resnet51")
 
 
+def test_shipped_h100_traces_are_the_zoo_models_measured_on_a_gpu():
+    stems = [stem for stem in shipped_traces() if "-h100-" in stem]
+    assert len(stems) >= 5
+    for stem in stems:
+        trace = find_trace(stem)
+        assert trace_path(trace.model, "h100") is not None and trace.device.startswith("cuda:")
+        assert trace.total_params == count_params(trace.model)
+        with torch.device("meta"):
+            assert trace.num_layers == len(learnable_layers(get_model(trace.model)))
+        assert all(layer.forward_s > 0 and layer.backward_s > 0 for layer in trace.layers)
+        # hooks cost launch gaps on a GPU (docs/traces.md): per-layer sums at or above the hook-free pass
+        meta = trace.to_dict()
+        assert 0.95 < trace.t_f / meta["iteration_forward_s"] < 1.6, stem
+        assert 0.95 < trace.t_b / meta["iteration_backward_s"] < 1.6, stem
+
+
 def test_cli_writes_a_valid_trace(tmp_path, capsys, one_thread):
     out = tmp_path / "lenet.json"
     args = ["profile", "--model", "lenet5", "--batch-size", "4", "--iters", "2", "--warmup", "0"]
