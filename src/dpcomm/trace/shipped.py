@@ -1,8 +1,9 @@
 """Traces shipped with dpcomm, in ``dpcomm/data/traces/<model>-<device>-b<batch>.json``.
 
 Measured CPU traces of the whole zoo (``resnet50-cpu-b8``; see ``docs/traces.md`` for how each was made),
-measured H100 traces of five of its models (``resnet50-h100-b32``), and analytic K80 traces of the two networks of the MG-WFBP reproduction (``googlenet-k80-b64``,
-``resnet50-k80-b32``, device ``analytic:k80``; see :mod:`dpcomm.trace.analytic`).
+measured H100 traces of five of its models (``resnet50-h100-b32``), and analytic K80 traces of the two
+networks of the MG-WFBP reproduction (``googlenet-k80-b64``, ``resnet50-k80-b32``, device ``analytic:k80``;
+see :mod:`dpcomm.trace.analytic`).
 """
 
 from __future__ import annotations
