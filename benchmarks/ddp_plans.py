@@ -73,10 +73,12 @@ def _on_testbed(args: argparse.Namespace, argv: list[str]) -> tuple[list[dict], 
     """Build the testbed, run this script on every server (``--node``), read node 0's rows, tear down."""
     import json
 
+    from _common import sigterm_exits
     from dpcomm.testbed import TestbedConfig, down, launch_workers, parse_rate, up
 
     cfg = TestbedConfig(name="ddpplan", topology=args.testbed, rate_bps=parse_rate(args.rate), mtu=args.mtu)
     down(cfg.name)
+    sigterm_exits()  # a killed run still takes its testbed down (finally)
     state = up(cfg)
     try:
         cmd = [sys.executable, str(Path(__file__).resolve()), "--node", "--models", args.models]

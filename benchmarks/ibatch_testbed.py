@@ -36,7 +36,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from _common import loadavg
+from _common import loadavg, sigterm_exits
 
 METHODS = ["all", "layer", "ibatch", "optimal"]
 
@@ -187,6 +187,7 @@ def driver(args: argparse.Namespace) -> int:
         slow_start_after_idle=args.slow_start_after_idle,
     )
     load = loadavg()
+    sigterm_exits()  # a killed run still takes its testbed down (finally)
     state = up(cfg)
     try:
         argv = ["python", str(Path(__file__).resolve()), "--worker", "--model", args.model]

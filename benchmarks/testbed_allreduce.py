@@ -29,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from _common import loadavg
+from _common import loadavg, sigterm_exits
 from dpcomm.testbed import TestbedConfig, down, launch_workers, names, parse_rate, qdiscs, up
 from dpcomm.topology import parse_topology
 from dpcomm.utils.sizes import parse_size
@@ -94,6 +94,7 @@ def measure(
 ) -> dict:
     """Build ``topology``, time ``algorithms`` x ``sizes`` on it, tear it down; returns rows and context."""
     down(name)
+    sigterm_exits()  # a killed run still takes its testbed down (finally)
     up(
         TestbedConfig(
             name=name,

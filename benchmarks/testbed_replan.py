@@ -27,7 +27,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from _common import loadavg
+from _common import loadavg, sigterm_exits
 from dpcomm.testbed import TestbedConfig, down, link_counters, load_state, parse_rate, up
 from dpcomm.utils.io import atomic_write_json
 
@@ -61,6 +61,7 @@ def main() -> int:
              "--records-json", str(records)]  # fmt: skip
     launch = [*dpcomm, "testbed", "launch", "--name", a.name, "--", *train]
     down(a.name)
+    sigterm_exits()  # a killed run still takes its testbed down (finally)
     up(TestbedConfig(name=a.name, topology="star:4", rate_bps=parse_rate(a.rate)))
     done: list[tuple[float, str, str]] = []  # (unix time, rate, the tool's output)
     try:

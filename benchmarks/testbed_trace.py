@@ -28,6 +28,8 @@ import threading
 import time
 from pathlib import Path
 
+from _common import sigterm_exits
+
 NAME = "trace"  # the testbed's name; --name changes it
 EVENTS: list[tuple] = []
 TCP_COUNTERS = ("RetransSegs", "TCPTimeouts", "TCPLossProbes", "TCPFastRetrans", "TCPSpuriousRTOs")
@@ -170,6 +172,7 @@ def trace(
     cfg = TestbedConfig(
         name=name, topology=topology, rate_bps=rate_bps, mtu=mtu, congestion_control=cc, queue_ms=queue_ms
     )
+    sigterm_exits()  # a killed run still takes its testbed down (finally)
     up(cfg)
     load = [" ".join(open("/proc/loadavg").read().split()[:3])]
     samples: list = []

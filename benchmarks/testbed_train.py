@@ -24,7 +24,7 @@ import os
 import sys
 from pathlib import Path
 
-from _common import loadavg
+from _common import loadavg, sigterm_exits
 from dpcomm.testbed import TestbedConfig, down, launch_workers, load_state, parse_rate, up
 
 NAME = "train"
@@ -38,6 +38,7 @@ def run_configs(
     if threads is None:
         threads = max(1, (os.cpu_count() or 1) // len(load_servers(topology)))
     down(NAME)
+    sigterm_exits()  # a killed run still takes its testbed down (finally)
     up(TestbedConfig(name=NAME, topology=topology, rate_bps=rate_bps))
     out = []
     try:
