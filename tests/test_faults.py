@@ -238,6 +238,26 @@ def test_kill_9_of_a_worker_ends_the_run_in_one_line(tmp_path):
     assert _gone(workers, 5.0) == [] and _leftovers(tmp_path) == []
 
 
+def test_a_failed_worker_says_nothing_more_on_stderr():
+    """Once a worker's function has raised, its reason travels in torch's error record; what the process
+    writes to fd 2 afterwards (gloo's socket thread aborting after a lost peer: 8 lines once, above the
+    one-line error) goes nowhere. Before that, stderr is the worker's own."""
+    code = (
+        "import os\n"
+        "from dpcomm.lifecycle import worker_entry\n"
+        "def fn():\n"
+        "    os.write(2, b'before\\n')\n"
+        "    raise RuntimeError('lost peer')\n"
+        "try:\n"
+        "    worker_entry(fn)\n"
+        "except RuntimeError:\n"
+        "    os.write(2, b'terminate called after throwing an instance of gloo::IoException\\n')\n"
+        "    print('raised')\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout, r.stderr) == (0, "raised\n", "before\n")
+
+
 def test_a_port_in_use_is_one_line_before_any_worker(capsys, monkeypatch):
     """Another run's store (here: any listener) on --master-port: one line, no worker, no table header.
     (Before: the run joined the other store and died with a 95-line error.)"""
