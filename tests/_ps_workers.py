@@ -7,6 +7,7 @@ One launch of ``W + S`` processes runs every case back to back: co-located cases
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import torch
@@ -93,31 +94,15 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
             out.append(None)
             dist.barrier()
             continue
-        flat, sha, saved, plan = _run(
-            spec,
-            rank,
-            workers,
-            case["iters"],
-            case["batch"],
-            group,
-            lanes[not spec.servers],
-            ckpt_at=(lambda t, c=case: t == c.get("ckpt", -1)),
+        run = functools.partial(
+            _run, spec, rank, workers, case["iters"], case["batch"], group, lanes[not spec.servers]
         )
+        flat, sha, saved, plan = run(ckpt_at=(lambda t, c=case: t == c.get("ckpt", -1)))
         row = {"sha": sha, "flat": flat if rank < workers else None, "plan": plan}
         if "ckpt" in case:  # resume from the state saved after iteration ckpt, on every rank
             box = [saved]
             dist.broadcast_object_list(box, src=0, group=group)
-            flat2, sha2, _, _ = _run(
-                spec,
-                rank,
-                workers,
-                case["iters"],
-                case["batch"],
-                group,
-                lanes[not spec.servers],
-                start=case["ckpt"] + 1,
-                state=box[0],
-            )
+            flat2, sha2, _, _ = run(start=case["ckpt"] + 1, state=box[0])
             row["resumed_sha"] = sha2
         out.append(row)
         dist.barrier()

@@ -173,11 +173,7 @@ def test_up_status_exec_down(tb, capsys):
 
     # every server runs reno, whatever the host's default (bbr on the VM the docs were measured on)
     for i in range(3):
-        cc = subprocess.run(
-            ["ip", "netns", "exec", names.host_ns(tb, i), "sysctl", "-n", "net.ipv4.tcp_congestion_control"],
-            capture_output=True,
-            text=True,
-        ).stdout.strip()
+        cc = _sysctl(names.host_ns(tb, i), "net.ipv4.tcp_congestion_control")
         assert cc == "reno", (i, cc)
     assert state["congestion_control"] == "reno"
     assert _sysctl(names.host_ns(tb, 0), "net.ipv4.tcp_slow_start_after_idle") == "1"  # Linux's default
