@@ -36,6 +36,18 @@ def results():
             "ckpt": 0,
         },
     ]
+    # request mode (each batch on the worker's request, answered by the servers' threads)
+    cases += [
+        {"spec": {"pull": "all", "servers": S, "pulls": "request"}, "iters": ITERS, "batch": BATCH},
+        {"spec": {"pull": "layer", "pulls": "request"}, "iters": ITERS, "batch": BATCH},
+        {
+            "spec": {"pull": "ibatch", "servers": S, "pulls": "request"},
+            "iters": ITERS,
+            "batch": BATCH,
+            "ckpt": 0,
+        },
+        {"spec": {"pull": "optimal", "pulls": "request"}, "iters": ITERS, "batch": BATCH, "ckpt": 0},
+    ]
     per_rank = launch(run_cases, W + S, cases, W, S)
     return cases, per_rank
 
@@ -74,7 +86,8 @@ def test_resume_from_server_state_is_bitwise(results):
 
 
 @pytest.mark.slow
-def test_killed_worker_fails_the_others_in_one_line(monkeypatch):
+@pytest.mark.parametrize("pulls", ["send", "request"])
+def test_killed_worker_fails_the_others_in_one_line(monkeypatch, pulls):
     from dpcomm.ps.runner import PsTrainConfig, train_ps
     from dpcomm.ps.spec import PsSpec
 
@@ -82,7 +95,8 @@ def test_killed_worker_fails_the_others_in_one_line(monkeypatch):
     timeout = 5.0
     t0 = time.monotonic()
     with pytest.raises(WorkerFailure) as exc:
-        train_ps(PsTrainConfig(spec=PsSpec(pull="layer", servers=1), workers=2, iters=6, timeout_s=timeout))
+        spec = PsSpec(pull="layer", servers=1, pulls=pulls)
+        train_ps(PsTrainConfig(spec=spec, workers=2, iters=6, timeout_s=timeout))
     elapsed = time.monotonic() - t0
     msg = str(exc.value)
     assert "\n" not in msg and "rank" in msg

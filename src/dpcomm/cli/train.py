@@ -82,9 +82,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     ps.add_argument("--pull", default=None, help="all (default), layer, ibatch or optimal: how workers pull")
     ps.add_argument("--ps-servers", type=int, default=None, metavar="S", help="S dedicated server processes")
     ps.add_argument("--sparsify", default=None, metavar="topk:R", help="push the top R of each gradient")
+    ps.add_argument(
+        "--pull-mode",
+        default=None,
+        metavar="send|request",
+        help="servers send every batch after the update (default), or each on the worker's request",
+    )
 
 
-PS_FLAGS = ("ps", "pull", "ps_servers", "sparsify")
+PS_FLAGS = ("ps", "pull", "ps_servers", "sparsify", "pull_mode")
 """Flags that are not :class:`TrainConfig` fields: they spell the ``ps:...`` schedule (``dpcomm.ps.spec``)."""
 
 
@@ -93,8 +99,8 @@ def _ps_spec(args: argparse.Namespace):
     from dpcomm.errors import UserError
 
     if not args.ps:
-        if args.pull is not None or args.ps_servers is not None or args.sparsify is not None:
-            raise UserError("--pull, --ps-servers and --sparsify need --ps")
+        if any(getattr(args, f) is not None for f in PS_FLAGS[1:]):
+            raise UserError("--pull, --ps-servers, --sparsify and --pull-mode need --ps")
         return None
     if args.schedule != "mgwfbp":
         raise UserError("--ps chooses the schedule: give --pull, not --schedule")
@@ -106,6 +112,7 @@ def _ps_spec(args: argparse.Namespace):
         pull=(args.pull or "all").lower(),
         servers=args.ps_servers or 0,
         sparsify=parse_sparsify(args.sparsify),
+        pulls=(args.pull_mode or "send").lower(),
     )
 
 

@@ -21,6 +21,14 @@ One iteration ``t`` (BSP: the pulls for ``t+1`` are only sent once all ``W`` pus
 The first iteration of a run pulls nothing: every rank starts from the same parameters (one seed, or the
 checkpoint). :meth:`PsWorker.wait` after the last iteration makes every worker current.
 
+Request mode (``pulls=request``; :data:`dpcomm.ps.spec.PULL_MODES`): in step 3 the server does not send;
+:meth:`PsServer.answer` starts a thread per remote worker that waits for that worker's request of each batch
+(a one-element message) and then sends the batch. In step 4 :meth:`PsWorker.request` starts a thread that
+asks every server for batch ``k`` only once batch ``k-1`` has arrived from all of them, so every pull pays
+a round trip and the threads' wake-ups: the pull start-up ``Ts`` of the paper's model, which in send mode
+the back-to-back messages hide. The threads only block in ``wait`` (which releases the GIL) and
+:meth:`PsWorker.wait` waits on the batch's event; parameters are still written by the waiting thread.
+
 Sparsified pushes (``topk`` with error feedback): each push message carries the ``k = ceil(ratio n)``
 entries of largest magnitude of (gradient + residual) as indices and values; the rest stays in the
 worker's residual and is added to the next push; servers add the sparse pushes into a dense sum.
@@ -41,6 +49,7 @@ Every wait honours the process group's timeout; a peer that died or never answer
 from __future__ import annotations
 
 import math
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -57,6 +66,7 @@ __all__ = ["Layout", "PsError", "PsServer", "PsWorker", "Ticket"]
 _PUSH_TAG = 1000  # + 2 g (values or indices) / + 2 g + 1 (values of a sparse push)
 _PULL_TAG = 500000  # + k
 _PROBE_TAG = 900000  # + k
+_REQUEST = 20000  # a request of batch k of a pull tagged ``tag``: ``tag + _REQUEST + k``
 
 
 class PsError(RuntimeError):
@@ -139,6 +149,29 @@ def _wait(work: Any, what: str, rank: int) -> None:
         raise PsError(f"parameter server: rank {rank}: {what}: {first_line(exc)}") from None
 
 
+class _Job:
+    """A daemon thread running ``fn(*args)``; :meth:`join` re-raises its error as the caller's."""
+
+    def __init__(self, fn: Callable[..., None], *args: Any) -> None:
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn: Callable[..., None], *args: Any) -> None:
+        try:
+            fn(*args)
+        except BaseException as exc:  # handed to whoever joins or waits
+            self.error = exc
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def join(self) -> None:
+        self.thread.join()
+        self.check()
+
+
 @dataclass(slots=True)
 class Ticket:
     """Posted receives (or sends) of one unit; :meth:`PsWorker.wait` completes it once."""
@@ -147,6 +180,8 @@ class Ticket:
     parts: list[tuple[int, list[Key], torch.Tensor, Any]]
     """(server, keys, buffer, work or None for a local copy)."""
     done: bool = False
+    arrived: threading.Event | None = None
+    """Request mode: set by the worker's request thread once every part is in (the works are its own)."""
 
 
 class PsServer:
@@ -179,6 +214,7 @@ class PsServer:
         self._recv: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # (worker, group) -> buffers
         self._works: list[tuple[Any, str]] = []
         self._sends: list[tuple[Any, str]] = []
+        self._answers: list[_Job] = []  # request mode: one thread per remote worker
         self.local: dict[int, tuple[torch.Tensor, ...]] = {}  # group -> the co-located worker's own push
 
     def _n(self, g: int) -> int:
@@ -217,13 +253,13 @@ class PsServer:
         *,
         post_next: bool = True,
         align: Callable[[], None] | None = None,
+        request: bool = False,
     ) -> float:
         """Sum the pushes, update the shard, post the next pushes (unless this was the last iteration: a
         receive left posted would catch a later run's messages), call ``align`` (co-located runs: every
-        server sends at once, :meth:`dpcomm.ps.rank.PsRank._align_sends`), send ``pulls``; returns the
-        update time."""
-        for work, what in self._sends:  # last iteration's pulls must be out before the shard changes
-            _wait(work, what, self.rank)
+        server sends at once, :meth:`dpcomm.ps.rank.PsRank._align_sends`), send ``pulls`` (or, with
+        ``request``, answer each worker's requests of them); returns the update time."""
+        self.finish()  # last iteration's pulls must be out before the shard changes
         for work, what in self._works:
             _wait(work, what, self.rank)
         self._sends, self._works = [], []
@@ -247,7 +283,10 @@ class PsServer:
             self.post_pushes()
         if align is not None:
             align()
-        self.send(pulls, _PULL_TAG)
+        if request:
+            self.answer(pulls, _PULL_TAG)
+        else:
+            self.send(pulls, _PULL_TAG)
         return update_s
 
     def send(self, units: Sequence[tuple[int, int]], tag: int) -> list[Any]:
@@ -266,10 +305,34 @@ class PsServer:
                     self._sends.append((work, f"pull {k} to rank {w}"))
         return works
 
+    def answer(self, units: Sequence[tuple[int, int]], tag: int) -> None:
+        """Request mode: a thread per other worker sends it each unit's slice once it asks (module
+        docstring); returns at once, :meth:`finish` joins."""
+        for w in range(self.layout.workers):
+            if w != self.rank:
+                self._answers.append(_Job(self._answer, w, list(units), tag))
+
+    def _answer(self, w: int, units: list[tuple[int, int]], tag: int) -> None:
+        ask = torch.zeros(1, dtype=torch.int64)
+        for k, u in enumerate(units):
+            a, b = self.layout.shard_slice(u, self.s)
+            if a == b:
+                continue
+            _wait(
+                dist.irecv(ask, w, group=lane(self.group, w, self.rank), tag=tag + _REQUEST + k),
+                f"request of pull {k} from rank {w}",
+                self.rank,
+            )
+            work = dist.isend(self.shard.data[a:b], w, group=lane(self.group, self.rank, w), tag=tag + k)
+            _wait(work, f"pull {k} to rank {w}", self.rank)
+
     def finish(self) -> None:
         for work, what in self._sends:
             _wait(work, what, self.rank)
         self._sends = []
+        jobs, self._answers = self._answers, []
+        for job in jobs:
+            job.join()
 
     def state(self) -> dict[str, torch.Tensor]:
         """The shard and its momentum buffer (zeros before the first step)."""
@@ -300,6 +363,7 @@ class PsWorker:
         self.residual: dict[tuple[int, int], torch.Tensor] = {}  # (group, server) -> unsent gradient
         self._sends: list[tuple[Any, str, torch.Tensor]] = []
         self._units: list[tuple[int, int]] = []
+        self._asker: _Job | None = None  # request mode: the thread asking for this iteration's batches
         self.wait_s = 0.0  # seconds blocked in wait() since last reset
 
     def _gather(self, keys: list[Key], grads: bool) -> torch.Tensor:
@@ -345,8 +409,11 @@ class PsWorker:
             _wait(work, what, self.rank)
         self._sends = []
 
-    def pull(self, units: Sequence[tuple[int, int]], tag: int = _PULL_TAG) -> list[Ticket]:
-        """Post the receives of every unit (a batch of layers) from every server; returns one ticket each."""
+    def pull(
+        self, units: Sequence[tuple[int, int]], tag: int = _PULL_TAG, *, post: bool = True
+    ) -> list[Ticket]:
+        """Post the receives of every unit (a batch of layers) from every server; returns one ticket each
+        (``post=False``: the buffers only, for :meth:`request`)."""
         tickets = []
         self._units = list(units)
         for k, u in enumerate(units):
@@ -360,16 +427,60 @@ class PsWorker:
                     parts.append((s, keys, None, None))  # local: read the shard when waited on
                     continue
                 buf = torch.empty(sum(key.numel for key in keys))
-                work = dist.irecv(buf, src, group=lane(self.group, src, self.rank), tag=tag + k)
+                work = (
+                    dist.irecv(buf, src, group=lane(self.group, src, self.rank), tag=tag + k)
+                    if post
+                    else None
+                )
                 parts.append((s, keys, buf, work))
             tickets.append(Ticket(unit=k, parts=parts))
         return tickets
+
+    def request(self, units: Sequence[tuple[int, int]], tag: int = _PULL_TAG) -> list[Ticket]:
+        """Request mode: like :meth:`pull`, but a thread asks the servers for unit ``k`` only once unit
+        ``k-1`` is in (module docstring); returns at once."""
+        if self._asker is not None:  # the last iteration's thread has set all its events, or failed
+            self._asker.join()
+        tickets = self.pull(units, tag, post=False)
+        for t in tickets:
+            t.arrived = threading.Event()
+        self._asker = _Job(self._ask, tickets, tag)
+        return tickets
+
+    def _ask(self, tickets: list[Ticket], tag: int) -> None:
+        ask = torch.zeros(1, dtype=torch.int64)
+        for t in tickets:
+            works = []
+            for s, _keys, buf, _ in t.parts:
+                if buf is None:  # co-located own shard: nothing to ask
+                    continue
+                src = self.layout.server_rank(s)
+                works.append(
+                    (
+                        dist.isend(
+                            ask, src, group=lane(self.group, self.rank, src), tag=tag + _REQUEST + t.unit
+                        ),
+                        f"request of pull {t.unit} to rank {src}",
+                    )
+                )
+                works.append(
+                    (
+                        dist.irecv(buf, src, group=lane(self.group, src, self.rank), tag=tag + t.unit),
+                        f"pull {t.unit} from rank {src}",
+                    )
+                )
+            for work, what in works:
+                _wait(work, what, self.rank)
+            t.arrived.set()
 
     def wait(self, ticket: Ticket, *, into_params: bool = True) -> None:
         """Complete a pull: wait for its messages and write them into the parameters."""
         if ticket.done:
             return
         t0 = time.perf_counter()
+        if ticket.arrived is not None:
+            while not ticket.arrived.wait(0.5):  # a failed request thread sets nothing: its error is ours
+                self._asker.check()
         for s, keys, buf, work in ticket.parts:
             if work is not None:
                 _wait(work, f"pull {ticket.unit} from rank {self.layout.server_rank(s)}", self.rank)

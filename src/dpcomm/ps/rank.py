@@ -37,7 +37,7 @@ from torch import nn
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.models.loss import classification_loss
 from dpcomm.planner.pull import PullPlan, plan_pulls
-from dpcomm.ps.node import _PROBE_TAG, Layout, PsError, PsServer, PsWorker, Ticket, _wait
+from dpcomm.ps.node import _PROBE_TAG, _PULL_TAG, Layout, PsError, PsServer, PsWorker, Ticket, _wait
 from dpcomm.ps.spec import PsSpec
 from dpcomm.trace.profiler import default_loss
 
@@ -93,6 +93,7 @@ class PsRank:
         self.model, self.optimizer, self.spec, self.rank, self.group = model, optimizer, spec, rank, group
         self.ckpt_at, self.it, self.log, self.stop = ckpt_at, start, log, stop
         self.align_sends = align_sends
+        self._request = spec.pulls == "request"
         self.layers = mods = forward_layers(model, sample, group)
         owned = layer_params(model, [("", m) for m in mods])  # a shared parameter goes with its first layer
         # parameters (and so keys, shards and pull messages) in forward order: a batch is a contiguous run
@@ -200,9 +201,9 @@ class PsRank:
             for name, units in plans.items():
                 dist.barrier(group=self.group)
                 t0 = time.perf_counter()
-                tickets = self.worker.pull(units, tag=_PROBE_TAG) if self.worker is not None else []
+                tickets = self._pull(units, _PROBE_TAG) if self.worker is not None else []
                 if self.server is not None:
-                    self.server.send(units, _PROBE_TAG)
+                    (self.server.answer if self._request else self.server.send)(units, _PROBE_TAG)
                 for t in tickets:
                     self.worker.wait(t, into_params=False)
                 times[name].append(time.perf_counter() - t0)
@@ -297,6 +298,10 @@ class PsRank:
         model of 82.5/94.9 ms; ``t_iter`` 298/349 ms to 248/291 ms."""
         _wait(dist.barrier(group=self.group, async_op=True), "the servers' barrier before pulls", self.rank)
 
+    def _pull(self, units: list[tuple[int, int]], tag: int = _PULL_TAG) -> list[Ticket]:
+        """This worker's pulls of ``units``: posted at once (send mode) or asked for one by one."""
+        return (self.worker.request if self._request else self.worker.pull)(units, tag)
+
     def _wait_batch(self, k: int) -> None:
         if k < len(self.tickets):
             self.worker.wait(self.tickets[k])
@@ -334,11 +339,14 @@ class PsRank:
             update_s = self.server.serve(
                 self.units,
                 post_next=self.stop is None or self.it + 1 < self.stop,
-                align=self._align_sends if self.layout.colocated and self.align_sends else None,
+                align=self._align_sends
+                if self.layout.colocated and self.align_sends and not self._request
+                else None,
+                request=self._request,
             )
             sent_unix = time.time()  # the next iteration's pulls are on their way from this server
         if self.worker is not None:
-            self.tickets = self.worker.pull(self.units)
+            self.tickets = self._pull(self.units)
         if self.ckpt_at(self.it):
             self._collect_state()
         t3 = time.perf_counter()

@@ -1,7 +1,7 @@
 """What a parameter-server run is asked to do: placement, pull method, push grouping, sparsification.
 
 Written as one schedule text so that a training run can compare several in one go:
-``ps:METHOD[,servers=S][,push=wfbp|single][,sparsify=topk:RATIO]`` (``ps:ibatch``,
+``ps:METHOD[,servers=S][,push=wfbp|single][,sparsify=topk:RATIO][,pulls=send|request]`` (``ps:ibatch``,
 ``ps:optimal,servers=2,sparsify=topk:0.01``). ``servers=0`` (the default) is the co-located placement.
 """
 
@@ -13,10 +13,16 @@ from dataclasses import dataclass
 from dpcomm.errors import UserError
 from dpcomm.planner.pull import PULL_METHODS
 
-__all__ = ["PUSH_SCHEDULES", "PsSpec", "parse_ps_schedule", "parse_sparsify"]
+__all__ = ["PULL_MODES", "PUSH_SCHEDULES", "PsSpec", "parse_ps_schedule", "parse_sparsify"]
 
 PUSH_SCHEDULES = ("wfbp", "single")
 """Push groupings: one push per layer as backward produces it (``wfbp``), or one after backward."""
+
+PULL_MODES = ("send", "request")
+"""How a pull batch leaves a server: ``send``, every batch right after the update, back to back (the
+messages pipeline, so a pull's start-up ``Ts`` is the transport's alone); ``request``, each batch when the
+worker asks for it, one request outstanding per worker (the paper's pull: the next batch is requested once
+the last one arrived, so every pull pays a round trip; :mod:`dpcomm.ps.node`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,6 +37,8 @@ class PsSpec:
     """Gradient push grouping: ``wfbp`` (each layer as backward produces it) or ``single``."""
     sparsify: float | None = None
     """Top-k ratio in (0, 1] for pushes (error feedback keeps the rest on the worker); None: dense."""
+    pulls: str = "send"
+    """:data:`PULL_MODES`: servers send every batch after the update, or each on the worker's request."""
     probe_rounds: int = 3
     """Timed pull rounds (all-in-one and per layer) that measure ``Ts`` and ``Tt_i`` for ibatch/optimal."""
 
@@ -43,6 +51,8 @@ class PsSpec:
             raise UserError(f"unknown push grouping {self.push!r}: use one of {', '.join(PUSH_SCHEDULES)}")
         if self.sparsify is not None and not (math.isfinite(self.sparsify) and 0 < self.sparsify <= 1):
             raise UserError(f"sparsification ratio must be in (0, 1], got {self.sparsify}")
+        if self.pulls not in PULL_MODES:
+            raise UserError(f"unknown pull mode {self.pulls!r}: use one of {', '.join(PULL_MODES)}")
         if self.probe_rounds < 1:
             raise UserError(f"probe rounds must be >= 1, got {self.probe_rounds}")
 
@@ -59,6 +69,8 @@ class PsSpec:
             out += f",push={self.push}"
         if self.sparsify is not None:
             out += f",sparsify=topk:{self.sparsify:g}"
+        if self.pulls != "send":
+            out += f",pulls={self.pulls}"
         return out
 
 
@@ -79,7 +91,8 @@ def parse_sparsify(text: str | None) -> float | None:
 
 
 def parse_ps_schedule(text: str) -> PsSpec:
-    """``ps:METHOD[,servers=S][,push=P][,sparsify=topk:R]`` -> :class:`PsSpec` (module docstring)."""
+    """``ps:METHOD[,servers=S][,push=P][,sparsify=topk:R][,pulls=M]`` -> :class:`PsSpec` (module
+    docstring)."""
     kind, sep, rest = str(text).strip().partition(":")
     if kind.strip() != "ps" or not sep or not rest.strip():
         raise UserError(
@@ -90,9 +103,10 @@ def parse_ps_schedule(text: str) -> PsSpec:
     for opt in opts:
         key, eq, val = opt.partition("=")
         key = key.strip().lower()
-        if not eq or key not in ("servers", "push", "sparsify"):
+        if not eq or key not in ("servers", "push", "sparsify", "pulls"):
             raise UserError(
-                f"unknown option {opt!r} in {text!r}: use servers=S, push=wfbp|single, sparsify=topk:R"
+                f"unknown option {opt!r} in {text!r}: use servers=S, push=wfbp|single, sparsify=topk:R, "
+                "pulls=send|request"
             )
         if key == "servers":
             if not val.strip().lstrip("-").isdigit():
@@ -100,8 +114,8 @@ def parse_ps_schedule(text: str) -> PsSpec:
             fields["servers"] = int(val)
             if fields["servers"] < 1:
                 raise UserError(f"--ps-servers must be >= 1, got {val}")
-        elif key == "push":
-            fields["push"] = val.strip().lower()
+        elif key in ("push", "pulls"):
+            fields[key] = val.strip().lower()
         else:
             fields["sparsify"] = parse_sparsify(val)
     return PsSpec(**fields)  # type: ignore[arg-type]
