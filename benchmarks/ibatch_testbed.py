@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/ibatch_testbed.py --topology star:4 --rate 100mbit --model resnet20 --batch 32
     .venv/bin/python benchmarks/ibatch_testbed.py --topology star:4 --servers 2 ...   # dedicated servers
+    .venv/bin/python benchmarks/ibatch_testbed.py ... --pulls request   # each batch on the worker's request
 
 Needs root. Builds one testbed (name ``h5ps``), runs one process per emulated server, and in that one run
 trains one parameter-server replica per pull method on the same batches, each on its own process group.
@@ -83,7 +84,7 @@ def worker(args: argparse.Namespace) -> None:
         reps[m] = PsRank(
             model,
             opt,
-            PsSpec(pull=m, servers=args.servers, probe_rounds=5),
+            PsSpec(pull=m, servers=args.servers, pulls=args.pulls, probe_rounds=5),
             rank=rank,
             workers=workers,
             sample=data.batch(0)[0] if data is not None else None,
@@ -192,7 +193,8 @@ def driver(args: argparse.Namespace) -> int:
     try:
         argv = ["python", str(Path(__file__).resolve()), "--worker", "--model", args.model]
         argv += ["--batch", str(args.batch), "--iters", str(args.iters), "--rounds", str(args.rounds)]
-        argv += ["--servers", str(args.servers)] + (["--unaligned"] if args.unaligned else [])
+        argv += ["--servers", str(args.servers), "--pulls", args.pulls]
+        argv += ["--unaligned"] if args.unaligned else []
         res = launch_workers(state, argv, timeout_s=args.timeout)
         text = (res.out_dir / "rank0.out").read_text()
         lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
@@ -215,6 +217,7 @@ def driver(args: argparse.Namespace) -> int:
             "iters": args.iters,
             "rounds": args.rounds,
             "aligned_sends": not args.unaligned,
+            "pulls": args.pulls,
             "load_before": load,
             "date": datetime.date.today().isoformat(),
         }
@@ -223,7 +226,8 @@ def driver(args: argparse.Namespace) -> int:
         f"{args.model}, batch {args.batch}, {args.topology} at {args.rate}, MTU {args.mtu}, "
         f"switch-port queue {args.queue_ms:g} ms ({out['drops']} frames dropped in the run), "
         f"slow start after idle {'on' if args.slow_start_after_idle else 'off'}, "
-        f"pull sends {'unaligned' if args.unaligned else 'aligned'}, "
+        f"pulls {'on request' if args.pulls == 'request' else 'sent'}"
+        f"{', unaligned' if args.unaligned else ''}, "
         f"{out['workers']} workers, {out['servers']} {out['placement']} servers, {args.rounds} rounds of "
         f"{args.iters} iterations per method; load average before {load}; measured Ts "
         f"{out['Ts_s'] * 1e3:.3f} ms, beta {out['beta_s_per_byte'] * 1e9:.2f} ns/B, "
@@ -253,6 +257,9 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument(
         "--unaligned", action="store_true", help="co-located servers send pulls as each is ready (no barrier)"
+    )
+    parser.add_argument(
+        "--pulls", choices=["send", "request"], default="send", help="servers send, or answer requests"
     )
     parser.add_argument("--json", help="write the results here")
     args, extra = parser.parse_known_args()  # the testbed appends --nnodes/--node-rank/.. (read from env)

@@ -182,6 +182,8 @@ class Ticket:
     done: bool = False
     arrived: threading.Event | None = None
     """Request mode: set by the worker's request thread once every part is in (the works are its own)."""
+    arrived_s: float | None = None
+    """Request mode: ``time.perf_counter()`` when the request thread saw every part in."""
 
 
 class PsServer:
@@ -448,30 +450,29 @@ class PsWorker:
         return tickets
 
     def _ask(self, tickets: list[Ticket], tag: int) -> None:
+        """Ask for each ticket's unit once the last one is in; the next request goes out before the
+        event is set, so the waiting forward never delays it."""
         ask = torch.zeros(1, dtype=torch.int64)
-        for t in tickets:
-            works = []
-            for s, _keys, buf, _ in t.parts:
-                if buf is None:  # co-located own shard: nothing to ask
-                    continue
-                src = self.layout.server_rank(s)
-                works.append(
-                    (
-                        dist.isend(
-                            ask, src, group=lane(self.group, self.rank, src), tag=tag + _REQUEST + t.unit
-                        ),
-                        f"request of pull {t.unit} to rank {src}",
-                    )
-                )
-                works.append(
-                    (
-                        dist.irecv(buf, src, group=lane(self.group, src, self.rank), tag=tag + t.unit),
-                        f"pull {t.unit} from rank {src}",
-                    )
-                )
-            for work, what in works:
+        posted = self._post_request(tickets[0], tag, ask) if tickets else []
+        for i, t in enumerate(tickets):
+            for work, what in posted:
                 _wait(work, what, self.rank)
+            posted = self._post_request(tickets[i + 1], tag, ask) if i + 1 < len(tickets) else []
+            t.arrived_s = time.perf_counter()
             t.arrived.set()
+
+    def _post_request(self, t: Ticket, tag: int, ask: torch.Tensor) -> list[tuple[Any, str]]:
+        works = []
+        for s, _keys, buf, _ in t.parts:
+            if buf is None:  # co-located own shard: nothing to ask
+                continue
+            src = self.layout.server_rank(s)
+            up, down = lane(self.group, self.rank, src), lane(self.group, src, self.rank)
+            works.append((dist.isend(ask, src, group=up, tag=tag + _REQUEST + t.unit), f"request {t.unit}"))
+            works.append(
+                (dist.irecv(buf, src, group=down, tag=tag + t.unit), f"pull {t.unit} from rank {src}")
+            )
+        return works
 
     def wait(self, ticket: Ticket, *, into_params: bool = True) -> None:
         """Complete a pull: wait for its messages and write them into the parameters."""

@@ -162,7 +162,7 @@ class PsRank:
         L = len(mods)
         if self.spec.pull in ("all", "layer"):
             return plan_pulls([0.0] * L, [0.0] * L, 0.0, self.spec.pull)
-        Ts, beta = self._probe(L)
+        Ts, beta = self._probe(mods, sample if self.worker is not None else None)
         remote = [0] * L  # bytes of each layer this rank pulls over the network (not from its own shard)
         layer_of = {i: l for l, ps in enumerate(self.layout.layer_params) for i in ps}
         for k in self.layout.keys:
@@ -190,13 +190,19 @@ class PsRank:
         )
         return plan
 
-    def _probe(self, L: int) -> tuple[float, float]:
+    def _probe(self, mods: list[nn.Module], sample: torch.Tensor | None = None) -> tuple[float, float]:
         """``(Ts, beta)`` from timed pulls (module docstring), known to every rank: each worker's own from
         its median round, then the median over the workers. Every worker's view counts: in a co-located run
         with three or more workers the pulls of one round reach some workers later than others, and rank 0
-        alone may be a fast one."""
+        alone may be a fast one. Request mode: a worker given a ``sample`` runs one forward of it per round
+        that waits for each layer's pull as training's does (:meth:`_forward_pulling`), and the round's time
+        ends when the last batch arrived; a request's round trip waits for the threads that make and answer
+        it, and those share the CPU with that forward (2 cores, ResNet-20, 2 workers: ``Ts`` 0.21 ms with
+        the forward idle, 0.97 ms beside back-to-back forwards, ``docs/ps.md``)."""
+        L = len(mods)
         plans = {"all": [(0, L - 1)], "layer": [(l, l) for l in range(L)]}
         times: dict[str, list[float]] = {"all": [], "layer": []}
+        busy = self._request and sample is not None
         for _ in range(self.spec.probe_rounds):
             for name, units in plans.items():
                 dist.barrier(group=self.group)
@@ -204,9 +210,12 @@ class PsRank:
                 tickets = self._pull(units, _PROBE_TAG) if self.worker is not None else []
                 if self.server is not None:
                     (self.server.answer if self._request else self.server.send)(units, _PROBE_TAG)
+                if busy:
+                    self._forward_pulling(mods, sample, units, tickets)
                 for t in tickets:
                     self.worker.wait(t, into_params=False)
-                times[name].append(time.perf_counter() - t0)
+                end = max(t.arrived_s for t in tickets) if busy and tickets else time.perf_counter()
+                times[name].append(end - t0)
                 if self.server is not None:
                     self.server.finish()
         mine = None
@@ -221,6 +230,28 @@ class PsRank:
         dist.all_gather_object(every, mine, group=self.group)
         seen = [e for e in every if e is not None]
         return statistics.median(e[0] for e in seen), statistics.median(e[1] for e in seen)
+
+    def _forward_pulling(
+        self, mods: list[nn.Module], sample: torch.Tensor, units: list[tuple[int, int]], tickets: list[Ticket]
+    ) -> None:
+        """One forward of ``sample`` whose layers wait for their batch's ticket first, as in training; the
+        model's buffers (batch-norm statistics) and the random-number generator are left as they were."""
+        batch_of = {l: k for k, (a, b) in enumerate(units) for l in range(a, b + 1)}
+        saved = [b.clone() for b in self.model.buffers()]
+        hooks = [
+            m.register_forward_pre_hook(
+                lambda _m, _a, k=batch_of[l]: self.worker.wait(tickets[k], into_params=False)
+            )
+            for l, m in enumerate(mods)
+        ]
+        try:
+            with torch.random.fork_rng(devices=[]):
+                self.model(sample)  # with autograd's graph, as in training; dropped at once
+        finally:
+            for h in hooks:
+                h.remove()
+            for b, v in zip(self.model.buffers(), saved, strict=True):
+                b.copy_(v)
 
     def _time_forward(
         self, mods: list[nn.Module], sample: torch.Tensor | None, rounds: int = 5, warmup: int = 3
