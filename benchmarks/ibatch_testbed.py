@@ -116,6 +116,7 @@ def worker(args: argparse.Namespace) -> None:
             "beta_s_per_byte": meta["beta_s_per_byte"],
             "C_s": C,
             "Tt_s": Tt,
+            "probe_rounds_s": meta.get("probe_rounds_s"),
             "workers": workers,
             "servers": args.servers or workers,
             "placement": "dedicated" if args.servers else "co-located",

@@ -84,8 +84,8 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
     torch.set_num_threads(1)
     colocated = dist.new_group(list(range(workers)))
     # the push/pull lanes of both rank sets, made once on every rank (the co-located cases leave some out)
-    lanes = {True: (dist.new_group(list(range(workers))), dist.new_group(list(range(workers))))}
-    lanes[False] = (dist.new_group(), dist.new_group())
+    lanes = {True: tuple(dist.new_group(list(range(workers))) for _ in range(3))}
+    lanes[False] = (dist.new_group(), dist.new_group(), dist.new_group())
     out = []
     for case in cases:
         spec = PsSpec(**case["spec"], probe_rounds=1)

@@ -84,6 +84,8 @@ CASES = [
     (["train", "--iters", "1", "--ps", "--sparsify", "topk:2"], "ratio must be in (0, 1]"),
     (["train", "--iters", "1", "--ps", "--sparsify", "random:0.1"], "--sparsify must be topk:RATIO"),
     (["train", "--iters", "1", "--ps", "--schedule", "wfbp"], "give --pull, not --schedule"),
+    (["train", "--iters", "1", "--ps", "--pull-mode", "poll"], "unknown pull mode 'poll'"),
+    (["train", "--iters", "1", "--pull-mode", "request"], "need --ps"),
     (["profile", "--model", "lenet5", "--from-torch-profiler", "missing.json"], "missing.json: no such file"),
     (["testbed", "rate", "--name", "tb", "--rate", "fast"], "bad rate 'fast'"),
     # testbed names: one full-match check for every action

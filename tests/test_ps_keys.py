@@ -58,6 +58,12 @@ def test_spec_parsing_and_errors():
     spec = parse_ps_schedule("ps:optimal,servers=2,push=single,sparsify=topk:0.01")
     assert spec == PsSpec(pull="optimal", servers=2, push="single", sparsify=0.01)
     assert parse_ps_schedule(spec.label()) == spec
+    req = parse_ps_schedule("ps:ibatch,servers=1,pulls=request")
+    assert (
+        req == PsSpec(pull="ibatch", servers=1, pulls="request")
+        and req.label() == "ps:ibatch,servers=1,pulls=request"
+    )
+    assert parse_ps_schedule("ps:layer,pulls=send").label() == "ps:layer"  # the default is not spelled
     assert parse_sparsify("topk:1") == 1.0 and parse_sparsify(None) is None
     for bad in (
         "ps:greedy",
@@ -67,6 +73,7 @@ def test_spec_parsing_and_errors():
         "ps:all,sparsify=topk:1.5",
         "ps:all,sparsify=rand:0.1",
         "ps:all,color=red",
+        "ps:all,pulls=poll",
         "ps",
     ):
         with pytest.raises(UserError):

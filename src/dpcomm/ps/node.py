@@ -40,7 +40,10 @@ a co-located run every pair exchanges pulls both ways at once, so on one connect
 queued behind megabytes of its own data going the other way, and one of the two pulls waited for the
 other: on ``star:2`` at 100 Mbit/s one worker got LeNet-5's parameters in the link's time (528 ms) and the
 other in twice that (1050 ms), every iteration. With a connection per direction, the data of each goes one
-way only and the answers never wait behind it (``docs/ps.md``).
+way only and the answers never wait behind it (``docs/ps.md``). Pull requests go on a third group: on the
+data lanes a worker's request to a server went the same way as that worker's own server's batch to the
+server's worker, and waited behind it (GoogLeNet on ``star:2`` at 250 Mbit/s, request mode: the one-batch
+pull took 0.84 s or, in rounds where the other worker's request had arrived first, 1.68 s).
 
 Every wait honours the process group's timeout; a peer that died or never answers becomes a
 :class:`PsError` with one line naming the rank, the message and the cause.
@@ -135,11 +138,17 @@ class Layout:
 
 
 def lane(lanes: Any, src: int, dst: int) -> Any:
-    """The process group of a message from ``src`` to ``dst``: ``lanes`` is ``(up, down)`` (module
-    docstring), or one group (or None, the default group) for both directions."""
+    """The process group of a message from ``src`` to ``dst``: ``lanes`` is ``(up, down[, asks])``
+    (module docstring), or one group (or None, the default group) for both directions."""
     if isinstance(lanes, tuple):
         return lanes[0] if src < dst else lanes[1]
     return lanes
+
+
+def ask_lane(lanes: Any, src: int, dst: int) -> Any:
+    """The process group of a pull request: the third of ``lanes`` where given, so that a request never
+    queues behind a batch going the same way on the same connection; else :func:`lane`."""
+    return lanes[2] if isinstance(lanes, tuple) and len(lanes) > 2 else lane(lanes, src, dst)
 
 
 def _wait(work: Any, what: str, rank: int) -> None:
@@ -321,7 +330,7 @@ class PsServer:
             if a == b:
                 continue
             _wait(
-                dist.irecv(ask, w, group=lane(self.group, w, self.rank), tag=tag + _REQUEST + k),
+                dist.irecv(ask, w, group=ask_lane(self.group, w, self.rank), tag=tag + _REQUEST + k),
                 f"request of pull {k} from rank {w}",
                 self.rank,
             )
@@ -467,7 +476,7 @@ class PsWorker:
             if buf is None:  # co-located own shard: nothing to ask
                 continue
             src = self.layout.server_rank(s)
-            up, down = lane(self.group, self.rank, src), lane(self.group, src, self.rank)
+            up, down = ask_lane(self.group, self.rank, src), lane(self.group, src, self.rank)
             works.append((dist.isend(ask, src, group=up, tag=tag + _REQUEST + t.unit), f"request {t.unit}"))
             works.append(
                 (dist.irecv(buf, src, group=down, tag=tag + t.unit), f"pull {t.unit} from rank {src}")

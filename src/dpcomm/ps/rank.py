@@ -83,13 +83,14 @@ class PsRank:
         log: Callable[[str], None] = lambda _m: None,
         stop: int | None = None,
         resumed: dict[str, Any] | None = None,
-        lanes: tuple[Any, Any] | None = None,
+        lanes: tuple[Any, ...] | None = None,
         align_sends: bool = True,
     ) -> None:
-        """``lanes``: the two process groups of pushes and pulls, lower to higher rank and back
-        (:mod:`dpcomm.ps.node`), over ``group``'s ranks; None: made here, which every rank of the default
-        group must then do at the same point (``torch.distributed.new_group``). ``align_sends``: co-located
-        servers start their pull sends together (:meth:`_align_sends`); False only to measure without."""
+        """``lanes``: the process groups of pushes and pulls, lower to higher rank and back, and of pull
+        requests (:mod:`dpcomm.ps.node`), over ``group``'s ranks; None: made here, which every rank of the
+        default group must then do at the same point (``torch.distributed.new_group``). ``align_sends``:
+        co-located servers start their pull sends together (:meth:`_align_sends`); False only to measure
+        without."""
         self.model, self.optimizer, self.spec, self.rank, self.group = model, optimizer, spec, rank, group
         self.ckpt_at, self.it, self.log, self.stop = ckpt_at, start, log, stop
         self.align_sends = align_sends
@@ -112,7 +113,7 @@ class PsRank:
         self.pushes = [(l, l) for l in range(L - 1, -1, -1)] if spec.push == "wfbp" else [(0, L - 1)]
         if lanes is None:  # pushes and pulls on two groups of their own, one per direction (dpcomm.ps.node)
             members = dist.get_process_group_ranks(group) if group is not None else None
-            lanes = (dist.new_group(members), dist.new_group(members))
+            lanes = (dist.new_group(members), dist.new_group(members), dist.new_group(members))
         g_cfg = optimizer.param_groups[0]
         s = self.layout.server_of(rank)
         self.server = None
@@ -162,7 +163,7 @@ class PsRank:
         L = len(mods)
         if self.spec.pull in ("all", "layer"):
             return plan_pulls([0.0] * L, [0.0] * L, 0.0, self.spec.pull)
-        Ts, beta = self._probe(mods, sample if self.worker is not None else None)
+        Ts, beta, rounds = self._probe(mods, sample if self.worker is not None else None)
         remote = [0] * L  # bytes of each layer this rank pulls over the network (not from its own shard)
         layer_of = {i: l for l, ps in enumerate(self.layout.layer_params) for i in ps}
         for k in self.layout.keys:
@@ -177,7 +178,9 @@ class PsRank:
         box: list[Any] = [None]
         if self.rank == 0:
             box = [plan_pulls(C, Tt, Ts, self.spec.pull)]
-            box[0].meta.update({"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C, "Tt_s": Tt})
+            box[0].meta.update(
+                {"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C, "Tt_s": Tt, "probe_rounds_s": rounds}
+            )
         dist.broadcast_object_list(box, src=0, group=self.group)
         plan = box[0]
         shas: list[Any] = [None] * self.layout.world
@@ -190,9 +193,12 @@ class PsRank:
         )
         return plan
 
-    def _probe(self, mods: list[nn.Module], sample: torch.Tensor | None = None) -> tuple[float, float]:
-        """``(Ts, beta)`` from timed pulls (module docstring), known to every rank: each worker's own from
-        its median round, then the median over the workers. Every worker's view counts: in a co-located run
+    def _probe(
+        self, mods: list[nn.Module], sample: torch.Tensor | None = None
+    ) -> tuple[float, float, list[dict[str, list[float]]]]:
+        """``(Ts, beta, rounds)`` from timed pulls (module docstring), known to every rank: each worker's
+        own from its median round, then the median over the workers; ``rounds``: every worker's timed
+        rounds (s), ``{"all": [...], "layer": [...]}`` each. Every worker's view counts: in a co-located run
         with three or more workers the pulls of one round reach some workers later than others, and rank 0
         alone may be a fast one. Request mode: a worker given a ``sample`` runs one forward of it per round
         that waits for each layer's pull as training's does (:meth:`_forward_pulling`), and the round's time
@@ -225,11 +231,12 @@ class PsRank:
                 k.numel * 4 for k in self.layout.keys if self.layout.server_rank(k.server) != self.rank
             )
             Ts = max(0.0, (t_layer - t_all) / max(1, L - 1))
-            mine = (Ts, max(0.0, (t_all - Ts) / max(1, remote)))
+            mine = (Ts, max(0.0, (t_all - Ts) / max(1, remote)), times)
         every: list[Any] = [None] * self.layout.world
         dist.all_gather_object(every, mine, group=self.group)
         seen = [e for e in every if e is not None]
-        return statistics.median(e[0] for e in seen), statistics.median(e[1] for e in seen)
+        Ts, beta = statistics.median(e[0] for e in seen), statistics.median(e[1] for e in seen)
+        return Ts, beta, [e[2] for e in seen]
 
     def _forward_pulling(
         self, mods: list[nn.Module], sample: torch.Tensor, units: list[tuple[int, int]], tickets: list[Ticket]
