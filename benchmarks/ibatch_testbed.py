@@ -84,7 +84,7 @@ def worker(args: argparse.Namespace) -> None:
         reps[m] = PsRank(
             model,
             opt,
-            PsSpec(pull=m, servers=args.servers, pulls=args.pulls, probe_rounds=5),
+            PsSpec(pull=m, servers=args.servers, pulls=args.pulls, probe_rounds=args.probe_rounds),
             rank=rank,
             workers=workers,
             sample=data.batch(0)[0] if data is not None else None,
@@ -194,7 +194,14 @@ def driver(args: argparse.Namespace) -> int:
     try:
         argv = ["python", str(Path(__file__).resolve()), "--worker", "--model", args.model]
         argv += ["--batch", str(args.batch), "--iters", str(args.iters), "--rounds", str(args.rounds)]
-        argv += ["--servers", str(args.servers), "--pulls", args.pulls]
+        argv += [
+            "--servers",
+            str(args.servers),
+            "--pulls",
+            args.pulls,
+            "--probe-rounds",
+            str(args.probe_rounds),
+        ]
         argv += ["--unaligned"] if args.unaligned else []
         res = launch_workers(state, argv, timeout_s=args.timeout)
         text = (res.out_dir / "rank0.out").read_text()
@@ -219,6 +226,7 @@ def driver(args: argparse.Namespace) -> int:
             "rounds": args.rounds,
             "aligned_sends": not args.unaligned,
             "pulls": args.pulls,
+            "probe_rounds": args.probe_rounds,
             "load_before": load,
             "date": datetime.date.today().isoformat(),
         }
@@ -261,6 +269,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--pulls", choices=["send", "request"], default="send", help="servers send, or answer requests"
+    )
+    parser.add_argument(
+        "--probe-rounds", type=int, default=5, help="timed pull rounds of the planners' probe"
     )
     parser.add_argument("--json", help="write the results here")
     args, extra = parser.parse_known_args()  # the testbed appends --nnodes/--node-rank/.. (read from env)
