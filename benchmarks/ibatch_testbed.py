@@ -129,6 +129,7 @@ def worker(args: argparse.Namespace) -> None:
                 for x in per_rank[m]:
                     if x["pulls_sent_unix"] is not None:
                         sent.setdefault(x["iteration"] + 1, []).append(x["pulls_sent_unix"])
+            origins = []
             rank_of = {id(x): q for q, per_rank in enumerate(every[:workers]) for x in per_rank[m]}
             for x in (x for per_rank in every[:workers] for x in per_rank[m]):
                 if x["first_of_round"]:
@@ -137,6 +138,7 @@ def worker(args: argparse.Namespace) -> None:
                 # before it), or the forward's start if that is later
                 origin = max(x["start_unix"], max(sent[x["iteration"]]))
                 recs.append({**x, "rank": rank_of[id(x)]})
+                origins.append(origin)
                 fn.append(x["start_unix"] + x["forward_s"] - origin)
                 wait.append(max(0.0, x["pull_wait_s"] - (origin - x["start_unix"])))
             out["methods"][m] = {
@@ -151,6 +153,16 @@ def worker(args: argparse.Namespace) -> None:
                 "t_iter_s": statistics.median(x["total_s"] for x in recs),
                 "sync_s": statistics.median(x["forward_s"] - f for x, f in zip(recs, fn, strict=True)),
                 "predicted_fn_s": pull_time(r.pull_plan.batches, C, Tt, Ts),
+                # request mode: the pulls' own time, origin to the last batch in (the model's P_N)
+                "pulls_in_s": statistics.median(p)
+                if (
+                    p := [
+                        x["pulls_in_unix"] - o
+                        for x, o in zip(recs, origins, strict=True)
+                        if x["pulls_in_unix"]
+                    ]
+                )
+                else None,
                 "samples_fn_s": [
                     [x["rank"], x["iteration"], round(f, 6)] for x, f in zip(recs, fn, strict=True)
                 ],

@@ -355,12 +355,15 @@ class PsRank:
         t0, start_unix = time.perf_counter(), time.time()
         fwd = bwd = 0.0
         update_s = 0.0
-        sent_unix = None
+        sent_unix = pulls_in_unix = None
         if self.worker is not None:
             self.worker.wait_s = 0.0
             self.optimizer.zero_grad(set_to_none=True)
             out = self.model(x)
             t1 = time.perf_counter()
+            arrived = [t.arrived_s for t in self.tickets if t.arrived_s is not None]
+            if arrived:  # request mode: when the last batch of this forward's pulls came in
+                pulls_in_unix = start_unix + (max(arrived) - t0)
             loss = classification_loss(out, y)
             self._have = [0] * len(self.pushes)
             loss.backward()
@@ -404,6 +407,7 @@ class PsRank:
                 "update_s": update_s,
                 "start_unix": start_unix,
                 "pulls_sent_unix": sent_unix,
+                "pulls_in_unix": pulls_in_unix,
             }
         )
         self.it += 1
