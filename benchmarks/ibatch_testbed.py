@@ -40,6 +40,7 @@ from pathlib import Path
 from _common import loadavg, sigterm_exits
 
 METHODS = ["all", "layer", "ibatch", "optimal"]
+ALLREDUCE = "allreduce"
 
 
 def worker(args: argparse.Namespace) -> None:
@@ -92,10 +93,20 @@ def worker(args: argparse.Namespace) -> None:
             stop=total,
             align_sends=not args.unaligned,
         )
-    steady: dict[str, list[dict]] = {m: [] for m in METHODS}
-    done = {m: 0 for m in METHODS}
+    methods = list(METHODS)
+    if args.allreduce and not args.servers:  # every rank is a worker: the all-reduce runs on all of them
+        methods.append(ALLREDUCE)
+        reps[ALLREDUCE] = allreduce_replica(args, rank, world)
+        warm = 0
+        while not reps[ALLREDUCE].settled:  # profiled and timed iterations, then the kept plan
+            x, y = data.batch(warm)
+            reps[ALLREDUCE].iteration(x, y)
+            warm += 1
+    steady: dict[str, list[dict]] = {m: [] for m in methods}
+    done = {m: 0 for m in methods}
+    n = len(methods)
     for rnd in range(args.rounds):
-        for m in METHODS[rnd % 4 :] + METHODS[: rnd % 4]:  # rotated: no method always first
+        for m in methods[rnd % n :] + methods[: rnd % n]:  # rotated: no method always first
             for i in range(args.iters):
                 it = done[m]
                 x, y = data.batch(it) if data is not None else (None, None)
@@ -122,7 +133,18 @@ def worker(args: argparse.Namespace) -> None:
             "placement": "dedicated" if args.servers else "co-located",
             "methods": {},
         }
+        if ALLREDUCE in reps:
+            ar = [x["total_s"] for per_rank in every for x in per_rank[ALLREDUCE] if not x["first_of_round"]]
+            plan = reps[ALLREDUCE].plan
+            out["allreduce"] = {
+                "schedule": args.allreduce,
+                "groups": len(plan.groups) if plan is not None else None,
+                "t_iter_s": statistics.median(ar),
+                "samples": len(ar),
+            }
         for m, r in reps.items():
+            if m == ALLREDUCE:
+                continue
             recs, fn, wait = [], [], []
             sent: dict[int, list[float]] = {}
             for per_rank in every:  # when each server sent iteration t's pulls (at the end of t - 1)
@@ -171,6 +193,19 @@ def worker(args: argparse.Namespace) -> None:
     dist.barrier()
 
 
+def allreduce_replica(args: argparse.Namespace, rank: int, world: int):
+    """The all-reduce schedule ``args.allreduce`` (dpcomm's runtime, planned on the workers as ``dpcomm
+    train`` does) on the default group, over the same model and batches."""
+    from dpcomm.train.config import TrainConfig
+    from dpcomm.train.replica import ReplicaContext, check_schedule, make_replica
+
+    cfg = TrainConfig(model=args.model, batch_size=args.batch, lr=0.01, momentum=0.9, schedule=args.allreduce)
+    parsed = check_schedule(cfg, args.allreduce)
+    return make_replica(
+        ReplicaContext(cfg=cfg, schedule=args.allreduce, parsed=parsed, rank=rank, world=world, state=None)
+    )
+
+
 def table(out: dict) -> str:
     lines = [
         "| pull method | batches | F_N measured (ms, median [quartiles]) | F_N model (ms) | model/measured "
@@ -184,6 +219,11 @@ def table(out: dict) -> str:
             f"{r['predicted_fn_s'] * 1e3:.1f} | {r['predicted_fn_s'] / r['fn_s']:.2f} | "
             f"{r['pull_wait_s'] * 1e3:.1f} | {r['compute_s'] * 1e3:.1f} | {r['sync_s'] * 1e3:.1f} | "
             f"{r['t_iter_s'] * 1e3:.1f} |"
+        )
+    if out.get("allreduce"):
+        a = out["allreduce"]
+        lines.append(
+            f"| all-reduce {a['schedule']} | {a['groups']} groups | | | | | | | {a['t_iter_s'] * 1e3:.1f} |"
         )
     return "\n".join(lines)
 
@@ -213,6 +253,8 @@ def driver(args: argparse.Namespace) -> int:
             args.pulls,
             "--probe-rounds",
             str(args.probe_rounds),
+            "--allreduce",
+            args.allreduce,
         ]
         argv += ["--unaligned"] if args.unaligned else []
         res = launch_workers(state, argv, timeout_s=args.timeout)
@@ -281,6 +323,11 @@ def main() -> int:
     )
     parser.add_argument(
         "--pulls", choices=["send", "request"], default="send", help="servers send, or answer requests"
+    )
+    parser.add_argument(
+        "--allreduce",
+        default="mgwfbp",
+        help="co-located cases: also time this all-reduce schedule in the same run ('' for none)",
     )
     parser.add_argument(
         "--probe-rounds", type=int, default=5, help="timed pull rounds of the planners' probe"
