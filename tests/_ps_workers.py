@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from dpcomm.launch import init_worker
 from dpcomm.models import get_model, input_shape
+from dpcomm.ps.node import Layout, PsServer, PsWorker
 from dpcomm.ps.rank import PsRank
 from dpcomm.ps.spec import PsSpec
 from dpcomm.runtime.data import TrainData, derive_seed
@@ -149,3 +150,31 @@ def googlenet_layers() -> dict[str, Any]:
         "loss": loss,
         "C": ps.pull_plan.meta["C_s"],
     }
+
+
+def request_order() -> dict[str, Any]:
+    """Rank 0 a worker, rank 1 a dedicated server of three one-tensor layers: three pulls in request mode,
+    then three in send mode (tags apart); the worker's tickets say when each unit was asked for and in."""
+    rank, _world = init_worker("gloo", timeout_s=30)
+    layout = Layout(
+        workers=1, servers=1, colocated=False, numels=(1000,) * 3, layer_params=((0,), (1,), (2,))
+    )
+    units = [(0, 0), (1, 1), (2, 2)]
+    lanes = tuple(dist.new_group() for _ in range(3))
+    modes = (("request", 500000), ("send", 600000))
+    if rank == 1:
+        params = [torch.full((1000,), float(i + 1)) for i in range(3)]
+        server = PsServer(layout, 0, params, [(0, 2)], lr=0.1, momentum=0.0, group=lanes)
+        for mode, tag in modes:
+            (server.answer if mode == "request" else server.send)(units, tag)
+            server.finish()
+        return {}
+    out: dict[str, Any] = {}
+    for mode, tag in modes:
+        params = [torch.zeros(1000) for _ in range(3)]
+        worker = PsWorker(layout, 0, params, group=lanes)
+        tickets = (worker.request if mode == "request" else worker.pull)(units, tag)
+        for t in tickets:
+            worker.wait(t)
+        out[mode] = {"params": params, "times": [(t.asked_s, t.arrived_s) for t in tickets]}
+    return out

@@ -11,7 +11,7 @@ import torch
 
 from dpcomm.launch import WorkerFailure, launch
 from dpcomm.planner.pull import PULL_METHODS
-from tests._ps_workers import googlenet_layers, reference, run_cases
+from tests._ps_workers import googlenet_layers, reference, request_order, run_cases
 
 W, S, ITERS, BATCH = 3, 2, 2, 4
 # LeNet-5 after 2 iterations: the server sums W gradients and divides by W, the reference averages one
@@ -83,6 +83,19 @@ def test_resume_from_server_state_is_bitwise(results):
         if "ckpt" in case:
             for r in range(W):
                 assert per_rank[r][i]["resumed_sha"] == per_rank[r][i]["sha"], (case, r)
+
+
+@pytest.mark.slow
+def test_request_mode_asks_for_each_batch_once_the_last_is_in():
+    worker, _server = launch(request_order, 2)
+    times = worker["request"]["times"]
+    assert all(asked is not None and arrived >= asked for asked, arrived in times)
+    # one request outstanding: unit k is asked for only once unit k-1 is in
+    assert all(times[k][0] >= times[k - 1][1] for k in (1, 2)), times
+    assert worker["send"]["times"] == [(None, None)] * 3  # send mode: nothing asked, the server sends
+    for mode in ("request", "send"):
+        for i, p in enumerate(worker[mode]["params"]):
+            assert torch.equal(p, torch.full((1000,), float(i + 1))), (mode, i)
 
 
 @pytest.mark.slow

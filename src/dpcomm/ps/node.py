@@ -191,6 +191,8 @@ class Ticket:
     done: bool = False
     arrived: threading.Event | None = None
     """Request mode: set by the worker's request thread once every part is in (the works are its own)."""
+    asked_s: float | None = None
+    """Request mode: ``time.perf_counter()`` when the request thread asked every server for this unit."""
     arrived_s: float | None = None
     """Request mode: ``time.perf_counter()`` when the request thread saw every part in."""
 
@@ -466,11 +468,12 @@ class PsWorker:
         for i, t in enumerate(tickets):
             for work, what in posted:
                 _wait(work, what, self.rank)
-            posted = self._post_request(tickets[i + 1], tag, ask) if i + 1 < len(tickets) else []
             t.arrived_s = time.perf_counter()
+            posted = self._post_request(tickets[i + 1], tag, ask) if i + 1 < len(tickets) else []
             t.arrived.set()
 
     def _post_request(self, t: Ticket, tag: int, ask: torch.Tensor) -> list[tuple[Any, str]]:
+        t.asked_s = time.perf_counter()
         works = []
         for s, _keys, buf, _ in t.parts:
             if buf is None:  # co-located own shard: nothing to ask
