@@ -32,9 +32,10 @@ into exactly ``k`` groups, obeys the same recurrence with ``E_{k-1}`` on the rig
 ``E_k[L-1] <= t_iter``. Example: GoogLeNet's K80 trace at 64 nodes, where the first recurrence alone kept
 19 groups and MG-WFBP reaches the same time with 11 (tested in ``tests/test_pull.py``).
 
-Cost: ``L(L+1)/2`` evaluations of ``T``, one numpy row per ``i`` (``O(L^2)`` work, ``O(L)`` Python
-steps), then ``L^2/2`` work per group count tried up to the answer ``k`` (``O(k L^2)``, one pass over
-the upper triangle per ``k``): ResNet-50 (161 layers) and 2,000 layers are timed in
+Cost: ``L(L+1)/2`` evaluations of ``T``, once, as one ``L x L`` table (``8 L^2`` bytes: 32 MB at 2,000
+layers) that both programs read; the first takes one numpy row per ``i`` (``O(L^2)`` work, ``O(L)``
+Python steps), the second ``L^2/2`` work per group count tried up to the answer ``k`` (``O(k L^2)``, one
+pass over the upper triangle per ``k``): ResNet-50 (161 layers) and 2,000 layers are timed in
 ``benchmarks/planners.py``.
 """
 
@@ -62,17 +63,27 @@ def optimal_partition(ready_backward: np.ndarray, bytes_backward: np.ndarray, co
     """
     r = np.asarray(ready_backward, dtype=float)
     L = r.size
-    P = np.concatenate(([0.0], np.cumsum(np.asarray(bytes_backward, dtype=float))))  # P[i] = m_0..m_{i-1}
+    T = _group_times(np.asarray(bytes_backward, dtype=float), cost)
     E_before = np.empty(L + 1)  # E_before[s] = E[s-1]; E[-1] = -inf
     E_before[0] = -np.inf
     for i in range(L):
-        cand = np.maximum(E_before[: i + 1], r[i]) + cost_many(cost, P[i + 1] - P[: i + 1])
+        cand = np.maximum(E_before[: i + 1], r[i]) + T[: i + 1, i]
         E_before[i + 1] = cand.min()
     t_best = float(E_before[L])
-    return _fewest_groups(r, P, cost, t_best)
+    return _fewest_groups(r, T, t_best)
 
 
-def _fewest_groups(r: np.ndarray, P: np.ndarray, cost: CommCost, t_best: float) -> tuple[float, list[int]]:
+def _group_times(m: np.ndarray, cost: CommCost) -> np.ndarray:
+    """``T[s, i]``: seconds of the group ``s..i`` (``s <= i``), ``inf`` below the diagonal (no group);
+    the one evaluation of the cost over the upper triangle that both programs read."""
+    L = m.size
+    P = np.concatenate(([0.0], np.cumsum(m)))  # P[i] = m_0..m_{i-1}
+    span = P[None, 1:] - P[:-1, None]  # span[s, i] = m_s + .. + m_i (bytes) where s <= i
+    inside = np.triu(np.ones((L, L), dtype=bool))
+    return np.where(inside, cost_many(cost, np.where(inside, span, 0.0)), np.inf)
+
+
+def _fewest_groups(r: np.ndarray, T: np.ndarray, t_best: float) -> tuple[float, list[int]]:
     """The least ``k`` whose ``E_k[L-1]`` reaches ``t_best`` (module docstring), with its group sizes.
 
     Each ``k`` is one pass over the upper triangle ``s <= i`` in row blocks (a block of rows ``s`` only
@@ -80,10 +91,6 @@ def _fewest_groups(r: np.ndarray, P: np.ndarray, cost: CommCost, t_best: float) 
     """
     L = r.size
     limit = t_best + TIE_REL * max(1.0, abs(t_best))
-    span = P[None, 1:] - P[:-1, None]  # span[s, i] = m_s + .. + m_i (bytes) where s <= i
-    inside = np.triu(np.ones((L, L), dtype=bool))
-    T = np.where(inside, cost_many(cost, np.where(inside, span, 0.0)), np.inf)  # seconds; inf: no group
-    del span, inside
     rows = [r + T[0]]  # E_1[i]: one group 0..i
     block = 256
     buf = np.empty((min(block, max(L - 1, 1)), L))
