@@ -19,6 +19,7 @@ from dpcomm.ps.node import Layout, PsServer, PsWorker
 from dpcomm.ps.rank import PsRank
 from dpcomm.ps.spec import PsSpec
 from dpcomm.runtime.data import TrainData, derive_seed
+from dpcomm.utils.groups import group_timeout
 
 LR, MOMENTUM, WD = 0.05, 0.9, 1e-4
 
@@ -77,7 +78,9 @@ def _run(spec, rank, workers, iters, batch, group, lanes, start=0, state=None, c
     ps.finish()
     ps.close()
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
-    return flat, ps.params_sha256(), saved, ps.pull_plan.to_dict()
+    # request mode notes when each forward's last batch came in; the first iteration pulls nothing
+    asked = [r["pulls_in_unix"] is not None for r in ps.records[1:]]
+    return flat, ps.params_sha256(), saved, ps.pull_plan.to_dict(), asked
 
 
 def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[dict[str, Any]]:
@@ -85,8 +88,9 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
     torch.set_num_threads(1)
     colocated = dist.new_group(list(range(workers)))
     # the push/pull lanes of both rank sets, made once on every rank (the co-located cases leave some out)
-    lanes = {True: tuple(dist.new_group(list(range(workers))) for _ in range(3))}
-    lanes[False] = (dist.new_group(), dist.new_group(), dist.new_group())
+    timeout = group_timeout()  # the run's 30 s, not new_group's default of 30 minutes
+    lanes = {True: tuple(dist.new_group(list(range(workers)), timeout=timeout) for _ in range(3))}
+    lanes[False] = tuple(dist.new_group(timeout=timeout) for _ in range(3))
     out = []
     for case in cases:
         spec = PsSpec(**case["spec"], probe_rounds=1)
@@ -98,12 +102,12 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
         run = functools.partial(
             _run, spec, rank, workers, case["iters"], case["batch"], group, lanes[not spec.servers]
         )
-        flat, sha, saved, plan = run(ckpt_at=(lambda t, c=case: t == c.get("ckpt", -1)))
-        row = {"sha": sha, "flat": flat if rank < workers else None, "plan": plan}
+        flat, sha, saved, plan, asked = run(ckpt_at=(lambda t, c=case: t == c.get("ckpt", -1)))
+        row = {"sha": sha, "flat": flat if rank < workers else None, "plan": plan, "asked": asked}
         if "ckpt" in case:  # resume from the state saved after iteration ckpt, on every rank
             box = [saved]
             dist.broadcast_object_list(box, src=0, group=group)
-            flat2, sha2, _, _ = run(start=case["ckpt"] + 1, state=box[0])
+            flat2, sha2, *_ = run(start=case["ckpt"] + 1, state=box[0])
             row["resumed_sha"] = sha2
         out.append(row)
         dist.barrier()
@@ -160,7 +164,7 @@ def request_order() -> dict[str, Any]:
         workers=1, servers=1, colocated=False, numels=(1000,) * 3, layer_params=((0,), (1,), (2,))
     )
     units = [(0, 0), (1, 1), (2, 2)]
-    lanes = tuple(dist.new_group() for _ in range(3))
+    lanes = tuple(dist.new_group(timeout=group_timeout()) for _ in range(3))
     modes = (("request", 500000), ("send", 600000))
     if rank == 1:
         params = [torch.full((1000,), float(i + 1)) for i in range(3)]

@@ -60,6 +60,8 @@ def test_replicas_identical_and_equal_to_allreduce_sgd(results):
         rows = [per_rank[r][i] for r in range(W)]
         assert len({row["sha"] for row in rows}) == 1, case  # bitwise identical workers
         assert len({str(row["plan"]) for row in rows}) == 1
+        requested = case["spec"].get("pulls") == "request"  # the mode really ran: batches were asked for
+        assert all(row["asked"] == [requested] * (ITERS - 1) for row in rows), (case, rows[0]["asked"])
         if case["spec"].get("sparsify", 1.0) == 1.0:
             diff = (rows[0]["flat"] - ref).abs().max().item()
             assert diff <= ATOL, (case, diff)

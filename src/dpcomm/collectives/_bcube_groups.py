@@ -10,11 +10,11 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from dpcomm.errors import UserError
 from dpcomm.topology.bcube import BCube
+from dpcomm.utils.groups import group_timeout
 
 __all__ = ["IFACES_ENV", "LevelGroups", "make_level_groups", "parse_interfaces"]
 
@@ -82,7 +82,7 @@ def make_level_groups(
         raise UserError(f"BCube({n},{k}) has {cube.size} ranks but the group has {size}")
     me = dist.get_rank(group)
     granks = tuple(dist.get_process_group_ranks(group)) if group is not None else tuple(range(size))
-    timeout = _timedelta(timeout_s) if timeout_s is not None else _group_timeout(group)
+    timeout = _timedelta(timeout_s) if timeout_s is not None else group_timeout(group)
     key = (granks, n, k, ifaces)
     build = _BUILD_COUNT[key] = _BUILD_COUNT.get(key, -1) + 1  # same count on every member: unique prefixes
     groups: list[Any] = []
@@ -126,12 +126,3 @@ def make_level_groups(
 
 def _timedelta(seconds: float) -> datetime.timedelta:
     return datetime.timedelta(seconds=seconds)
-
-
-def _group_timeout(group: Any) -> datetime.timedelta | None:
-    """The parent group's own timeout (``init_worker(timeout_s=...)``), so a dead peer fails as fast here."""
-    pg = group if group is not None else dist.group.WORLD
-    try:
-        return pg._get_backend(torch.device("cpu")).options._timeout
-    except (AttributeError, RuntimeError):
-        return None

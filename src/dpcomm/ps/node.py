@@ -45,8 +45,10 @@ data lanes a worker's request to a server went the same way as that worker's own
 server's worker, and waited behind it (GoogLeNet on ``star:2`` at 250 Mbit/s, request mode: the one-batch
 pull took 0.84 s or, in rounds where the other worker's request had arrived first, 1.68 s).
 
-Every wait honours the process group's timeout; a peer that died or never answers becomes a
-:class:`PsError` with one line naming the rank, the message and the cause.
+Every wait honours its process group's timeout (:class:`dpcomm.ps.rank.PsRank` makes the lanes with the
+run's), in the request and answer threads too; a peer that died or never answers becomes a
+:class:`PsError` with one line naming the rank, the message and the cause, and a thread's error is raised
+by whoever waits on what it would have delivered.
 """
 
 from __future__ import annotations
@@ -183,7 +185,8 @@ class _Job:
 
 @dataclass(slots=True)
 class Ticket:
-    """Posted receives (or sends) of one unit; :meth:`PsWorker.wait` completes it once."""
+    """The receives of one unit, posted (send mode) or to be asked for by a thread (request mode);
+    :meth:`PsWorker.wait` completes it once."""
 
     unit: int
     parts: list[tuple[int, list[Key], torch.Tensor, Any]]
@@ -191,6 +194,8 @@ class Ticket:
     done: bool = False
     arrived: threading.Event | None = None
     """Request mode: set by the worker's request thread once every part is in (the works are its own)."""
+    job: _Job | None = None
+    """Request mode: that thread (its error is the waiter's)."""
     asked_s: float | None = None
     """Request mode: ``time.perf_counter()`` when the request thread asked every server for this unit."""
     arrived_s: float | None = None
@@ -451,13 +456,16 @@ class PsWorker:
 
     def request(self, units: Sequence[tuple[int, int]], tag: int = _PULL_TAG) -> list[Ticket]:
         """Request mode: like :meth:`pull`, but a thread asks the servers for unit ``k`` only once unit
-        ``k-1`` is in (module docstring); returns at once."""
+        ``k-1`` is in (module docstring); joins the last call's thread (re-raising its error), starts this
+        one's and returns."""
         if self._asker is not None:  # the last iteration's thread has set all its events, or failed
             self._asker.join()
         tickets = self.pull(units, tag, post=False)
         for t in tickets:
             t.arrived = threading.Event()
         self._asker = _Job(self._ask, tickets, tag)
+        for t in tickets:
+            t.job = self._asker
         return tickets
 
     def _ask(self, tickets: list[Ticket], tag: int) -> None:
@@ -493,7 +501,7 @@ class PsWorker:
         t0 = time.perf_counter()
         if ticket.arrived is not None:
             while not ticket.arrived.wait(0.5):  # a failed request thread sets nothing: its error is ours
-                self._asker.check()
+                ticket.job.check()
         for s, keys, buf, work in ticket.parts:
             if work is not None:
                 _wait(work, f"pull {ticket.unit} from rank {self.layout.server_rank(s)}", self.rank)

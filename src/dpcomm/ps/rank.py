@@ -34,16 +34,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from dpcomm.errors import UserError
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.models.loss import classification_loss
 from dpcomm.planner.pull import PullPlan, plan_pulls
-from dpcomm.ps.node import _PROBE_TAG, _PULL_TAG, Layout, PsError, PsServer, PsWorker, Ticket, _wait
+from dpcomm.ps.node import _PROBE_TAG, _PULL_TAG, _REQUEST, Layout, PsError, PsServer, PsWorker, Ticket, _wait
 from dpcomm.ps.spec import PsSpec
 from dpcomm.trace.profiler import default_loss
+from dpcomm.utils.groups import group_timeout
 
 __all__ = ["PsRank", "forward_layers"]
 
 _MOMENTUM_TAG = 950000
+MAX_LAYERS = _REQUEST
+"""Layers a parameter-server model may have: pull batch ``k``'s request is tagged ``tag + _REQUEST + k``."""
 
 
 def forward_layers(model: nn.Module, sample: torch.Tensor | None, group: Any = None) -> list[nn.Module]:
@@ -110,10 +114,15 @@ class PsRank:
             layer_params=layer_params_,
         )
         L = len(mods)
+        if L > MAX_LAYERS:  # message tags are a base plus the layer's or batch's index (dpcomm.ps.node)
+            raise UserError(
+                f"the parameter server takes up to {MAX_LAYERS} learnable layers, this model has {L}"
+            )
         self.pushes = [(l, l) for l in range(L - 1, -1, -1)] if spec.push == "wfbp" else [(0, L - 1)]
-        if lanes is None:  # pushes and pulls on two groups of their own, one per direction (dpcomm.ps.node)
+        if lanes is None:  # pushes and pulls one group per direction, requests a third (dpcomm.ps.node),
+            # with the run's timeout (new_group's own default is 30 minutes)
             members = dist.get_process_group_ranks(group) if group is not None else None
-            lanes = (dist.new_group(members), dist.new_group(members), dist.new_group(members))
+            lanes = tuple(dist.new_group(members, timeout=group_timeout(group)) for _ in range(3))
         g_cfg = optimizer.param_groups[0]
         s = self.layout.server_of(rank)
         self.server = None
@@ -385,7 +394,7 @@ class PsRank:
                 else None,
                 request=self._request,
             )
-            sent_unix = time.time()  # the next iteration's pulls are on their way from this server
+            sent_unix = time.time()  # the next pulls are on their way (send), or answered from now (request)
         if self.worker is not None:
             self.tickets = self._pull(self.units)
         if self.ckpt_at(self.it):

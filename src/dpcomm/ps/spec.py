@@ -21,8 +21,9 @@ PUSH_SCHEDULES = ("wfbp", "single")
 PULL_MODES = ("send", "request")
 """How a pull batch leaves a server: ``send``, every batch right after the update, back to back (the
 messages pipeline, so a pull's start-up ``Ts`` is the transport's alone); ``request``, each batch when the
-worker asks for it, one request outstanding per worker (the paper's pull: the next batch is requested once
-the last one arrived, so every pull pays a round trip; :mod:`dpcomm.ps.node`)."""
+worker asks for it, one batch outstanding per worker (a request to each server holding part of it; the
+paper's pull: the next batch is asked for once the last one arrived, so every pull pays a round trip;
+:mod:`dpcomm.ps.node`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
