@@ -119,6 +119,24 @@ def test_killed_worker_fails_the_others_in_one_line(monkeypatch, pulls):
 
 
 @pytest.mark.slow
+def test_a_stalled_worker_fails_the_others_within_the_timeout(monkeypatch):
+    """Alive but silent: no connection closes, so only the lanes' own timeout (the run's, not
+    torch's 30-minute default for new groups) ends the wait on the requests and pushes it owes."""
+    from dpcomm.ps.runner import PsTrainConfig, train_ps
+    from dpcomm.ps.spec import PsSpec
+
+    monkeypatch.setenv("DPCOMM_TEST_STALL", "1:2")
+    timeout = 5.0
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailure) as exc:
+        spec = PsSpec(pull="layer", servers=1, pulls="request")
+        train_ps(PsTrainConfig(spec=spec, workers=2, iters=6, timeout_s=timeout))
+    msg = str(exc.value)
+    assert "\n" not in msg and "from rank 1" in msg and "timed out" in msg.lower(), msg
+    assert time.monotonic() - t0 < 60 + 3 * timeout
+
+
+@pytest.mark.slow
 def test_layers_in_forward_order_and_aux_heads_trained():
     # GoogLeNet registers its aux heads last but runs aux1 after inception4a: the PS pulls (and shards) the
     # layers in the order the forward runs them, and the loss includes the aux heads' (a tuple output)

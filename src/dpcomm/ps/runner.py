@@ -5,13 +5,15 @@ Data, seeds and checkpoints follow ``dpcomm train``: worker ``w`` takes batch ``
 (:class:`dpcomm.runtime.data.TrainData` with ``W`` ranks, so the data split is the all-reduce run's), torch
 is reseeded from ``(seed, rank, iteration)`` before each iteration, and rank 0 writes one checkpoint file
 (``model`` and ``optimizer`` in ``state_dict`` form, current as of the servers; see :mod:`dpcomm.ps.rank`).
-Test hook: ``DPCOMM_TEST_KILL="RANK:ITER"`` makes that rank ``os._exit(17)`` at the start of ``ITER``.
+Test hooks: ``DPCOMM_TEST_KILL="RANK:ITER"`` makes that rank ``os._exit(17)`` at the start of ``ITER``;
+``DPCOMM_TEST_STALL="RANK:ITER"`` makes it sleep there instead (alive, silent: the others' timeouts).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -77,6 +79,12 @@ class PsTrainConfig:
         return it + 1 == self.iters or bool(self.checkpoint_every and (it + 1) % self.checkpoint_every == 0)
 
 
+def _test_hook(env: str, rank: int) -> int | None:
+    """The iteration ``RANK:ITER`` in ``env`` names for this rank, or None."""
+    victim, _, at = os.environ.get(env, "").partition(":")
+    return int(at) if victim and int(victim) == rank else None
+
+
 def train_ps(cfg: PsTrainConfig) -> list[dict[str, Any]]:
     """Run the training; one result dict per rank (workers first)."""
     from dpcomm.launch import launch
@@ -139,12 +147,13 @@ def _rank_main(cfg: PsTrainConfig) -> dict[str, Any]:
         stop=cfg.iters,
         resumed=(state or {}).get("replica"),
     )
-    kill = os.environ.get("DPCOMM_TEST_KILL", "")
-    victim, _, at = kill.partition(":")
+    kill, stall = _test_hook("DPCOMM_TEST_KILL", rank), _test_hook("DPCOMM_TEST_STALL", rank)
     losses = []
     for it in range(start, cfg.iters):
-        if kill and int(victim) == rank and int(at) == it:
+        if it == kill:
             os._exit(17)
+        if it == stall:
+            time.sleep(3600)
         x, y = data.batch(it) if data is not None else (None, None)
         torch.manual_seed(derive_seed(cfg.seed, rank, it))
         losses.append(ps.iteration(x, y))
