@@ -52,6 +52,7 @@ def worker(args: argparse.Namespace) -> None:
     from dpcomm.ps.rank import PsRank
     from dpcomm.ps.spec import PsSpec
     from dpcomm.runtime.data import TrainData, derive_seed
+    from dpcomm.utils.groups import group_timeout
 
     world, rank = int(os.environ["DPCOMM_NNODES"]), int(os.environ["DPCOMM_NODE_RANK"])
     addr, port = os.environ["DPCOMM_MASTER_ADDR"], os.environ["DPCOMM_MASTER_PORT"]
@@ -81,7 +82,7 @@ def worker(args: argparse.Namespace) -> None:
         torch.manual_seed(0)
         model = get_model(args.model)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
-        group = dist.new_group(list(range(world)))
+        group = dist.new_group(list(range(world)), timeout=group_timeout())
         reps[m] = PsRank(
             model,
             opt,

@@ -42,6 +42,7 @@ class PsReplica:
         from dpcomm.ps.rank import PsRank
         from dpcomm.train.config import total_iterations
         from dpcomm.train.setup import build_model
+        from dpcomm.utils.groups import group_timeout
 
         cfg = ctx.cfg
         spec: PsSpec = ctx.parsed if isinstance(ctx.parsed, PsSpec) else check(cfg, ctx.schedule)
@@ -66,7 +67,7 @@ class PsReplica:
         )
         # A process group of its own: replicas of several schedules run interleaved in one loop, and another
         # parameter server's messages (same tags) must never land in this one's posted receives.
-        group = torch.distributed.new_group(list(range(ctx.world)))
+        group = torch.distributed.new_group(list(range(ctx.world)), timeout=group_timeout())  # the run's
         self._ps = PsRank(
             self.model,
             self.optimizer,
