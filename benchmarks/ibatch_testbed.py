@@ -157,8 +157,9 @@ def worker(args: argparse.Namespace) -> None:
             for x in (x for per_rank in every[:workers] for x in per_rank[m]):
                 if x["first_of_round"]:
                     continue
-                # F_N counts from when the pulls start: the last server's send (BSP: no batch is whole
-                # before it), or the forward's start if that is later
+                # F_N counts from when the pulls start: the last server's send, or in request mode the
+                # moment it began answering (BSP: no batch is whole before it), or the forward's start if
+                # that is later
                 origin = max(x["start_unix"], max(sent[x["iteration"]]))
                 recs.append({**x, "rank": rank_of[id(x)]})
                 origins.append(origin)
