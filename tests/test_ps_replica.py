@@ -29,12 +29,12 @@ def test_ps_trains_like_allreduce_and_resumes_bitwise(tmp_path):
     from dpcomm.train import TrainConfig, compare_schedules, train
 
     cfg = TrainConfig(model="lenet5", nproc=3, data="digits", iters=6, batch_size=8, progress=False)
-    single, ps = compare_schedules(cfg, ["single", "ps:ibatch"])
-    assert len(set(ps.params_sha256)) == 1  # every worker bitwise the same
-    assert ps.loss_final == pytest.approx(
-        single.loss_final, rel=1e-5
-    )  # same SGD, float sums in another order
-    assert ps.test_accuracy == pytest.approx(single.test_accuracy, abs=0.01)
+    single, *pss = compare_schedules(cfg, ["single", "ps:ibatch", "ps:optimal,pulls=request"])
+    for ps in pss:
+        assert len(set(ps.params_sha256)) == 1  # every worker bitwise the same
+        assert ps.loss_final == pytest.approx(single.loss_final, rel=1e-5)  # float sums in another order
+        assert ps.test_accuracy == pytest.approx(single.test_accuracy, abs=0.01)
+    assert pss[0].params_sha256 == pss[1].params_sha256  # the pull plan and mode change no value
     ck = str(tmp_path / "ck")
     half = TrainConfig(model="lenet5", nproc=3, data="digits", iters=3, batch_size=8, progress=False,
                        schedule="ps:layer", checkpoint=ck)  # fmt: skip
