@@ -110,7 +110,9 @@ class PsReplica:
         return self._ps.params_sha256()
 
     def result_fields(self) -> dict[str, Any]:
-        return {"collective": f"ps ({self._ps.spec.placement}, {self._ps.spec.pull} pulls)"}
+        spec = self._ps.spec
+        how = " on request" if spec.pulls == "request" else ""
+        return {"collective": f"ps ({spec.placement}, {spec.pull} pulls{how})"}
 
     def close(self) -> None:
         self._ps.close()
