@@ -25,9 +25,10 @@ usual ``state_dict`` form; a resumed run hands each server its slice back (bitwi
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -50,6 +51,24 @@ MAX_LAYERS = _REQUEST
 """Layers a parameter-server model may have: pull batch ``k``'s request is tagged ``tag + _REQUEST + k``."""
 
 
+@contextlib.contextmanager
+def _buffers_kept(model: nn.Module) -> Iterator[None]:
+    """Forwards run inside leave ``model``'s buffers (batch-norm statistics) and the CPU random-number
+    generator (dropout) as they were."""
+    saved = [b.clone() for b in model.buffers()]
+    try:
+        with torch.random.fork_rng(devices=[]):
+            yield
+    finally:
+        for b, v in zip(model.buffers(), saved, strict=True):
+            b.copy_(v)
+
+
+def _unit_of(units: list[tuple[int, int]]) -> dict[int, int]:
+    """Layer -> index of the unit (a ``(first, last)`` run of layers) holding it."""
+    return {l: k for k, (a, b) in enumerate(units) for l in range(a, b + 1)}
+
+
 def forward_layers(model: nn.Module, sample: torch.Tensor | None, group: Any = None) -> list[nn.Module]:
     """The pulled and pushed layers (:func:`dpcomm.models.learnable_layers`), in the order rank 0's forward
     of ``sample`` first runs them (GoogLeNet runs its aux heads mid-forward but registers them last: a pull
@@ -58,11 +77,8 @@ def forward_layers(model: nn.Module, sample: torch.Tensor | None, group: Any = N
     the random-number generator as they were."""
     names: list[Any] = [None]
     if dist.get_rank(group) == 0:
-        saved = [b.clone() for b in model.buffers()]
-        with torch.random.fork_rng(devices=[]):
+        with _buffers_kept(model):
             names = [[n for n, _ in learnable_layers(model, sample)]]
-        for b, v in zip(model.buffers(), saved, strict=True):
-            b.copy_(v)
     dist.broadcast_object_list(names, src=dist.get_global_rank(group, 0) if group else 0, group=group)
     mods = dict(model.named_modules())
     mods[type(model).__name__] = model  # learnable_layers names the root module by its class
@@ -252,8 +268,7 @@ class PsRank:
     ) -> None:
         """One forward of ``sample`` whose layers wait for their batch's ticket first, as in training; the
         model's buffers (batch-norm statistics) and the random-number generator are left as they were."""
-        batch_of = {l: k for k, (a, b) in enumerate(units) for l in range(a, b + 1)}
-        saved = [b.clone() for b in self.model.buffers()]
+        batch_of = _unit_of(units)
         hooks = [
             m.register_forward_pre_hook(
                 lambda _m, _a, k=batch_of[l]: self.worker.wait(tickets[k], into_params=False)
@@ -261,13 +276,11 @@ class PsRank:
             for l, m in enumerate(mods)
         ]
         try:
-            with torch.random.fork_rng(devices=[]):
+            with _buffers_kept(self.model):
                 self.model(sample)  # with autograd's graph, as in training; dropped at once
         finally:
             for h in hooks:
                 h.remove()
-            for b, v in zip(self.model.buffers(), saved, strict=True):
-                b.copy_(v)
 
     def _time_forward(
         self, mods: list[nn.Module], sample: torch.Tensor | None, rounds: int = 5, warmup: int = 3
@@ -283,7 +296,6 @@ class PsRank:
             for _ in range(warmup + rounds):
                 dist.barrier(group=self.group)
             return None
-        saved = [b.clone() for b in self.model.buffers()]  # batch-norm statistics: leave them as they were
         runs: list[list[float]] = []
         marks: dict[int, float] = {}
 
@@ -293,39 +305,38 @@ class PsRank:
         hooks = [m.register_forward_pre_hook(lambda _m, _a, i=i: _mark(i)) for i, m in enumerate(mods)]
         L = len(mods)
         try:
-            for r in range(warmup + rounds):
-                dist.barrier(group=self.group)
-                marks.clear()
-                marks[-1] = time.perf_counter()
-                out = self.model(sample)
-                marks[L] = time.perf_counter()
-                # a backward after each forward, as in training: forwards back to back ran 15-20% slower
-                # (ResNet-20: 47 ms against 40 ms in the training iterations that followed)
-                default_loss(out).backward()
-                del out
-                if r < warmup:
-                    continue
-                # layer i owns the forward from its first call to layer i+1's (the operators between
-                # learnable layers, pooling and concatenation, included): the C_i add up to the forward
-                at = [marks.get(i) for i in range(L)]
-                for i in range(L - 1, -1, -1):  # a layer that never ran starts where the next one does
-                    at[i] = at[i] if at[i] is not None else (at[i + 1] if i + 1 < L else marks[L])
-                at[0] = marks[-1]
-                runs.append([(at[i + 1] if i + 1 < L else marks[L]) - at[i] for i in range(L)])
+            with _buffers_kept(self.model):
+                for r in range(warmup + rounds):
+                    dist.barrier(group=self.group)
+                    marks.clear()
+                    marks[-1] = time.perf_counter()
+                    out = self.model(sample)
+                    marks[L] = time.perf_counter()
+                    # a backward after each forward, as in training: forwards back to back ran 15-20% slower
+                    # (ResNet-20: 47 ms against 40 ms in the training iterations that followed)
+                    default_loss(out).backward()
+                    del out
+                    if r < warmup:
+                        continue
+                    # layer i owns the forward from its first call to layer i+1's (the operators between
+                    # learnable layers, pooling and concatenation, included): the C_i add up to the forward
+                    at = [marks.get(i) for i in range(L)]
+                    for i in range(L - 1, -1, -1):  # a layer that never ran starts where the next one does
+                        at[i] = at[i] if at[i] is not None else (at[i + 1] if i + 1 < L else marks[L])
+                    at[0] = marks[-1]
+                    runs.append([(at[i + 1] if i + 1 < L else marks[L]) - at[i] for i in range(L)])
         finally:
             for p in self.model.parameters():
                 p.grad = None
             for h in hooks:
                 h.remove()
-            for b, s in zip(self.model.buffers(), saved, strict=True):
-                b.copy_(s)
         return [statistics.median(r[i] for r in runs) for i in range(len(mods))]
 
     def _install_hooks(self, mods: list[nn.Module]) -> None:
-        batch_of = {l: k for k, (a, b) in enumerate(self.units) for l in range(a, b + 1)}
+        batch_of = _unit_of(self.units)
         for l, m in enumerate(mods):
             self._hooks.append(m.register_forward_pre_hook(lambda _m, _a, k=batch_of[l]: self._wait_batch(k)))
-        group_of = {l: g for g, (a, b) in enumerate(self.pushes) for l in range(a, b + 1)}
+        group_of = _unit_of(self.pushes)
         self._need = [sum(len(self.layout.layer_params[l]) for l in range(a, b + 1)) for a, b in self.pushes]
         self._have = [0] * len(self.pushes)
         for l in range(len(mods)):
