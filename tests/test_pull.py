@@ -30,12 +30,19 @@ def all_batchings(L):
         yield out
 
 
-def timeline(batches, C, T, Ts):
-    """The model by events, written apart from pull_time: pulls back to back, forwards in order."""
+def timeline(batches, C, T, Ts, d=0.0):
+    """The model by events, written apart from pull_time: pulls back to back, forwards in order; with a
+    slowdown ``d``, a forward that starts before the last pull's end runs ``1 + d`` times slower until then."""
+    last_pull = len(batches) * Ts + sum(T)
     link_free, compute_free = 0.0, 0.0
     for a, b in batches:
         link_free = link_free + Ts + sum(T[a : b + 1])
-        compute_free = max(compute_free, link_free) + sum(C[a : b + 1])
+        start, work = max(compute_free, link_free), sum(C[a : b + 1])
+        slow_work = max(0.0, last_pull - start) / (1 + d)  # work done at the slow rate before the last pull
+        if work <= slow_work:
+            compute_free = start + work * (1 + d)
+        else:
+            compute_free = max(start, last_pull) + work - slow_work
     return compute_free
 
 
@@ -112,6 +119,46 @@ def test_optimal_equals_exhaustive_search(C, T, Ts, seed):
     assert p.messages == fewest  # ties go to the fewest pulls
     for m in ("all", "layer", "ibatch"):
         assert p.time_s <= plan_pulls(C, T, Ts, m).time_s + 1e-9
+
+
+@given(
+    C=times,
+    T=times,
+    Ts=st.integers(0, 12).map(lambda x: x / 4),
+    d=st.sampled_from([0.25, 0.5, 1.0, 3.0]),
+    seed=st.integers(0, 2),
+)
+@settings(max_examples=150, deadline=None)
+def test_optimal_with_a_slowdown_equals_exhaustive_search(C, T, Ts, d, seed):
+    L = min(len(C), len(T))
+    C, T = C[:L], T[:L]
+    if seed:
+        C = (np.array(C) + np.random.default_rng(seed).uniform(0, 1, L)).tolist()
+    every = [(timeline(b, C, T, Ts, d), len(b)) for b in all_batchings(L)]
+    best = min(t for t, _ in every)
+    fewest = min(n for t, n in every if t <= best * (1 + 1e-12) + 1e-12)
+    p = plan_pulls(C, T, Ts, "optimal", slowdown=d)
+    assert p.time_s == pytest.approx(best, rel=1e-9, abs=1e-12)
+    assert p.time_s == pytest.approx(timeline(p.batches, C, T, Ts, d), rel=1e-12, abs=1e-12)
+    assert p.messages == fewest
+    for m in ("all", "layer", "ibatch"):
+        q = plan_pulls(C, T, Ts, m, slowdown=d)
+        assert q.time_s == pytest.approx(timeline(q.batches, C, T, Ts, d), rel=1e-12, abs=1e-12)
+        assert p.time_s <= q.time_s + 1e-9
+
+
+def test_a_slowdown_costs_overlap_only():
+    # `all` starts its forward when every pull is in: nothing to slow. `layer` here: pulls end at 2.5, 4, 8.5;
+    # with d = 1 the forward does half speed until 8.5: 2.5-4.5 (layer 0), 4.5-8.5 (2 s of layer 1's 2),
+    # then layer 2 at full speed from 8.5 to 11.5 -- the same as d = 0, since layer 2 waits for its pull
+    assert plan_pulls(C3, T3, TS3, "all", slowdown=1.0).time_s == 13.5
+    assert plan_pulls(C3, T3, TS3, "layer", slowdown=1.0).time_s == 11.5
+    # cheaper pulls: end at 1, 2, 3 (Ts 0, T 1 each); d = 1: layer 0 runs 1-3 at half speed, then the last
+    # pull is in, so layer 1 runs 3-5 and layer 2 5-8 at full speed (d = 0: 1-2, 2-4, 4-7)
+    assert pull_time([(0, 0), (1, 1), (2, 2)], C3, [1.0, 1.0, 1.0], 0.0, slowdown=1.0) == 8.0
+    assert pull_time([(0, 0), (1, 1), (2, 2)], C3, [1.0, 1.0, 1.0], 0.0) == 7.0
+    with pytest.raises(UserError, match="slowdown"):
+        plan_pulls(C3, T3, TS3, "optimal", slowdown=-0.5)
 
 
 @given(C=times, T=times, Ts=st.integers(0, 12).map(lambda x: x / 4))

@@ -17,6 +17,19 @@ When every batch ``k+1``'s pull outlasts batch ``k``'s forward (Eq. 5), ``F_N = 
 which is Eq. 4 (``EXE1 + EXE2 + EXE3``). Unrolled, ``F_N = max_k (P_k + sum of C from batch k's first layer
 to the end)``.
 
+Slowdown ``d`` (ours, not the paper's; 0 by default, where the model is the above). Receiving pulls takes
+CPU too: where the forward and the network threads share saturated cores, the forward runs slower while
+pulls are in flight (two workers on 2 cores at 500 Mbit/s: 2-3 ms over an 8 ms pull, ``docs/ps.md``). With
+``d > 0`` the forward does ``1/(1+d)`` of a second's work per second before ``P_N`` (the last pull's end)
+and full speed after::
+
+    F_k = adv(max(P_k, F_{k-1}), sum_{i in batch k} C_i)
+    adv(t, w) = t + w                                   if t >= P_N
+              = min(t + (1+d) w,  P_N + w - (P_N - t)/(1+d))   otherwise
+
+which is ``max(t + w, min(t + (1+d) w, P_N + w - (P_N - t)/(1+d)))`` in one line. ``all`` is never slowed
+(its forward starts at ``P_N``); plans that overlap more pay more.
+
 Methods (:func:`plan_pulls`):
 
 ``all``     one batch: pull everything, then forward (the default PS; paper Fig. 4(a)).
@@ -57,6 +70,12 @@ attained) never ends later: the minimum over ``s`` is attained and is a lower bo
 ``min_k G_k[L-1]``; among ``k`` within a relative ``1e-12`` of it (rounding) the least ``k`` wins, so
 ties go to the fewest messages. ``O(L^3)`` work in ``L`` numpy passes of ``L x L``: GoogLeNet's 60-odd
 pulled layers take milliseconds. ``tests/test_pull.py`` checks it against exhaustive search.
+
+With a slowdown ``d > 0`` the batch's end is ``adv(max(P_k, x), C[s..i])``, and ``adv`` needs ``P_N``,
+which depends on the number of batches ``N`` of the whole plan (``P_N = N Ts + T[0..L-1]``). So the DP
+runs once per ``N`` with ``P_N`` fixed, keeping ``G_N[L-1]``; ``adv`` is non-decreasing in ``t`` (each
+branch is, and they meet at ``t = P_N``), so the proof above holds for each ``N`` unchanged. ``O(L^4)``
+work in ``L^2 / 2`` numpy passes: 123 layers (GoogLeNet on our runtime) take about a second.
 """
 
 from __future__ import annotations
@@ -145,14 +164,31 @@ def _inputs(compute_s, transfer_s, startup_s) -> tuple[np.ndarray, np.ndarray, f
     return C, T, float(startup_s)
 
 
-def pull_time(batches: Sequence[tuple[int, int]], compute_s, transfer_s, startup_s: float) -> float:
+def _slowdown(d: float) -> float:
+    d = float(d)
+    if not (np.isfinite(d) and d >= 0):
+        raise UserError(f"the forward's slowdown while pulling must be a number >= 0, got {d}")
+    return d
+
+
+def _adv(t, w, P_N: float, r: float):
+    """When ``w`` seconds of forward (at full speed) started at ``t`` end, running ``r = 1 + d`` times slower
+    before ``P_N`` (module docstring); numpy arrays or floats."""
+    return np.maximum(t + w, np.minimum(t + r * w, P_N + w - (P_N - t) / r))
+
+
+def pull_time(
+    batches: Sequence[tuple[int, int]], compute_s, transfer_s, startup_s: float, *, slowdown: float = 0.0
+) -> float:
     """The model's ``F_N`` for ``batches`` (module docstring), seconds, summed one batch at a time."""
     C, T, Ts = _inputs(compute_s, transfer_s, startup_s)
+    r = 1.0 + _slowdown(slowdown)
     _check(batches, C.size)
+    P_N = len(batches) * Ts + float(T.sum())
     P = F = 0.0
     for a, b in batches:
         P += Ts + float(T[a : b + 1].sum())  # this batch's pull ends
-        F = max(P, F) + float(C[a : b + 1].sum())  # and its forward
+        F = float(_adv(max(P, F), float(C[a : b + 1].sum()), P_N, r))  # and its forward
     return F
 
 
@@ -228,28 +264,49 @@ def ibatch_backward(compute_s, transfer_s, startup_s: float) -> Batches:
     return _cuts_to_batches([l for l in last if l > 0])
 
 
-def _optimal(C: np.ndarray, T: np.ndarray, Ts: float) -> tuple[float, Batches]:
+def _optimal(C: np.ndarray, T: np.ndarray, Ts: float, d: float = 0.0) -> tuple[float, Batches]:
     L = C.size
     cC = np.concatenate(([0.0], np.cumsum(C)))
     cT = np.cumsum(T)  # cT[i] = T_0 + .. + T_i
     span = cC[None, 1:] - cC[:-1, None]  # span[s, i] = C_s + .. + C_i where s <= i
     span[np.tril_indices(L, -1)] = np.inf  # no batch s..i with s > i
-    G = Ts + cT + cC[1:]  # G_1[i]
-    cuts = [np.zeros(L, dtype=np.int64)]
-    best_k, best = 1, float(G[L - 1])
-    tops = [best]
-    buf = np.empty((L - 1, L))
-    for k in range(2, L + 1):
-        # row s-1 (s = 1..L-1): max(k Ts + T[0..i], G_{k-1}[s-1]) + C[s..i]
-        np.maximum(G[:-1, None], (k * Ts + cT)[None, :], out=buf)
-        buf += span[1:, :]
-        s = np.argmin(buf, axis=0)
-        G = buf[s, np.arange(L)]
-        cuts.append(s + 1)
-        tops.append(float(G[L - 1]))
+    r = 1.0 + d
+
+    def levels(P_N: float, upto: int):
+        """``G_k`` for k = 1..upto and each level's cuts, the forward slowed before ``P_N`` (d > 0)."""
+        G = _adv(Ts + cT, cC[1:], P_N, r) if d else Ts + cT + cC[1:]  # G_1[i]
+        cuts = [np.zeros(L, dtype=np.int64)]
+        yield G, cuts
+        buf = np.empty((L - 1, L))
+        for k in range(2, upto + 1):
+            # row s-1 (s = 1..L-1): adv(max(k Ts + T[0..i], G_{k-1}[s-1]), C[s..i])
+            np.maximum(G[:-1, None], (k * Ts + cT)[None, :], out=buf)
+            if d:
+                with np.errstate(invalid="ignore"):  # inf spans (s > i) stay inf or nan, never chosen
+                    buf = np.nan_to_num(_adv(buf, span[1:, :], P_N, r), nan=np.inf)
+            else:
+                buf += span[1:, :]
+            s = np.argmin(buf, axis=0)
+            G = buf[s, np.arange(L)]
+            cuts.append(s + 1)
+            yield G, cuts
+
+    if d:  # one DP per number of batches N (P_N fixed), keeping G_N[L-1] and its cuts
+        tops, cutss = [], []
+        for N in range(1, L + 1):
+            for G, cuts in levels(N * Ts + float(cT[-1]), N):
+                pass
+            tops.append(float(G[L - 1]))
+            cutss.append(list(cuts))
+    else:  # d = 0: one DP gives every N at once
+        tops, cutss = [], []
+        for G, cuts in levels(0.0, L):
+            tops.append(float(G[L - 1]))
+            cutss.append(cuts)
     best = min(tops)
     limit = best + TIE_REL * max(1.0, abs(best))
     best_k = next(k for k, t in enumerate(tops, start=1) if t <= limit)
+    cuts = cutss[best_k - 1]
     batches, i = [], L - 1
     for k in range(best_k - 1, -1, -1):
         s = int(cuts[k][i])
@@ -259,10 +316,16 @@ def _optimal(C: np.ndarray, T: np.ndarray, Ts: float) -> tuple[float, Batches]:
     return tops[best_k - 1], batches
 
 
-def plan_pulls(compute_s, transfer_s, startup_s: float, method: str = "ibatch") -> PullPlan:
+def plan_pulls(
+    compute_s, transfer_s, startup_s: float, method: str = "ibatch", *, slowdown: float = 0.0
+) -> PullPlan:
     """The pull plan of ``method`` for per-layer forward times ``compute_s`` (``C_i``), per-layer transfer
-    times ``transfer_s`` (``Tt_i``) and the start-up ``startup_s`` (``Ts``), all seconds, forward order."""
+    times ``transfer_s`` (``Tt_i``) and the start-up ``startup_s`` (``Ts``), all seconds, forward order;
+    ``slowdown`` (``d``): the forward runs ``1 + d`` times slower while pulls are in flight (module
+    docstring). The greedy algorithms are the paper's (they see ``C`` as given); their candidates, and
+    ``optimal``, are timed with ``d``."""
     C, T, Ts = _inputs(compute_s, transfer_s, startup_s)
+    d = _slowdown(slowdown)
     L = C.size
     name = str(method).strip().lower()
     meta: dict[str, Any] = {}
@@ -277,15 +340,17 @@ def plan_pulls(compute_s, transfer_s, startup_s: float, method: str = "ibatch") 
             "all": [(0, L - 1)],
             "layer": [(i, i) for i in range(L)],
         }
-        times = {k: pull_time(b, C, T, Ts) for k, b in cands.items()}
+        times = {k: pull_time(b, C, T, Ts, slowdown=d) for k, b in cands.items()}
         meta = {"candidates_s": times}
         pick = min(times, key=lambda k: (times[k], len(cands[k])))
         meta["algorithm"] = pick
         batches = cands[pick]
     elif name == "optimal":
-        meta["dp_time_s"], batches = _optimal(C, T, Ts)
+        meta["dp_time_s"], batches = _optimal(C, T, Ts, d)
     else:
         raise UserError(f"unknown pull method {method!r}: use one of {', '.join(PULL_METHODS)}")
+    if d:
+        meta["slowdown"] = d
     return PullPlan(
-        method=name, num_layers=L, batches=batches, time_s=pull_time(batches, C, T, Ts), meta=meta
+        method=name, num_layers=L, batches=batches, time_s=pull_time(batches, C, T, Ts, slowdown=d), meta=meta
     )
