@@ -17,9 +17,10 @@ under another replica's iteration; for the same reason the first iteration of ev
 Measured, per method: ``F_N``, the forward's wall time with the pre-hooks waiting on pulls (the model's
 execution time: pulls overlapped with forward), the median over every worker and steady iteration; the
 exposed pull wait; the forward's own compute (``F_N`` less the wait); ``t_iter``. Predicted:
-``pull_time(batches, C, Tt, Ts)`` with the very inputs the planners had (the ``ibatch`` replica's plan
-meta): ``Ts`` and ``Tt_i`` from its timed pulls on these links, ``C_i`` from the forwards every worker
-timed at once before training.
+``pull_time(batches, C, Tt, Ts, slowdown=d)`` with the very inputs the planners had (the ``ibatch``
+replica's plan meta): ``Ts`` and ``Tt_i`` from its timed pulls on these links, ``C_i`` from the forwards
+every worker timed at once before training, and ``d`` fitted to its probe's forward beside layer-by-layer
+pulls; the paper's model (``d = 0``) beside it.
 
 ``--mtu`` is 9000 by default: at 1500 the kernel's per-packet work on the emulated links (veth, tbf, TCP)
 took CPU from the overlapped forward on this 2-core machine (ResNet-20: its compute 33-37 ms when nothing
@@ -48,7 +49,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from dpcomm.models import get_model, input_shape, num_classes
-    from dpcomm.planner.pull import pull_time
+    from dpcomm.planner.pull import fit_slowdown, pull_time
     from dpcomm.ps.rank import PsRank
     from dpcomm.ps.spec import PsSpec
     from dpcomm.runtime.data import TrainData, derive_seed
@@ -86,7 +87,13 @@ def worker(args: argparse.Namespace) -> None:
         reps[m] = PsRank(
             model,
             opt,
-            PsSpec(pull=m, servers=args.servers, pulls=args.pulls, probe_rounds=args.probe_rounds),
+            PsSpec(
+                pull=m,
+                servers=args.servers,
+                pulls=args.pulls,
+                probe_rounds=args.probe_rounds,
+                slowdown=not args.no_slowdown,
+            ),
             rank=rank,
             workers=workers,
             sample=data.batch(0)[0] if data is not None else None,
@@ -123,11 +130,16 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         meta = reps["ibatch"].pull_plan.meta
         C, Tt, Ts = meta["C_s"], meta["Tt_s"], meta["Ts_s"]
+        # the slowdown fitted to the probe's overlapped forward, whether or not the planners used it
+        d = fit_slowdown([(l, l) for l in range(len(C))], C, Tt, Ts, meta["overlap_forward_s"])
         out = {
             "Ts_s": Ts,
             "beta_s_per_byte": meta["beta_s_per_byte"],
             "C_s": C,
             "Tt_s": Tt,
+            "overlap_forward_s": meta["overlap_forward_s"],
+            "slowdown": d,
+            "slowdown_planned": meta.get("slowdown", 0.0),
             "probe_rounds_s": meta.get("probe_rounds_s"),
             "workers": workers,
             "servers": args.servers or workers,
@@ -176,7 +188,8 @@ def worker(args: argparse.Namespace) -> None:
                 "compute_s": statistics.median(f - w for f, w in zip(fn, wait, strict=True)),
                 "t_iter_s": statistics.median(x["total_s"] for x in recs),
                 "sync_s": statistics.median(x["forward_s"] - f for x, f in zip(recs, fn, strict=True)),
-                "predicted_fn_s": pull_time(r.pull_plan.batches, C, Tt, Ts),
+                "predicted_fn_s": pull_time(r.pull_plan.batches, C, Tt, Ts, slowdown=d),
+                "predicted_fn_d0_s": pull_time(r.pull_plan.batches, C, Tt, Ts),
                 # request mode: the pulls' own time, origin to the last batch in (the model's P_N)
                 "pulls_in_s": statistics.median(p)
                 if (
@@ -211,21 +224,22 @@ def allreduce_replica(args: argparse.Namespace, rank: int, world: int):
 def table(out: dict) -> str:
     lines = [
         "| pull method | batches | F_N measured (ms, median [quartiles]) | F_N model (ms) | model/measured "
-        "| pull wait (ms) | forward compute (ms) | BSP sync (ms) | t_iter (ms) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| model with d = 0 (ms) | pull wait (ms) | forward compute (ms) | BSP sync (ms) | t_iter (ms) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for m, r in out["methods"].items():
         n = str(len(r["batches"])) + (f" ({r['algorithm']})" if r["algorithm"] else "")
         lines.append(
             f"| {m} | {n} | {r['fn_s'] * 1e3:.1f} [{r['fn_q1_s'] * 1e3:.1f}, {r['fn_q3_s'] * 1e3:.1f}] | "
             f"{r['predicted_fn_s'] * 1e3:.1f} | {r['predicted_fn_s'] / r['fn_s']:.2f} | "
+            f"{r['predicted_fn_d0_s'] * 1e3:.1f} | "
             f"{r['pull_wait_s'] * 1e3:.1f} | {r['compute_s'] * 1e3:.1f} | {r['sync_s'] * 1e3:.1f} | "
             f"{r['t_iter_s'] * 1e3:.1f} |"
         )
     if out.get("allreduce"):
         a = out["allreduce"]
         lines.append(
-            f"| all-reduce {a['schedule']} | {a['groups']} groups | | | | | | | {a['t_iter_s'] * 1e3:.1f} |"
+            f"| all-reduce {a['schedule']} | {a['groups']} groups | | | | | | | | {a['t_iter_s'] * 1e3:.1f} |"
         )
     return "\n".join(lines)
 
@@ -259,6 +273,7 @@ def driver(args: argparse.Namespace) -> int:
             args.allreduce,
         ]
         argv += ["--unaligned"] if args.unaligned else []
+        argv += ["--no-slowdown"] if args.no_slowdown else []
         res = launch_workers(state, argv, timeout_s=args.timeout)
         text = (res.out_dir / "rank0.out").read_text()
         lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
@@ -283,6 +298,7 @@ def driver(args: argparse.Namespace) -> int:
             "aligned_sends": not args.unaligned,
             "pulls": args.pulls,
             "probe_rounds": args.probe_rounds,
+            "slowdown_fitted_for_plans": not args.no_slowdown,
             "load_before": load,
             "date": datetime.date.today().isoformat(),
         }
@@ -295,7 +311,8 @@ def driver(args: argparse.Namespace) -> int:
         f"{', unaligned' if args.unaligned else ''}, "
         f"{out['workers']} workers, {out['servers']} {out['placement']} servers, {args.rounds} rounds of "
         f"{args.iters} iterations per method; load average before {load}; measured Ts "
-        f"{out['Ts_s'] * 1e3:.3f} ms, beta {out['beta_s_per_byte'] * 1e9:.2f} ns/B, "
+        f"{out['Ts_s'] * 1e3:.3f} ms, beta {out['beta_s_per_byte'] * 1e9:.2f} ns/B, slowdown d "
+        f"{out['slowdown']:.2f}{'' if not args.no_slowdown else ' (plans made with d = 0)'}, "
         f"profiled forward {sum(out['C_s']) * 1e3:.1f} ms, pulls {sum(out['Tt_s']) * 1e3:.1f} ms\n"
     )
     print(table(out))
@@ -333,6 +350,9 @@ def main() -> int:
     )
     parser.add_argument(
         "--probe-rounds", type=int, default=5, help="timed pull rounds of the planners' probe"
+    )
+    parser.add_argument(
+        "--no-slowdown", action="store_true", help="plan ibatch/optimal with the paper's model (d = 0)"
     )
     parser.add_argument("--json", help="write the results here")
     args, extra = parser.parse_known_args()  # the testbed appends --nnodes/--node-rank/.. (read from env)

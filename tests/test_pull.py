@@ -13,7 +13,15 @@ from hypothesis import strategies as st
 from dpcomm.costmodel import PRESETS, allreduce_cost
 from dpcomm.errors import UserError
 from dpcomm.planner import make_plan
-from dpcomm.planner.pull import PULL_METHODS, PullPlan, ibatch_forward, plan_pulls, pull_time
+from dpcomm.planner.pull import (
+    PULL_METHODS,
+    SLOWDOWN_MAX,
+    PullPlan,
+    fit_slowdown,
+    ibatch_forward,
+    plan_pulls,
+    pull_time,
+)
 from dpcomm.sim import simulate
 from tests._sim_ref import all_partitions, make_trace, ref_t_iter
 
@@ -32,7 +40,7 @@ def all_batchings(L):
 
 def timeline(batches, C, T, Ts, d=0.0):
     """The model by events, written apart from pull_time: pulls back to back, forwards in order; with a
-    slowdown ``d``, a forward that starts before the last pull's end runs ``1 + d`` times slower until then."""
+    slowdown ``d``, a forward running before the last pull's end runs ``1 + d`` times slower until then."""
     last_pull = len(batches) * Ts + sum(T)
     link_free, compute_free = 0.0, 0.0
     for a, b in batches:
@@ -159,6 +167,18 @@ def test_a_slowdown_costs_overlap_only():
     assert pull_time([(0, 0), (1, 1), (2, 2)], C3, [1.0, 1.0, 1.0], 0.0) == 7.0
     with pytest.raises(UserError, match="slowdown"):
         plan_pulls(C3, T3, TS3, "optimal", slowdown=-0.5)
+
+
+def test_fit_slowdown_recovers_the_slowdown_that_made_a_measurement():
+    rng = np.random.default_rng(7)
+    C, T = rng.uniform(0.2, 1.0, 12), rng.uniform(0.05, 0.3, 12)  # pulls hide partly under the forward
+    layer = [(i, i) for i in range(12)]
+    for d in (0.0, 0.3, 1.5):
+        measured = pull_time(layer, C, T, 0.01, slowdown=d)
+        assert fit_slowdown(layer, C, T, 0.01, measured) == pytest.approx(d, abs=2e-4)
+    assert fit_slowdown(layer, C, T, 0.01, 0.5 * pull_time(layer, C, T, 0.01)) == 0.0  # faster than d = 0
+    assert fit_slowdown(layer, C, T, 0.01, 1e6) == SLOWDOWN_MAX  # capped
+    assert fit_slowdown(layer, C, T, 0.01, float("nan")) == 0.0  # nothing measured
 
 
 @given(C=times, T=times, Ts=st.integers(0, 12).map(lambda x: x / 4))

@@ -90,12 +90,23 @@ import numpy as np
 
 from dpcomm.errors import UserError
 
-__all__ = ["PULL_METHODS", "PullPlan", "ibatch_backward", "ibatch_forward", "plan_pulls", "pull_time"]
+__all__ = [
+    "PULL_METHODS",
+    "PullPlan",
+    "fit_slowdown",
+    "ibatch_backward",
+    "ibatch_forward",
+    "plan_pulls",
+    "pull_time",
+]
 
 PULL_METHODS = ("all", "layer", "ibatch", "optimal")
 """Pull-plan methods, in the order the CLI lists them."""
 TIE_REL = 1e-12
 """Relative difference in modelled time below which two plans tie (fewer batches win)."""
+
+SLOWDOWN_MAX = 4.0
+"""The largest slowdown :func:`fit_slowdown` returns (a forward 5x slower while pulling)."""
 
 Batches = list[tuple[int, int]]
 
@@ -192,6 +203,26 @@ def pull_time(
     return F
 
 
+def fit_slowdown(
+    batches: Sequence[tuple[int, int]], compute_s, transfer_s, startup_s: float, measured_s: float
+) -> float:
+    """The slowdown ``d`` under which the model's ``F_N`` of ``batches`` is ``measured_s`` (seconds): 0 when
+    the model without one is already as slow, at most ``SLOWDOWN_MAX``. ``F_N`` is non-decreasing in ``d``
+    (``adv`` is, for every ``t``), so bisection finds it (to ``1e-4``)."""
+    lo, hi = 0.0, SLOWDOWN_MAX
+    if not np.isfinite(measured_s) or pull_time(batches, compute_s, transfer_s, startup_s) >= measured_s:
+        return 0.0
+    if pull_time(batches, compute_s, transfer_s, startup_s, slowdown=hi) <= measured_s:
+        return hi
+    while hi - lo > 1e-4:
+        mid = (lo + hi) / 2
+        if pull_time(batches, compute_s, transfer_s, startup_s, slowdown=mid) < measured_s:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
 def _cuts_to_batches(last: Sequence[int]) -> Batches:
     """Paper's ``l_1 < .. < l_N = L`` (1-based last layers) -> 0-based ``(first, last)`` pairs."""
     out, first = [], 0
@@ -272,41 +303,34 @@ def _optimal(C: np.ndarray, T: np.ndarray, Ts: float, d: float = 0.0) -> tuple[f
     span[np.tril_indices(L, -1)] = np.inf  # no batch s..i with s > i
     r = 1.0 + d
 
-    def levels(P_N: float, upto: int):
-        """``G_k`` for k = 1..upto and each level's cuts, the forward slowed before ``P_N`` (d > 0)."""
+    def dp(upto: int, P_N: float) -> tuple[list[float], list[np.ndarray]]:
+        """``G_k[L-1]`` for k = 1..upto and every level's cuts; d > 0: the forward slowed before ``P_N``."""
         G = _adv(Ts + cT, cC[1:], P_N, r) if d else Ts + cT + cC[1:]  # G_1[i]
-        cuts = [np.zeros(L, dtype=np.int64)]
-        yield G, cuts
+        tops, cuts = [float(G[L - 1])], [np.zeros(L, dtype=np.int64)]
         buf = np.empty((L - 1, L))
         for k in range(2, upto + 1):
             # row s-1 (s = 1..L-1): adv(max(k Ts + T[0..i], G_{k-1}[s-1]), C[s..i])
             np.maximum(G[:-1, None], (k * Ts + cT)[None, :], out=buf)
             if d:
-                with np.errstate(invalid="ignore"):  # inf spans (s > i) stay inf or nan, never chosen
-                    buf = np.nan_to_num(_adv(buf, span[1:, :], P_N, r), nan=np.inf)
+                buf = _adv(buf, span[1:, :], P_N, r)  # inf where s > i, as below
             else:
                 buf += span[1:, :]
             s = np.argmin(buf, axis=0)
             G = buf[s, np.arange(L)]
             cuts.append(s + 1)
-            yield G, cuts
+            tops.append(float(G[L - 1]))
+        return tops, cuts
 
-    if d:  # one DP per number of batches N (P_N fixed), keeping G_N[L-1] and its cuts
-        tops, cutss = [], []
-        for N in range(1, L + 1):
-            for G, cuts in levels(N * Ts + float(cT[-1]), N):
-                pass
-            tops.append(float(G[L - 1]))
-            cutss.append(list(cuts))
-    else:  # d = 0: one DP gives every N at once
-        tops, cutss = [], []
-        for G, cuts in levels(0.0, L):
-            tops.append(float(G[L - 1]))
-            cutss.append(cuts)
+    if d:  # one DP per number of batches N (P_N fixed), keeping G_N[L-1]
+        runs = [dp(N, N * Ts + float(cT[-1])) for N in range(1, L + 1)]
+        tops, cuts_of = [t[-1] for t, _ in runs], [c for _, c in runs]
+    else:  # d = 0: one DP gives every N
+        tops, cuts = dp(L, 0.0)
+        cuts_of = [cuts] * L
     best = min(tops)
     limit = best + TIE_REL * max(1.0, abs(best))
     best_k = next(k for k, t in enumerate(tops, start=1) if t <= limit)
-    cuts = cutss[best_k - 1]
+    cuts = cuts_of[best_k - 1]
     batches, i = [], L - 1
     for k in range(best_k - 1, -1, -1):
         s = int(cuts[k][i])

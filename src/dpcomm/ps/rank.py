@@ -38,7 +38,7 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.models.loss import classification_loss
-from dpcomm.planner.pull import PullPlan, plan_pulls
+from dpcomm.planner.pull import PullPlan, fit_slowdown, plan_pulls
 from dpcomm.ps.node import _PROBE_TAG, _PULL_TAG, _REQUEST, Layout, PsError, PsServer, PsWorker, Ticket, _wait
 from dpcomm.ps.spec import PsSpec
 from dpcomm.trace.profiler import default_loss
@@ -188,7 +188,7 @@ class PsRank:
         L = len(mods)
         if self.spec.pull in ("all", "layer"):
             return plan_pulls([0.0] * L, [0.0] * L, 0.0, self.spec.pull)
-        Ts, beta, rounds = self._probe(mods, sample if self.worker is not None else None)
+        Ts, beta, rounds, overlap_s = self._probe(mods, sample if self.worker is not None else None)
         remote = [0] * L  # bytes of each layer this rank pulls over the network (not from its own shard)
         layer_of = {i: l for l, ps in enumerate(self.layout.layer_params) for i in ps}
         for k in self.layout.keys:
@@ -202,9 +202,19 @@ class PsRank:
         Tt = [beta * b for b in remote]
         box: list[Any] = [None]
         if self.rank == 0:
-            box = [plan_pulls(C, Tt, Ts, self.spec.pull)]
+            layer = [(l, l) for l in range(L)]
+            d = fit_slowdown(layer, C, Tt, Ts, overlap_s) if self.spec.slowdown else 0.0
+            box = [plan_pulls(C, Tt, Ts, self.spec.pull, slowdown=d)]
             box[0].meta.update(
-                {"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C, "Tt_s": Tt, "probe_rounds_s": rounds}
+                {
+                    "Ts_s": Ts,
+                    "beta_s_per_byte": beta,
+                    "C_s": C,
+                    "Tt_s": Tt,
+                    "probe_rounds_s": rounds,
+                    "overlap_forward_s": overlap_s,
+                    "slowdown": d,
+                }
             )
         dist.broadcast_object_list(box, src=0, group=self.group)
         plan = box[0]
@@ -214,38 +224,50 @@ class PsRank:
             raise PsError(f"parameter server: ranks disagree on the pull plan: {shas}")
         self.log(
             f"[rank {self.rank}] {self.spec.pull} pulls: {plan.messages} batch(es) {list(plan.batches)}, "
-            f"Ts {Ts * 1e6:.0f} us, beta {beta * 1e9:.2f} ns/B, model {plan.time_s * 1e3:.2f} ms"
+            f"Ts {Ts * 1e6:.0f} us, beta {beta * 1e9:.2f} ns/B, "
+            f"slowdown {plan.meta.get('slowdown', 0.0):.2f}, model {plan.time_s * 1e3:.2f} ms"
         )
         return plan
 
     def _probe(
         self, mods: list[nn.Module], sample: torch.Tensor | None = None
-    ) -> tuple[float, float, list[dict[str, list[float]]]]:
-        """``(Ts, beta, rounds)`` from timed pulls (module docstring), known to every rank: each worker's
-        own from its median round, then the median over the workers; ``rounds``: every worker's timed
-        rounds (s), ``{"all": [...], "layer": [...]}`` each. Every worker's view counts: in a co-located run
-        with three or more workers the pulls of one round reach some workers later than others, and rank 0
-        alone may be a fast one. Request mode: a worker given a ``sample`` runs one forward of it per round
-        that waits for each layer's pull as training's does (:meth:`_forward_pulling`), and the round's time
-        ends when the last batch arrived; a request's round trip waits for the threads that make and answer
-        it, and those share the CPU with that forward (2 cores, ResNet-20, 2 workers: ``Ts`` 0.21 ms with
-        the forward idle, 0.97 ms beside back-to-back forwards, ``docs/ps.md``)."""
+    ) -> tuple[float, float, list[dict[str, list[float]]], float]:
+        """``(Ts, beta, rounds, overlap_s)`` from timed pulls (module docstring), known to every rank: each
+        worker's own from its median round, then the median over the workers; ``rounds``: every worker's
+        timed rounds (s), ``{"all": [...], "layer": [...], "overlap": [...]}`` each. Every worker's view
+        counts: in a co-located run with three or more workers the pulls of one round reach some workers
+        later than others, and rank 0 alone may be a fast one.
+
+        ``overlap_s``: when a forward of ``sample`` that waits for each layer's pull, as training's does
+        (:meth:`_forward_pulling`), ends, pulls layer by layer starting with it (median, s; nan without a
+        sample): the planner fits its slowdown ``d`` to it (:func:`dpcomm.planner.pull.fit_slowdown`).
+        Send mode times it in rounds of its own (the forward would hide when the last pull came in).
+        Request mode runs that forward in every round and ends the round when the last batch arrived: a
+        request's round trip waits for the threads that make and answer it, and those share the CPU with
+        the forward (2 cores, ResNet-20, 2 workers: ``Ts`` 0.21 ms with the forward idle, 0.97 ms beside
+        back-to-back forwards, ``docs/ps.md``)."""
         L = len(mods)
         plans = {"all": [(0, L - 1)], "layer": [(l, l) for l in range(L)]}
-        times: dict[str, list[float]] = {"all": [], "layer": []}
-        busy = self._request and sample is not None
+        if not self._request:
+            plans["overlap"] = plans["layer"]
+        times: dict[str, list[float]] = {name: [] for name in plans}
+        ends: list[float] = []
         for _ in range(self.spec.probe_rounds):
             for name, units in plans.items():
+                beside = sample is not None and (self._request or name == "overlap")
                 dist.barrier(group=self.group)
                 t0 = time.perf_counter()
                 tickets = self._pull(units, _PROBE_TAG) if self.worker is not None else []
                 if self.server is not None:
                     (self.server.answer if self._request else self.server.send)(units, _PROBE_TAG)
-                if busy:
+                if beside:
                     self._forward_pulling(mods, sample, units, tickets)
+                    if name in ("layer", "overlap"):
+                        ends.append(time.perf_counter() - t0)
                 for t in tickets:
                     self.worker.wait(t, into_params=False)
-                end = max(t.arrived_s for t in tickets) if busy and tickets else time.perf_counter()
+                busy = beside and self._request and tickets
+                end = max(t.arrived_s for t in tickets) if busy else time.perf_counter()
                 times[name].append(end - t0)
                 if self.server is not None:
                     self.server.finish()
@@ -256,12 +278,15 @@ class PsRank:
                 k.numel * 4 for k in self.layout.keys if self.layout.server_rank(k.server) != self.rank
             )
             Ts = max(0.0, (t_layer - t_all) / max(1, L - 1))
-            mine = (Ts, max(0.0, (t_all - Ts) / max(1, remote)), times)
+            ends_ = statistics.median(ends) if ends else None
+            mine = (Ts, max(0.0, (t_all - Ts) / max(1, remote)), times, ends_)
         every: list[Any] = [None] * self.layout.world
         dist.all_gather_object(every, mine, group=self.group)
         seen = [e for e in every if e is not None]
         Ts, beta = statistics.median(e[0] for e in seen), statistics.median(e[1] for e in seen)
-        return Ts, beta, [e[2] for e in seen]
+        overlaps = [e[3] for e in seen if e[3] is not None]
+        overlap_s = statistics.median(overlaps) if overlaps else float("nan")
+        return Ts, beta, [e[2] for e in seen], overlap_s
 
     def _forward_pulling(
         self, mods: list[nn.Module], sample: torch.Tensor, units: list[tuple[int, int]], tickets: list[Ticket]

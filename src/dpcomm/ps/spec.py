@@ -42,6 +42,9 @@ class PsSpec:
     """:data:`PULL_MODES`: servers send every batch after the update, or each on the worker's request."""
     probe_rounds: int = 3
     """Timed pull rounds (all-in-one and per layer) that measure ``Ts`` and ``Tt_i`` for ibatch/optimal."""
+    slowdown: bool = True
+    """ibatch/optimal: fit the forward's slowdown while pulls are in flight (``d``,
+    :func:`dpcomm.planner.pull.fit_slowdown`) to a probed forward; False: the paper's model (``d = 0``)."""
 
     def __post_init__(self) -> None:
         if self.pull not in PULL_METHODS:
