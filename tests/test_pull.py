@@ -258,7 +258,19 @@ def test_cli_plan_pull(capsys):
     C, T, Ts = ps_inputs(find_trace("googlenet-k80-b64"), PsCost(net=PRESETS["10gbe"], workers=16))
     want = plan_pulls(C, T, Ts, "ibatch")
     assert [tuple(b) for b in out["batches"]] == list(want.batches) and out["time_s"] == want.time_s
-    for bad in (["--pull", "greedy"], ["--pull", "all", "--ps-servers", "-1"]):
+    argv = ["plan", "--trace", "googlenet-k80-b64", "--nodes", "16", "--pull", "optimal", "--json"]
+    assert main([*argv, "--pull-slowdown", "0.5"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    want = plan_pulls(C, T, Ts, "optimal", slowdown=0.5)
+    assert [tuple(b) for b in out["batches"]] == list(want.batches) and out["time_s"] == want.time_s
+    assert out["slowdown"] == 0.5 and want.time_s > plan_pulls(C, T, Ts, "optimal").time_s
+    bad_args = (
+        ["--pull", "greedy"],
+        ["--pull", "all", "--ps-servers", "-1"],
+        ["--pull", "all", "--pull-slowdown", "-1"],
+        ["--pull-slowdown", "1"],
+    )
+    for bad in bad_args:
         assert main(["plan", "--trace", "googlenet-k80-b64", "--nodes", "4", *bad]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("dpcomm: error:")

@@ -32,11 +32,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         help="with --pull: S dedicated servers (default: co-located, every worker serves a shard)",
     )
+    parser.add_argument(
+        "--pull-slowdown",
+        type=float,
+        default=0.0,
+        metavar="D",
+        help="with --pull: the forward runs 1+D times slower while pulls are in flight (default 0, the "
+        "paper's model; dpcomm train --ps fits D on its workers)",
+    )
     add_cost_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.pull is not None or args.ps_servers:
+    if args.pull is not None or args.ps_servers or args.pull_slowdown:
         return _run_pull(args)
     from dpcomm.planner import make_plan
     from dpcomm.sim import simulate
@@ -99,7 +107,7 @@ def _run_pull(args: argparse.Namespace) -> int:
     from dpcomm.sim.ps import PsCost, ps_inputs
 
     if args.pull is None:
-        raise UserError("--ps-servers needs --pull METHOD")
+        raise UserError("--ps-servers and --pull-slowdown need --pull METHOD")
     if args.ps_servers < 0:
         raise UserError(f"--ps-servers must be >= 1, got {args.ps_servers}")
     nodes = parse_nodes(args.nodes)
@@ -108,7 +116,7 @@ def _run_pull(args: argparse.Namespace) -> int:
     trace = load_trace_arg(args.trace)
     cost = PsCost(net=resolve_network(args.network), workers=nodes[0], servers=args.ps_servers)
     C, Tt, Ts = ps_inputs(trace, cost)
-    plan = plan_pulls(C, Tt, Ts, args.pull)
+    plan = plan_pulls(C, Tt, Ts, args.pull, slowdown=args.pull_slowdown)
     if args.json:
         print(
             json.dumps(
@@ -118,6 +126,7 @@ def _run_pull(args: argparse.Namespace) -> int:
                     "servers": args.ps_servers,
                     "time_s": plan.time_s,
                     "startup_s": Ts,
+                    "slowdown": args.pull_slowdown,
                     "sha256": plan.sha256(),
                 }
             )
@@ -149,5 +158,6 @@ def _run_pull(args: argparse.Namespace) -> int:
         f"model time (pulls and forward, F_N) {plan.time_s * 1e3:.3f} ms; "
         f"forward alone {C.sum() * 1e3:.3f} ms, "
         f"pulls alone {(plan.messages * Ts + Tt.sum()) * 1e3:.3f} ms; Ts {Ts * 1e6:.1f} us"
+        + (f"; forward {1 + args.pull_slowdown:g}x slower while pulling" if args.pull_slowdown else "")
     )
     return 0

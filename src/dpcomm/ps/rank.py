@@ -188,40 +188,38 @@ class PsRank:
         L = len(mods)
         if self.spec.pull in ("all", "layer"):
             return plan_pulls([0.0] * L, [0.0] * L, 0.0, self.spec.pull)
-        Ts, beta, rounds, overlap_s = self._probe(mods, sample if self.worker is not None else None)
+        sample = sample if self.worker is not None else None
+        Ts, beta, rounds = self._probe(mods, sample)
         remote = [0] * L  # bytes of each layer this rank pulls over the network (not from its own shard)
         layer_of = {i: l for l, ps in enumerate(self.layout.layer_params) for i in ps}
         for k in self.layout.keys:
             if self.layout.server_rank(k.server) != self.rank:
                 remote[layer_of[k.tensor]] += k.numel * self.params[k.tensor].element_size()
-        mine = self._time_forward(mods, sample if self.worker is not None else None)
+        mine = self._time_forward(mods, sample)
         every: list[Any] = [None] * self.layout.world
         dist.all_gather_object(every, mine, group=self.group)
         timed = [c for c in every if c is not None] or [[0.0] * L]
         C = [statistics.median(c[i] for c in timed) for i in range(L)]
         Tt = [beta * b for b in remote]
-        box: list[Any] = [None]
+        meta = {"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C, "Tt_s": Tt, "probe_rounds_s": rounds}
+        plan = self._agree(plan_pulls(C, Tt, Ts, self.spec.pull) if self.rank == 0 else None)
+        if self.spec.slowdown:  # time the plan beside a forward, fit d to it, plan again with d
+            overlap_s = self._probe_overlap(mods, sample, list(plan.batches))
+            box: PullPlan | None = None
+            if self.rank == 0:
+                d = fit_slowdown(plan.batches, C, Tt, Ts, overlap_s)
+                box = plan_pulls(C, Tt, Ts, self.spec.pull, slowdown=d)
+                meta.update(
+                    {
+                        "overlap_batches": [list(b) for b in plan.batches],
+                        "overlap_forward_s": overlap_s,
+                        "slowdown": d,
+                        "time_d0_s": plan.time_s,
+                    }
+                )
+            plan = self._agree(box)
         if self.rank == 0:
-            layer = [(l, l) for l in range(L)]
-            d = fit_slowdown(layer, C, Tt, Ts, overlap_s) if self.spec.slowdown else 0.0
-            box = [plan_pulls(C, Tt, Ts, self.spec.pull, slowdown=d)]
-            box[0].meta.update(
-                {
-                    "Ts_s": Ts,
-                    "beta_s_per_byte": beta,
-                    "C_s": C,
-                    "Tt_s": Tt,
-                    "probe_rounds_s": rounds,
-                    "overlap_forward_s": overlap_s,
-                    "slowdown": d,
-                }
-            )
-        dist.broadcast_object_list(box, src=0, group=self.group)
-        plan = box[0]
-        shas: list[Any] = [None] * self.layout.world
-        dist.all_gather_object(shas, plan.sha256(), group=self.group)
-        if len(set(shas)) != 1:
-            raise PsError(f"parameter server: ranks disagree on the pull plan: {shas}")
+            plan.meta.update(meta)
         self.log(
             f"[rank {self.rank}] {self.spec.pull} pulls: {plan.messages} batch(es) {list(plan.batches)}, "
             f"Ts {Ts * 1e6:.0f} us, beta {beta * 1e9:.2f} ns/B, "
@@ -229,48 +227,39 @@ class PsRank:
         )
         return plan
 
+    def _agree(self, plan: PullPlan | None) -> PullPlan:
+        """Rank 0's ``plan`` on every rank, each checking its sha256."""
+        box: list[Any] = [plan]
+        dist.broadcast_object_list(
+            box, src=dist.get_global_rank(self.group, 0) if self.group else 0, group=self.group
+        )
+        shas: list[Any] = [None] * self.layout.world
+        dist.all_gather_object(shas, box[0].sha256(), group=self.group)
+        if len(set(shas)) != 1:
+            raise PsError(f"parameter server: ranks disagree on the pull plan: {shas}")
+        return box[0]
+
     def _probe(
         self, mods: list[nn.Module], sample: torch.Tensor | None = None
-    ) -> tuple[float, float, list[dict[str, list[float]]], float]:
-        """``(Ts, beta, rounds, overlap_s)`` from timed pulls (module docstring), known to every rank: each
-        worker's own from its median round, then the median over the workers; ``rounds``: every worker's
-        timed rounds (s), ``{"all": [...], "layer": [...], "overlap": [...]}`` each. Every worker's view
-        counts: in a co-located run with three or more workers the pulls of one round reach some workers
-        later than others, and rank 0 alone may be a fast one.
-
-        ``overlap_s``: when a forward of ``sample`` that waits for each layer's pull, as training's does
-        (:meth:`_forward_pulling`), ends, pulls layer by layer starting with it (median, s; nan without a
-        sample): the planner fits its slowdown ``d`` to it (:func:`dpcomm.planner.pull.fit_slowdown`).
-        Send mode times it in rounds of its own (the forward would hide when the last pull came in).
-        Request mode runs that forward in every round and ends the round when the last batch arrived: a
-        request's round trip waits for the threads that make and answer it, and those share the CPU with
-        the forward (2 cores, ResNet-20, 2 workers: ``Ts`` 0.21 ms with the forward idle, 0.97 ms beside
-        back-to-back forwards, ``docs/ps.md``)."""
+    ) -> tuple[float, float, list[dict[str, list[float]]]]:
+        """``(Ts, beta, rounds)`` from timed pulls (module docstring), known to every rank: each worker's
+        own from its median round, then the median over the workers; ``rounds``: every worker's timed
+        rounds (s), ``{"all": [...], "layer": [...]}`` each. Every worker's view counts: in a co-located run
+        with three or more workers the pulls of one round reach some workers later than others, and rank 0
+        alone may be a fast one. Request mode: a worker given a ``sample`` runs one forward of it per round
+        that waits for each layer's pull as training's does (:meth:`_forward_pulling`), and the round's time
+        ends when the last batch arrived; a request's round trip waits for the threads that make and answer
+        it, and those share the CPU with that forward (2 cores, ResNet-20, 2 workers: ``Ts`` 0.21 ms with
+        the forward idle, 0.97 ms beside back-to-back forwards, ``docs/ps.md``)."""
         L = len(mods)
         plans = {"all": [(0, L - 1)], "layer": [(l, l) for l in range(L)]}
-        if not self._request:
-            plans["overlap"] = plans["layer"]
-        times: dict[str, list[float]] = {name: [] for name in plans}
-        ends: list[float] = []
+        times: dict[str, list[float]] = {"all": [], "layer": []}
+        busy = self._request and sample is not None
         for _ in range(self.spec.probe_rounds):
             for name, units in plans.items():
-                beside = sample is not None and (self._request or name == "overlap")
-                dist.barrier(group=self.group)
-                t0 = time.perf_counter()
-                tickets = self._pull(units, _PROBE_TAG) if self.worker is not None else []
-                if self.server is not None:
-                    (self.server.answer if self._request else self.server.send)(units, _PROBE_TAG)
-                if beside:
-                    self._forward_pulling(mods, sample, units, tickets)
-                    if name in ("layer", "overlap"):
-                        ends.append(time.perf_counter() - t0)
-                for t in tickets:
-                    self.worker.wait(t, into_params=False)
-                busy = beside and self._request and tickets
-                end = max(t.arrived_s for t in tickets) if busy else time.perf_counter()
+                t0, end, tickets = self._probe_round(mods, sample if busy else None, units)
+                end = max(t.arrived_s for t in tickets) if busy and tickets else end
                 times[name].append(end - t0)
-                if self.server is not None:
-                    self.server.finish()
         mine = None
         if self.worker is not None:
             t_all, t_layer = statistics.median(times["all"]), statistics.median(times["layer"])
@@ -278,15 +267,52 @@ class PsRank:
                 k.numel * 4 for k in self.layout.keys if self.layout.server_rank(k.server) != self.rank
             )
             Ts = max(0.0, (t_layer - t_all) / max(1, L - 1))
-            ends_ = statistics.median(ends) if ends else None
-            mine = (Ts, max(0.0, (t_all - Ts) / max(1, remote)), times, ends_)
+            mine = (Ts, max(0.0, (t_all - Ts) / max(1, remote)), times)
         every: list[Any] = [None] * self.layout.world
         dist.all_gather_object(every, mine, group=self.group)
         seen = [e for e in every if e is not None]
         Ts, beta = statistics.median(e[0] for e in seen), statistics.median(e[1] for e in seen)
-        overlaps = [e[3] for e in seen if e[3] is not None]
-        overlap_s = statistics.median(overlaps) if overlaps else float("nan")
-        return Ts, beta, [e[2] for e in seen], overlap_s
+        return Ts, beta, [e[2] for e in seen]
+
+    def _probe_round(
+        self, mods: list[nn.Module], sample: torch.Tensor | None, units: list[tuple[int, int]]
+    ) -> tuple[float, float, list[Ticket]]:
+        """One timed round on every rank: pulls of ``units`` from a barrier, beside a forward of ``sample``
+        that waits for them (none without one); ``(start, end, tickets)``, ``end`` once the forward is done
+        and every batch is in (``time.perf_counter()``)."""
+        dist.barrier(group=self.group)
+        t0 = time.perf_counter()
+        tickets = self._pull(units, _PROBE_TAG) if self.worker is not None else []
+        if self.server is not None:
+            (self.server.answer if self._request else self.server.send)(units, _PROBE_TAG)
+        if sample is not None:
+            self._forward_pulling(mods, sample, units, tickets)
+        for t in tickets:
+            self.worker.wait(t, into_params=False)
+        end = time.perf_counter()
+        if self.server is not None:
+            self.server.finish()
+        return t0, end, tickets
+
+    def _probe_overlap(
+        self, mods: list[nn.Module], sample: torch.Tensor | None, units: list[tuple[int, int]]
+    ) -> float:
+        """When a forward of ``sample`` that waits for each batch of ``units`` (the plan made without a
+        slowdown) ends, from the start of the pulls: the median over ``probe_rounds`` rounds and then over
+        the workers (s; nan without a sample), known to every rank. The planner fits its slowdown ``d`` to
+        it (:func:`dpcomm.planner.pull.fit_slowdown`): the very batches it would run, so that the fit is
+        not steered by a plan where pulls, not the forward, set the time (fitted to layer-by-layer
+        request-mode pulls, ``d`` came out 1.8-2.0 from a 1 ms gap, and then overpriced ``ibatch`` by 20%:
+        ``docs/ps.md``)."""
+        ends = []
+        for _ in range(self.spec.probe_rounds):
+            t0, end, _tickets = self._probe_round(mods, sample, units)
+            ends.append(end - t0)
+        mine = statistics.median(ends) if sample is not None else None
+        every: list[Any] = [None] * self.layout.world
+        dist.all_gather_object(every, mine, group=self.group)
+        seen = [e for e in every if e is not None]
+        return statistics.median(seen) if seen else float("nan")
 
     def _forward_pulling(
         self, mods: list[nn.Module], sample: torch.Tensor, units: list[tuple[int, int]], tickets: list[Ticket]
