@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dpcomm.launch import WorkerFailure, launch
-from dpcomm.planner.pull import PULL_METHODS
+from dpcomm.planner.pull import PULL_METHODS, SLOWDOWN_MAX, plan_pulls
 from tests._ps_workers import googlenet_layers, reference, request_order, run_cases
 
 W, S, ITERS, BATCH = 3, 2, 2, 4
@@ -48,6 +48,8 @@ def results():
         },
         {"spec": {"pull": "optimal", "pulls": "request"}, "iters": ITERS, "batch": BATCH, "ckpt": 0},
     ]
+    # the paper's model, no slowdown fitted
+    cases += [{"spec": {"pull": "optimal", "slowdown": False}, "iters": ITERS, "batch": BATCH}]
     per_rank = launch(run_cases, W + S, cases, W, S)
     return cases, per_rank
 
@@ -68,6 +70,29 @@ def test_replicas_identical_and_equal_to_allreduce_sgd(results):
             print(f"max |ps - allreduce| {diff:.3g}: {case}")
         else:
             assert not torch.equal(rows[0]["flat"], ref)  # top-k really dropped something
+
+
+@pytest.mark.slow
+def test_ibatch_and_optimal_fit_the_slowdown_to_the_plan_made_without_it(results):
+    cases, per_rank = results
+    fitted = 0
+    for i, case in enumerate(cases):
+        method, got = case["spec"]["pull"], per_rank[0][i]["planned"]
+        if method not in ("ibatch", "optimal"):
+            continue
+        C, Tt, Ts = got["C_s"], got["Tt_s"], got["Ts_s"]
+        plan = per_rank[0][i]["plan"]
+        if case["spec"].get("slowdown", True):
+            d, fitted = got["slowdown"], fitted + 1
+            assert 0 <= d <= SLOWDOWN_MAX and 0 < got["overlap_forward_s"] < 60, (case, got)
+            # the probe timed the plan of the paper's model (d = 0), and the plan kept is planned with d
+            assert got["overlap_batches"] == [list(b) for b in plan_pulls(C, Tt, Ts, method).batches], case
+            want = plan_pulls(C, Tt, Ts, method, slowdown=d)
+        else:
+            assert "slowdown" not in got and "overlap_forward_s" not in got, case
+            want = plan_pulls(C, Tt, Ts, method)
+        assert plan["batches"] == [list(b) for b in want.batches] and got["time_s"] == want.time_s, case
+    assert fitted >= 4
 
 
 @pytest.mark.slow
