@@ -16,6 +16,7 @@ from dpcomm.planner import make_plan
 from dpcomm.planner.pull import (
     PULL_METHODS,
     SLOWDOWN_MAX,
+    SLOWDOWN_NOISE,
     PullPlan,
     fit_slowdown,
     ibatch_forward,
@@ -173,10 +174,12 @@ def test_fit_slowdown_recovers_the_slowdown_that_made_a_measurement():
     rng = np.random.default_rng(7)
     C, T = rng.uniform(0.2, 1.0, 12), rng.uniform(0.05, 0.3, 12)  # pulls hide partly under the forward
     layer = [(i, i) for i in range(12)]
-    for d in (0.0, 0.3, 1.5):
+    for d in (0.3, 1.5):  # gaps well above SLOWDOWN_NOISE here
         measured = pull_time(layer, C, T, 0.01, slowdown=d)
         assert fit_slowdown(layer, C, T, 0.01, measured) == pytest.approx(d, abs=2e-4)
     assert fit_slowdown(layer, C, T, 0.01, 0.5 * pull_time(layer, C, T, 0.01)) == 0.0  # faster than d = 0
+    assert fit_slowdown(layer, C, T, 0.01, (1 + SLOWDOWN_NOISE) * pull_time(layer, C, T, 0.01)) == 0.0
+    assert fit_slowdown(layer, C, T, 0.01, (1 + 2 * SLOWDOWN_NOISE) * pull_time(layer, C, T, 0.01)) > 0
     assert fit_slowdown(layer, C, T, 0.01, 1e6) == SLOWDOWN_MAX  # capped
     assert fit_slowdown(layer, C, T, 0.01, float("nan")) == 0.0  # nothing measured
 

@@ -107,6 +107,11 @@ TIE_REL = 1e-12
 
 SLOWDOWN_MAX = 4.0
 """The largest slowdown :func:`fit_slowdown` returns (a forward 5x slower while pulling)."""
+SLOWDOWN_NOISE = 0.02
+"""A measurement within this fraction of the model without a slowdown fits ``d = 0``. Where the pulls,
+not the forward, set a plan's time, ``F_N`` hardly moves with ``d``, and a gap of noise fitted ``d`` = 3-4
+(LeNet-5 and GoogLeNet on the testbed: gaps of 0.2-0.7% against 19-69% where ``d`` is real,
+``docs/ps.md``)."""
 
 Batches = list[tuple[int, int]]
 
@@ -207,10 +212,12 @@ def fit_slowdown(
     batches: Sequence[tuple[int, int]], compute_s, transfer_s, startup_s: float, measured_s: float
 ) -> float:
     """The slowdown ``d`` under which the model's ``F_N`` of ``batches`` is ``measured_s`` (seconds): 0 when
-    the model without one is already as slow, at most ``SLOWDOWN_MAX``. ``F_N`` is non-decreasing in ``d``
-    (``adv`` is, for every ``t``), so bisection finds it (to ``1e-4``)."""
+    the model without one is within ``SLOWDOWN_NOISE`` of it or slower, at most ``SLOWDOWN_MAX``. ``F_N`` is
+    non-decreasing in ``d`` (``adv`` is, for every ``t``), so bisection finds it (to ``1e-4``)."""
     lo, hi = 0.0, SLOWDOWN_MAX
-    if not np.isfinite(measured_s) or pull_time(batches, compute_s, transfer_s, startup_s) >= measured_s:
+    if not np.isfinite(measured_s):
+        return 0.0
+    if measured_s <= (1 + SLOWDOWN_NOISE) * pull_time(batches, compute_s, transfer_s, startup_s):
         return 0.0
     if pull_time(batches, compute_s, transfer_s, startup_s, slowdown=hi) <= measured_s:
         return hi
