@@ -1,0 +1,70 @@
+"""The rows of ``docs/ps.md``'s testbed tables, from the JSON files of ``benchmarks/ibatch_testbed.py``.
+
+    .venv/bin/python benchmarks/ibatch_table.py docs/data/ps/slowdown/*.json
+    .venv/bin/python benchmarks/ibatch_table.py --refit docs/data/ps/device/*.json
+
+Per case: measured ``F_N`` of each pull method, in parentheses the model with the run's fitted slowdown
+``d`` and with ``d = 0`` (the paper's model), the range of model/measured both ways, and the measured
+``ibatch`` over the better of ``all`` and ``layer``. ``--refit`` is an analysis after the fact, for runs
+made before the planners fitted ``d`` (or to see how far ``d`` can go): it fits ``d`` to the run's own
+measured layer-by-layer ``F_N`` (the training, not a probe) and prices every method's batches with it.
+Nothing is measured here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def row(path: Path, refit: bool) -> str:
+    from dpcomm.planner.pull import fit_slowdown, pull_time
+
+    out = json.loads(path.read_text())
+    C, Tt, Ts, M = out["C_s"], out["Tt_s"], out["Ts_s"], out["methods"]
+    if refit:
+        layer = [(i, i) for i in range(len(C))]
+        d = fit_slowdown(layer, C, Tt, Ts, M["layer"]["fn_s"])
+    else:
+        d = out.get("slowdown", 0.0)
+    model = {m: pull_time([tuple(b) for b in v["batches"]], C, Tt, Ts, slowdown=d) for m, v in M.items()}
+    model0 = {m: pull_time([tuple(b) for b in v["batches"]], C, Tt, Ts) for m, v in M.items()}
+    where = "co-located" if out["placement"] == "co-located" else f"+ S={out['servers']}"
+    cells = []
+    for m, v in M.items():
+        cell = f"{v['fn_s'] * 1e3:.1f} ({model[m] * 1e3:.1f}; {model0[m] * 1e3:.1f})"
+        if m in ("ibatch", "optimal"):
+            cell += f" {len(v['batches'])}" + (f" ({v['algorithm']})" if v.get("algorithm") else "")
+        cells.append(cell)
+    ratio = [model[m] / v["fn_s"] for m, v in M.items()]
+    ratio0 = [model0[m] / v["fn_s"] for m, v in M.items()]
+    better = min(M["all"]["fn_s"], M["layer"]["fn_s"])
+    return (
+        f"| {out['model']} b{out['batch']}, {out['topology']} {out['rate']}, W={out['workers']} {where} | "
+        f"{out.get('pulls', 'send')} | {str(out['load_before']).split()[0]} | {d:.2f} | "
+        + " | ".join(cells)
+        + f" | {min(ratio):.2f}-{max(ratio):.2f} | {min(ratio0):.2f}-{max(ratio0):.2f} | "
+        f"{M['ibatch']['fn_s'] / better:.3f} |"
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("json", nargs="+", type=Path, help="results of benchmarks/ibatch_testbed.py --json")
+    parser.add_argument("--refit", action="store_true", help="fit d to each run's measured layer F_N")
+    args = parser.parse_args()
+    d = "`d` (refitted)" if args.refit else "`d`"
+    print(
+        f"| case | pulls | load before | {d} | `all` | `layer` | `ibatch` (kept) | `optimal` | "
+        "model/measured | with `d = 0` | `ibatch` / better |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for path in args.json:
+        print(row(path, args.refit))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
