@@ -105,7 +105,7 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
         )
         flat, sha, saved, plan, asked, planned = run(ckpt_at=(lambda t, c=case: t == c.get("ckpt", -1)))
         row = {"sha": sha, "flat": flat if rank < workers else None, "plan": plan, "asked": asked}
-        row["planned"] = planned if rank == 0 else None
+        row["planned"] = planned
         if "ckpt" in case:  # resume from the state saved after iteration ckpt, on every rank
             box = [saved]
             dist.broadcast_object_list(box, src=0, group=group)

@@ -182,6 +182,8 @@ def test_fit_slowdown_recovers_the_slowdown_that_made_a_measurement():
     assert fit_slowdown(layer, C, T, 0.01, (1 + 2 * SLOWDOWN_NOISE) * pull_time(layer, C, T, 0.01)) > 0
     assert fit_slowdown(layer, C, T, 0.01, 1e6) == SLOWDOWN_MAX  # capped
     assert fit_slowdown(layer, C, T, 0.01, float("nan")) == 0.0  # nothing measured
+    # `all` never overlaps: no d explains a gap, so none is fitted (not the cap)
+    assert fit_slowdown([(0, 11)], C, T, 0.01, 1.5 * pull_time([(0, 11)], C, T, 0.01)) == 0.0
 
 
 @given(C=times, T=times, Ts=st.integers(0, 12).map(lambda x: x / 4))

@@ -74,8 +74,10 @@ pulled layers take milliseconds. ``tests/test_pull.py`` checks it against exhaus
 With a slowdown ``d > 0`` the batch's end is ``adv(max(P_k, x), C[s..i])``, and ``adv`` needs ``P_N``,
 which depends on the number of batches ``N`` of the whole plan (``P_N = N Ts + T[0..L-1]``). So the DP
 runs once per ``N`` with ``P_N`` fixed, keeping ``G_N[L-1]``; ``adv`` is non-decreasing in ``t`` (each
-branch is, and they meet at ``t = P_N``), so the proof above holds for each ``N`` unchanged. ``O(L^4)``
-work in ``L^2 / 2`` numpy passes: 123 layers (GoogLeNet on our runtime) take about a second.
+branch is, and they meet at ``t = P_N``), so the proof above holds for each ``N`` unchanged. ``N`` stops
+growing once ``P_N + C_{L-1}`` (a bound on every plan of ``N`` or more batches: the last layer runs after
+the last pull, at full speed) exceeds the best time found. At most ``O(L^4)`` work in ``L^2 / 2`` numpy
+passes: 123 layers (GoogLeNet on our runtime) take about a second without the bound.
 """
 
 from __future__ import annotations
@@ -212,12 +214,15 @@ def fit_slowdown(
     batches: Sequence[tuple[int, int]], compute_s, transfer_s, startup_s: float, measured_s: float
 ) -> float:
     """The slowdown ``d`` under which the model's ``F_N`` of ``batches`` is ``measured_s`` (seconds): 0 when
-    the model without one is within ``SLOWDOWN_NOISE`` of it or slower, at most ``SLOWDOWN_MAX``. ``F_N`` is
-    non-decreasing in ``d`` (``adv`` is, for every ``t``), so bisection finds it (to ``1e-4``)."""
+    the model without one is within ``SLOWDOWN_NOISE`` of it or slower, and 0 when no ``d`` up to
+    ``SLOWDOWN_MAX`` moves the model by more than that (``batches`` overlap too little for ``d`` to be
+    told from noise: ``all`` never does); else at most ``SLOWDOWN_MAX``. ``F_N`` is non-decreasing in
+    ``d`` (``adv`` is, for every ``t``), so bisection finds it (to ``1e-4``)."""
     lo, hi = 0.0, SLOWDOWN_MAX
     if not np.isfinite(measured_s):
         return 0.0
-    if measured_s <= (1 + SLOWDOWN_NOISE) * pull_time(batches, compute_s, transfer_s, startup_s):
+    band = (1 + SLOWDOWN_NOISE) * pull_time(batches, compute_s, transfer_s, startup_s)
+    if measured_s <= band or pull_time(batches, compute_s, transfer_s, startup_s, slowdown=hi) <= band:
         return 0.0
     if pull_time(batches, compute_s, transfer_s, startup_s, slowdown=hi) <= measured_s:
         return hi
@@ -329,8 +334,14 @@ def _optimal(C: np.ndarray, T: np.ndarray, Ts: float, d: float = 0.0) -> tuple[f
         return tops, cuts
 
     if d:  # one DP per number of batches N (P_N fixed), keeping G_N[L-1]
-        runs = [dp(N, N * Ts + float(cT[-1])) for N in range(1, L + 1)]
-        tops, cuts_of = [t[-1] for t, _ in runs], [c for _, c in runs]
+        tops, cuts_of = [], []
+        for N in range(1, L + 1):
+            P_N = N * Ts + float(cT[-1])
+            if tops and P_N + C[-1] > min(tops):  # every plan of N or more batches ends after P_N + C_{L-1}
+                break
+            t, c = dp(N, P_N)
+            tops.append(t[-1])
+            cuts_of.append(c)
     else:  # d = 0: one DP gives every N
         tops, cuts = dp(L, 0.0)
         cuts_of = [cuts] * L

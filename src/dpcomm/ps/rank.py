@@ -15,7 +15,11 @@ is a loop of its own). Set-up, on every rank of the run:
    and every worker given a ``sample`` times each layer's forward on it (``C_i``), all of them at once, as
    they compute during training (on a shared machine a forward run alone is faster than one run beside
    the other workers'); rank 0 takes each layer's median over those workers, plans
-   (:func:`dpcomm.planner.pull.plan_pulls`), broadcasts the plan, and every rank checks its sha256.
+   (:func:`dpcomm.planner.pull.plan_pulls`), broadcasts the plan, and every rank checks its sha256;
+4. the slowdown (``PsSpec.slowdown``): the workers time ``probe_rounds`` rounds of that plan's pulls beside
+   a forward that waits for each batch (:meth:`_probe_overlap`), ``d`` is fitted to the median
+   (:func:`dpcomm.planner.pull.fit_slowdown`), and rank 0 plans again with it; that plan is broadcast and
+   checked as in 3, its ``meta`` holding every input.
 
 Checkpoints: the current parameters and momentum live on the servers. At an iteration a checkpoint is due
 (``ckpt_at(t)``, the same test on every rank), every server sends its shard's momentum to rank 0, and rank
@@ -202,29 +206,32 @@ class PsRank:
         C = [statistics.median(c[i] for c in timed) for i in range(L)]
         Tt = [beta * b for b in remote]
         meta = {"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C, "Tt_s": Tt, "probe_rounds_s": rounds}
-        plan = self._agree(plan_pulls(C, Tt, Ts, self.spec.pull) if self.rank == 0 else None)
-        if self.spec.slowdown:  # time the plan beside a forward, fit d to it, plan again with d
+        plan = self._agree(self._planned(C, Tt, Ts, 0.0, meta))
+        if self.spec.slowdown and any(c is not None for c in every):
+            # time that plan beside a forward, fit d to it, plan again with d
             overlap_s = self._probe_overlap(mods, sample, list(plan.batches))
-            box: PullPlan | None = None
-            if self.rank == 0:
-                d = fit_slowdown(plan.batches, C, Tt, Ts, overlap_s)
-                box = plan_pulls(C, Tt, Ts, self.spec.pull, slowdown=d)
-                meta.update(
-                    {
-                        "overlap_batches": [list(b) for b in plan.batches],
-                        "overlap_forward_s": overlap_s,
-                        "slowdown": d,
-                        "time_d0_s": plan.time_s,
-                    }
-                )
-            plan = self._agree(box)
-        if self.rank == 0:
-            plan.meta.update(meta)
+            d = fit_slowdown(plan.batches, C, Tt, Ts, overlap_s)  # the same on every rank; rank 0's counts
+            meta = {
+                **meta,
+                "overlap_batches": [list(b) for b in plan.batches],
+                "overlap_forward_s": overlap_s,
+                "slowdown": d,
+                "time_d0_s": plan.time_s,
+            }
+            plan = self._agree(self._planned(C, Tt, Ts, d, meta))
         self.log(
             f"[rank {self.rank}] {self.spec.pull} pulls: {plan.messages} batch(es) {list(plan.batches)}, "
             f"Ts {Ts * 1e6:.0f} us, beta {beta * 1e9:.2f} ns/B, "
             f"slowdown {plan.meta.get('slowdown', 0.0):.2f}, model {plan.time_s * 1e3:.2f} ms"
         )
+        return plan
+
+    def _planned(self, C: list[float], Tt: list[float], Ts: float, d: float, meta: dict) -> PullPlan | None:
+        """Rank 0's plan of the spec's method with these inputs (its ``meta`` added); None elsewhere."""
+        if self.rank != 0:
+            return None
+        plan = plan_pulls(C, Tt, Ts, self.spec.pull, slowdown=d)
+        plan.meta.update(meta)
         return plan
 
     def _agree(self, plan: PullPlan | None) -> PullPlan:
@@ -285,11 +292,15 @@ class PsRank:
         tickets = self._pull(units, _PROBE_TAG) if self.worker is not None else []
         if self.server is not None:
             (self.server.answer if self._request else self.server.send)(units, _PROBE_TAG)
-        if sample is not None:
-            self._forward_pulling(mods, sample, units, tickets)
-        for t in tickets:
-            self.worker.wait(t, into_params=False)
-        end = time.perf_counter()
+        with _buffers_kept(self.model):
+            out = self._forward_pulling(mods, sample, units, tickets) if sample is not None else None
+            for t in tickets:
+                self.worker.wait(t, into_params=False)
+            end = time.perf_counter()
+            if out is not None:  # untimed: a backward after each forward, as in training and _time_forward
+                default_loss(out).backward()  # (forwards back to back ran 15-20% slower)
+                for p in self.model.parameters():
+                    p.grad = None
         if self.server is not None:
             self.server.finish()
         return t0, end, tickets
@@ -316,9 +327,9 @@ class PsRank:
 
     def _forward_pulling(
         self, mods: list[nn.Module], sample: torch.Tensor, units: list[tuple[int, int]], tickets: list[Ticket]
-    ) -> None:
-        """One forward of ``sample`` whose layers wait for their batch's ticket first, as in training; the
-        model's buffers (batch-norm statistics) and the random-number generator are left as they were."""
+    ) -> torch.Tensor:
+        """One forward of ``sample`` whose layers wait for their batch's ticket first, as in training; its
+        output (with autograd's graph). The caller keeps the model's buffers (:func:`_buffers_kept`)."""
         batch_of = _unit_of(units)
         hooks = [
             m.register_forward_pre_hook(
@@ -327,8 +338,7 @@ class PsRank:
             for l, m in enumerate(mods)
         ]
         try:
-            with _buffers_kept(self.model):
-                self.model(sample)  # with autograd's graph, as in training; dropped at once
+            return self.model(sample)  # with autograd's graph, as in training
         finally:
             for h in hooks:
                 h.remove()
