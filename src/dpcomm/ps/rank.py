@@ -210,7 +210,8 @@ class PsRank:
         if self.spec.slowdown and any(c is not None for c in every):
             # time that plan beside a forward, fit d to it, plan again with d
             overlap_s = self._probe_overlap(mods, sample, list(plan.batches))
-            d = fit_slowdown(plan.batches, C, Tt, Ts, overlap_s)  # the same on every rank; rank 0's counts
+            # rank 0 plans with its own Tt (the bytes it pulls); the others get its d in the plan's meta
+            d = fit_slowdown(plan.batches, C, Tt, Ts, overlap_s) if self.rank == 0 else 0.0
             meta = {
                 **meta,
                 "overlap_batches": [list(b) for b in plan.batches],
