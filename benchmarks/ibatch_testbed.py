@@ -66,6 +66,8 @@ def worker(args: argparse.Namespace) -> None:
     )
     torch.set_num_threads(1)
     workers = world - args.servers
+    if rank >= workers and os.environ.get("XNICE"):  # EXPERIMENT
+        os.setpriority(os.PRIO_PROCESS, 0, int(os.environ["XNICE"]))
     data = None
     if rank < workers:
         data = TrainData(
@@ -200,6 +202,15 @@ def worker(args: argparse.Namespace) -> None:
                     ]
                 )
                 else None,
+                "per_rank": {  # medians of each worker: F_N, pull wait, forward compute (s)
+                    q: [
+                        statistics.median(v[i] for v, x in zip(trio, recs, strict=True) if x["rank"] == q)
+                        for i in range(3)
+                    ]
+                    for q in range(workers)
+                }
+                if (trio := [(f, w, f - w) for f, w in zip(fn, wait, strict=True)])
+                else {},
                 "samples_fn_s": [
                     [x["rank"], x["iteration"], round(f, 6)] for x, f in zip(recs, fn, strict=True)
                 ],
@@ -255,6 +266,7 @@ def driver(args: argparse.Namespace) -> int:
         mtu=args.mtu,
         queue_ms=args.queue_ms,
         slow_start_after_idle=args.slow_start_after_idle,
+        host_queue=args.host_queue,
     )
     load = loadavg()
     sigterm_exits()  # a killed run still takes its testbed down (finally)
@@ -293,6 +305,7 @@ def driver(args: argparse.Namespace) -> int:
             "mtu": args.mtu,
             "queue_ms": args.queue_ms,
             "slow_start_after_idle": args.slow_start_after_idle,
+            "host_queue": args.host_queue,
             "iters": args.iters,
             "rounds": args.rounds,
             "aligned_sends": not args.unaligned,
@@ -307,7 +320,7 @@ def driver(args: argparse.Namespace) -> int:
         f"{args.model}, batch {args.batch}, {args.topology} at {args.rate}, MTU {args.mtu}, "
         f"switch-port queue {args.queue_ms:g} ms ({out['drops']} frames dropped in the run), "
         f"slow start after idle {'on' if args.slow_start_after_idle else 'off'}, "
-        f"pulls {'on request' if args.pulls == 'request' else 'sent'}"
+        f"host queue {args.host_queue}, pulls {'on request' if args.pulls == 'request' else 'sent'}"
         f"{', unaligned' if args.unaligned else ''}, "
         f"{out['workers']} workers, {out['servers']} {out['placement']} servers, {args.rounds} rounds of "
         f"{args.iters} iterations per method; load average before {load}; measured Ts "
@@ -331,6 +344,12 @@ def main() -> int:
     parser.add_argument("--mtu", type=int, default=9000)
     parser.add_argument("--queue-ms", type=float, default=20.0, help="switch-port queue (tbf latency)")
     parser.add_argument("--slow-start-after-idle", action="store_true", help="Linux's default (off here)")
+    parser.add_argument(
+        "--host-queue",
+        choices=["fifo", "fair"],
+        default="fifo",
+        help="server NIC queue (testbed up --host-queue)",
+    )
     parser.add_argument("--servers", type=int, default=0, help="dedicated servers (0: co-located)")
     parser.add_argument("--model", default="resnet20")
     parser.add_argument("--batch", type=int, default=32)

@@ -31,6 +31,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--mtu", type=int, default=1500, help="MTU of every link (default 1500)")
     p.add_argument("--queue-ms", type=float, default=20.0, help="tbf queue (latency), ms (default 20)")
     p.add_argument("--burst", type=int, default=None, help="tbf bucket, bytes (default max(1 ms, 64 KiB))")
+    p.add_argument(
+        "--host-queue",
+        choices=["fifo", "fair"],
+        default="fifo",
+        help="a server NIC's queue: one FIFO (default) or one per destination, round robin",
+    )
     p.add_argument("--cc", default="reno", help="TCP congestion control in every server (default reno)")
     p.add_argument(
         "--no-slow-start-after-idle",
@@ -85,6 +91,7 @@ def run(args: argparse.Namespace) -> int:
             queue_ms=args.queue_ms,
             burst_bytes=args.burst,
             congestion_control=args.cc,
+            host_queue=args.host_queue,
             slow_start_after_idle=args.slow_start_after_idle,
         )
         state = build.up(cfg)

@@ -9,7 +9,8 @@
 2. one Linux bridge per switch (STP off, so ports forward at once) in the switch namespace;
 3. one veth pair per server NIC: ``dpc-l<l>`` in the server, ``dpc-s<i>l<l>`` on the bridge of its switch;
 4. one address per NIC from the plan of :func:`dpcomm.topology.plan_addresses` (``10.77.<l>.<i+1>/24``);
-5. a tbf on both ends of every cable (see :mod:`dpcomm.testbed.config` for burst and queues);
+5. a tbf on both ends of every cable (see :mod:`dpcomm.testbed.config` for burst and queues), and with
+   ``host_queue="fair"`` one queue per destination below each server NIC's tbf;
 6. for BCube, IP forwarding in each server and one host route per non-adjacent address following
    :meth:`dpcomm.topology.BCube.route` (BCube is server-centric: servers relay, switches never meet), so any
    server reaches any address of any other, as a full-mesh gloo group and the rendezvous need.
@@ -28,7 +29,7 @@ import time
 from typing import Any
 
 from dpcomm.testbed import names
-from dpcomm.testbed.config import TestbedConfig, format_rate, tbf_line
+from dpcomm.testbed.config import TestbedConfig, format_rate, host_queue_lines, tbf_line
 from dpcomm.testbed.shell import TestbedError, batch, netns_list, require, run
 from dpcomm.testbed.state import remove_state, save_state, saved_names, state_path
 from dpcomm.topology import BCube, plan_addresses
@@ -107,12 +108,20 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
             sw_tc.append(tbf_line(p, cfg, host=False))
         batch("ip", sw_ns, sw_lines)
         batch("tc", sw_ns, sw_tc)
+        every = [
+            (d, str(plan.address(d, m).ip)) for d in range(topo.servers) for m in range(topo.nics_per_server)
+        ]
+        peers = [
+            [ip for d, ip in every if d != s] for s in range(topo.servers)
+        ]  # fair queue: one per address
         for s, ns in enumerate(hosts):
             lines, tcs = ["link set lo up"], []
             for l in range(topo.nics_per_server):
                 dev = names.nic(l)
                 lines += [f"addr add {plan.address(s, l)} dev {dev}", f"link set {dev} up"]
-                tcs.append(tbf_line(dev, cfg, host=True))
+                if cfg.host_queue == "fair":  # one frame per packet: turns of one frame (see config)
+                    lines.append(f"link set dev {dev} gso_max_segs 1")
+                tcs += host_queue_lines(dev, cfg, peers[s])
             if relay:
                 lines += _routes(topo, plan, s)
             batch("ip", ns, lines)
@@ -165,6 +174,7 @@ def _state(cfg: TestbedConfig, plan: Any, sw_ns: str, hosts: list[str], relay: b
         "burst_bytes": cfg.burst,
         "queue_ms": cfg.queue_ms,
         "host_queue_bytes": cfg.host_queue_bytes,
+        "host_queue": cfg.host_queue,
         "congestion_control": cfg.congestion_control,
         "slow_start_after_idle": cfg.slow_start_after_idle,
         "base": cfg.base,

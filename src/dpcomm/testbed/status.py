@@ -34,7 +34,7 @@ def print_status(state: dict[str, Any], *, counters: bool = True) -> None:
     title = (
         f"testbed '{state['name']}': {state['topology']}, {len(state['servers'])} servers, "
         f"{state['rate']} per link direction, burst {state['burst_bytes']} B, "
-        f"queue {state['queue_ms']:g} ms, "
+        f"queue {state['queue_ms']:g} ms, host queue {state.get('host_queue', 'fifo')}, "
         f"MTU {state['mtu']}, rendezvous {state['master_addr']}"
     )
     table = Table(title=title, title_justify="left")
