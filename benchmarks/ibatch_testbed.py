@@ -66,8 +66,6 @@ def worker(args: argparse.Namespace) -> None:
     )
     torch.set_num_threads(1)
     workers = world - args.servers
-    if rank >= workers and os.environ.get("XNICE"):  # EXPERIMENT
-        os.setpriority(os.PRIO_PROCESS, 0, int(os.environ["XNICE"]))
     data = None
     if rank < workers:
         data = TrainData(

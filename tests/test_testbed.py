@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -96,6 +97,7 @@ def test_missing_privilege_or_tool_is_one_line(monkeypatch, capsys):
         (["--topology", "star:2", "--name", "Bad-Name"], "bad testbed name"),
         (["--topology", "bcube:9,2"], "at most 64"),
         (["--topology", "star:2", "--cc", "re no"], "bad congestion control"),
+        (["--topology", "star:2", "--host-queue", "fq"], "host queue 'fq' is not one of fifo, fair"),
     ],
 )
 def test_bad_up_arguments_are_one_line(capsys, argv, words):
@@ -121,6 +123,58 @@ def test_no_slow_start_after_idle_reaches_every_server(tb, capsys):
             assert _sysctl(names.host_ns(tb, i), "net.ipv4.tcp_slow_start_after_idle") == "0"
     finally:
         build.down(tb)
+
+
+_FLOWS = """
+import socket, sys, threading, time
+if sys.argv[1] == "recv":
+    s = socket.create_server(("0.0.0.0", 5001))
+    c, _ = s.accept()
+    while c.recv(1 << 20):
+        pass
+    c.close()
+else:  # send DST BYTES DELAY_S: connect after DELAY_S, send, wait for the receiver to close; print seconds
+    time.sleep(float(sys.argv[4]))
+    c = socket.create_connection((sys.argv[2], 5001))
+    t = time.perf_counter()
+    c.sendall(b"x" * int(sys.argv[3]))
+    c.shutdown(socket.SHUT_WR)
+    c.recv(1)
+    print(time.perf_counter() - t)
+"""
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+def test_a_fair_host_queue_shares_a_server_link_evenly_between_destinations(tb, capsys):
+    # server 2 sends 8 MB to server 0 and, 0.1 s later, 4 MB to server 1 over its one 100 Mbit/s link: with
+    # one queue per destination the second connection gets half the link while both run (FIFO: 37 Mbit/s)
+    rc, _, _ = _run_cli(capsys, "testbed", "up", "--topology", "star:3", "--rate", "100mbit", "--mtu", "9000",
+                        "--name", tb, "--host-queue", "fair", "--no-slow-start-after-idle")  # fmt: skip
+    assert rc == 0 and load_state(tb)["host_queue"] == "fair"
+    ns = [names.host_ns(tb, i) for i in range(3)]
+    run = ["ip", "netns", "exec"]
+    recv = [subprocess.Popen([*run, ns[i], sys.executable, "-c", _FLOWS, "recv"]) for i in (0, 1)]
+    time.sleep(0.5)
+    send = [
+        subprocess.Popen(
+            [*run, ns[2], sys.executable, "-c", _FLOWS, "send", ip, str(n), str(delay)],
+            stdout=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for ip, n, delay in (("10.77.0.1", 8_000_000, 0.0), ("10.77.0.2", 4_000_000, 0.1))
+    ]
+    seconds = [float(p.communicate(timeout=60)[0]) for p in send]
+    for p in recv:
+        assert p.wait(timeout=10) == 0
+    second_mbit = 4_000_000 * 8 / seconds[1] / 1e6
+    assert 44 < second_mbit < 52, seconds  # half of 100 Mbit/s at 99.3% TCP goodput: 49.6
+    # every byte to a destination went through that destination's class (2:2 for server 0, 2:3 for 1)
+    text = subprocess.run(["tc", "-n", ns[2], "-s", "class", "show", "dev", names.nic(0)],
+                          capture_output=True, text=True, check=True).stdout  # fmt: skip
+    sent = dict(re.findall(r"class htb (2:[0-9a-f]+) .*\n Sent (\d+) bytes", text))
+    sent = {k: int(v) for k, v in sent.items()}
+    assert 8_000_000 < sent["2:2"] < 8_800_000 and 4_000_000 < sent["2:3"] < 4_400_000, sent
 
 
 @pytest.mark.testbed

@@ -33,9 +33,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     p.add_argument("--burst", type=int, default=None, help="tbf bucket, bytes (default max(1 ms, 64 KiB))")
     p.add_argument(
         "--host-queue",
-        choices=["fifo", "fair"],
         default="fifo",
-        help="a server NIC's queue: one FIFO (default) or one per destination, round robin",
+        help="a server NIC's queue: fifo (one queue; default) or fair (one per destination, round robin)",
     )
     p.add_argument("--cc", default="reno", help="TCP congestion control in every server (default reno)")
     p.add_argument(
