@@ -108,12 +108,11 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
             sw_tc.append(tbf_line(p, cfg, host=False))
         batch("ip", sw_ns, sw_lines)
         batch("tc", sw_ns, sw_tc)
+        # a fair host queue has one class per address of every other server
         every = [
             (d, str(plan.address(d, m).ip)) for d in range(topo.servers) for m in range(topo.nics_per_server)
         ]
-        peers = [
-            [ip for d, ip in every if d != s] for s in range(topo.servers)
-        ]  # fair queue: one per address
+        peers = [[ip for d, ip in every if d != s] for s in range(topo.servers)]
         for s, ns in enumerate(hosts):
             lines, tcs = ["link set lo up"], []
             for l in range(topo.nics_per_server):

@@ -38,10 +38,9 @@ cable carries at most ``rate``. The tbf parameters and why:
   Off (``testbed up --no-slow-start-after-idle``), windows survive the idle time, as on clusters tuned for
   bursty traffic; ``benchmarks/ibatch_testbed.py`` runs that way (``docs/ps.md``).
 - ``host_queue``: how a server's NIC queue orders what its connections hand it. ``fifo`` (the default): one
-  queue, tbf's own. TCP Small Queues lets each socket put up to ``tcp_limit_output_bytes`` (1 MiB) into it,
-  and its share of the link follows its window, so one connection can keep most of a parameter server's
-  link while another waits: ResNet-20's pulls from one dedicated server to two workers at 100 Mbit/s reached
-  one worker 54 ms (of 170) before the other (``docs/ps.md``). ``fair``: one queue per destination address,
+  queue, tbf's own, where each connection's share of the link follows what it manages to put in (its
+  window, its packet size), so one connection can keep most of a server's link while another waits.
+  ``fair``: one queue per destination address,
   served round robin one frame's worth at a time (an HTB below the tbf, every class far above the link rate,
   so the tbf alone shapes and HTB only takes turns), as a Linux host's default ``fq_codel`` takes turns per
   connection (this kernel has no ``fq_codel``, ``fq`` or ``sfq``; it has HTB and u32 filters). The NIC
@@ -50,7 +49,8 @@ cable carries at most ``rate``. The tbf parameters and why:
   the larger packets gets the larger share however the queue takes turns. Measured with one connection to
   each of two servers from a third at 100 Mbit/s, MTU 9000, the second starting 0.1 s after the first
   (8 MB and 4 MB): the second got 37 Mbit/s with ``fifo``, with ``fair`` and GSO, and with ``fifo`` and no
-  GSO; with ``fair`` and no GSO it got 49.4 Mbit/s, half the link.
+  GSO; with ``fair`` and no GSO it got 49.4 Mbit/s, half the link. It did not remove the head start of
+  the first worker a parameter server sends to (``docs/ps.md``, "Why ``ibatch`` keeps a margin").
 
 :func:`link_network` describes one emulated link to the cost model (``testbed launch`` hands it to every
 worker as ``$DPCOMM_NETWORK``, so ``lp``'s default block and ``auto`` fit the emulated network, not 10GbE):
@@ -211,13 +211,13 @@ def host_queue_lines(dev: str, cfg: TestbedConfig, peers: list[str]) -> list[str
         return lines
     frame = cfg.mtu + 14
     lines.append(f"qdisc replace dev {dev} parent 1:1 handle 2: htb default 1")
-    for minor, ip in enumerate(["rest", *peers], start=1):
+    for minor, ip in enumerate([None, *peers], start=1):  # class 2:1 (the default) takes the rest
         cls = f"2:{minor:x}"
         lines += [
             f"class add dev {dev} parent 2: classid {cls} htb rate {_UNLIMITED} quantum {frame}",
             f"qdisc add dev {dev} parent {cls} bfifo limit {cfg.host_queue_bytes}",
         ]
-        if ip != "rest":
+        if ip is not None:
             match = f"protocol ip prio 1 u32 match ip dst {ip}/32"
             lines.append(f"filter add dev {dev} parent 2: {match} flowid {cls}")
     return lines

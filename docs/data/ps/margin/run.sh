@@ -21,3 +21,4 @@ run resnet20_star3_500mbit_b16_request --topology star:3 --rate 500mbit $R20 --b
 run resnet20_star4_100mbit_b32_send --topology star:4 $R20 --batch 32
 run resnet20_star4_20mbit_b32_send --topology star:4 --rate 20mbit --queue-ms 500 $R20 --batch 32 --iters 6 --rounds 2
 echo "== done $(date +%H:%M:%S)"
+# then, after the table, the W=3 + S=1 case twice more (run2, run3)
