@@ -160,4 +160,10 @@ def _run_pull(args: argparse.Namespace) -> int:
         f"pulls alone {(plan.messages * Ts + Tt.sum()) * 1e3:.3f} ms; Ts {Ts * 1e6:.1f} us"
         + (f"; forward {1 + args.pull_slowdown:g}x slower while pulling" if args.pull_slowdown else "")
     )
+    if "candidates_s" in plan.meta:  # ibatch: which candidate it kept, and what the others would take
+        times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in plan.meta["candidates_s"].items())
+        console.print(
+            f"kept {plan.meta['algorithm']} of: {times} (a greedy plan only if more than "
+            f"{plan.meta.get('margin', 0):.0%} faster than the better of all and layer)"
+        )
     return 0

@@ -127,7 +127,8 @@ first worker's ``F_N`` was 7-11 ms shorter than the second's pulling everything,
 Algorithm 1's three batches (72% of the bytes in the first); layer by layer they were within 4 ms, and
 reversing the send order reversed it. There Algorithm 1 was modelled 0.1-1% ahead of ``layer`` and
 measured 2-7% behind (13% in an earlier run; ``docs/ps.md``). The paper's worked example (Fig. 4(c), our
-numbers) gains 1.7%."""
+numbers) gains 1.7%. A greedy plan that *ties* the better baseline (the same modelled time) is kept when it
+has fewer batches: that is the tie rule, and no bet."""
 
 Batches = list[tuple[int, int]]
 
@@ -407,9 +408,11 @@ def plan_pulls(
         }
         times = {k: pull_time(b, C, T, Ts, slowdown=d) for k, b in cands.items()}
         meta = {"candidates_s": times}
-        pick = min(times, key=lambda k: (times[k], len(cands[k])))
+        best = min(times.values())
+        tied = [k for k in times if times[k] <= best + TIE_REL * max(1.0, abs(best))]
+        pick = min(tied, key=lambda k: len(cands[k]))  # equal modelled time: the fewest pulls
         base = min(("all", "layer"), key=lambda k: (times[k], len(cands[k])))
-        if times[pick] > (1.0 - margin) * times[base]:  # a greedy gain within the margin: keep the baseline
+        if base not in tied and best > (1.0 - margin) * times[base]:  # a gain within the margin
             pick = base
         meta["algorithm"] = pick
         if margin:
