@@ -200,21 +200,23 @@ def worker(args: argparse.Namespace) -> None:
                     ]
                 )
                 else None,
-                "per_rank": {  # medians of each worker: F_N, pull wait, forward compute (s)
-                    q: [
-                        statistics.median(v[i] for v, x in zip(trio, recs, strict=True) if x["rank"] == q)
-                        for i in range(3)
-                    ]
-                    for q in range(workers)
-                }
-                if (trio := [(f, w, f - w) for f, w in zip(fn, wait, strict=True)])
-                else {},
+                "per_rank": per_rank(recs, fn, wait, workers),
                 "samples_fn_s": [
                     [x["rank"], x["iteration"], round(f, 6)] for x, f in zip(recs, fn, strict=True)
                 ],
             }
         print("RESULT " + json.dumps(out))
     dist.barrier()
+
+
+def per_rank(recs: list[dict], fn: list[float], wait: list[float], workers: int) -> dict[int, list[float]]:
+    """Each worker's medians of ``F_N``, pull wait and forward compute (s), from its steady iterations."""
+    out = {}
+    for q in range(workers):
+        mine = [(f, w) for x, f, w in zip(recs, fn, wait, strict=True) if x["rank"] == q]
+        out[q] = [statistics.median(f for f, _ in mine), statistics.median(w for _, w in mine),
+                  statistics.median(f - w for f, w in mine)]  # fmt: skip
+    return out
 
 
 def allreduce_replica(args: argparse.Namespace, rank: int, world: int):

@@ -105,6 +105,28 @@ def test_bad_up_arguments_are_one_line(capsys, argv, words):
     assert rc == 2 and err.count("\n") == 1 and words in err
 
 
+def test_host_queue_lines():
+    # fifo: the tbf alone; fair: below it an HTB class (and a bfifo) per peer address and one default
+    # class, each peer's traffic sent to its class by its destination; a rate change names no handle
+    from dpcomm.testbed.config import host_queue_lines, tbf_line
+
+    fifo = TestbedConfig(topology="star:3", rate_bps=100_000_000, mtu=9000)
+    assert host_queue_lines("dpc-l0", fifo, ["10.77.0.1", "10.77.0.2"]) == [
+        tbf_line("dpc-l0", fifo, host=True)
+    ]
+    fair = TestbedConfig(topology="star:3", rate_bps=100_000_000, mtu=9000, host_queue="fair")
+    lines = host_queue_lines("dpc-l0", fair, ["10.77.0.1", "10.77.0.2"])
+    assert lines[0].startswith("qdisc replace dev dpc-l0 root handle 1: tbf rate 100000000bit")
+    assert lines[1] == "qdisc replace dev dpc-l0 parent 1:1 handle 2: htb default 1"
+    classes = [ln.split("classid ")[1].split()[0] for ln in lines if ln.startswith("class add")]
+    assert classes == ["2:1", "2:2", "2:3"] and all("quantum 9014" in ln for ln in lines if "class add" in ln)
+    assert sum(ln.startswith(f"qdisc add dev dpc-l0 parent {c} bfifo") for c in classes for ln in lines) == 3
+    filters = [ln for ln in lines if ln.startswith("filter")]
+    assert [f.split("dst ")[1] for f in filters] == ["10.77.0.1/32 flowid 2:2", "10.77.0.2/32 flowid 2:3"]
+    change = tbf_line("dpc-l0", fair, host=True, verb="change")
+    assert change.startswith("qdisc change dev dpc-l0 root tbf rate") and "handle" not in change
+
+
 def _sysctl(ns: str, key: str) -> str:
     return subprocess.run(
         ["ip", "netns", "exec", ns, "sysctl", "-n", key], capture_output=True, text=True, check=True

@@ -164,6 +164,7 @@ def _run_pull(args: argparse.Namespace) -> int:
         times = ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in plan.meta["candidates_s"].items())
         console.print(
             f"kept {plan.meta['algorithm']} of: {times} (a greedy plan only if more than "
-            f"{plan.meta.get('margin', 0):.0%} faster than the better of all and layer)"
+            f"{plan.meta.get('margin', 0):.0%} faster than the better of all and layer, or as fast in "
+            "fewer pulls)"
         )
     return 0

@@ -40,13 +40,13 @@ cable carries at most ``rate``. The tbf parameters and why:
 - ``host_queue``: how a server's NIC queue orders what its connections hand it. ``fifo`` (the default): one
   queue, tbf's own, where each connection's share of the link follows what it manages to put in (its
   window, its packet size), so one connection can keep most of a server's link while another waits.
-  ``fair``: one queue per destination address,
-  served round robin one frame's worth at a time (an HTB below the tbf, every class far above the link rate,
-  so the tbf alone shapes and HTB only takes turns), as a Linux host's default ``fq_codel`` takes turns per
-  connection (this kernel has no ``fq_codel``, ``fq`` or ``sfq``; it has HTB and u32 filters). The NIC
-  also gets ``gso_max_segs 1``: a 64 KiB GSO packet is 5 ms of a 100 Mbit/s link (52 us at 10 Gbit/s), and
-  TCP Small Queues keeps only a packet or two per connection queued, so with GSO the connection that sends
-  the larger packets gets the larger share however the queue takes turns. Measured with one connection to
+  ``fair``: one queue per destination address, served round robin one frame's worth at a time (an HTB below
+  the tbf, every class far above the link rate, so the tbf alone shapes and HTB only takes turns), as a
+  Linux host's default ``fq_codel`` takes turns per connection (this kernel has no ``fq_codel``, ``fq`` or
+  ``sfq``; it has HTB and u32 filters). The NIC also gets ``gso_max_segs 1``: a 64 KiB GSO packet is 5 ms
+  of a 100 Mbit/s link (52 us at 10 Gbit/s), and TCP Small Queues keeps only a packet or two per
+  connection queued, so with GSO the connection that sends the larger packets gets the larger share
+  however the queue takes turns. Measured with one connection to
   each of two servers from a third at 100 Mbit/s, MTU 9000, the second starting 0.1 s after the first
   (8 MB and 4 MB): the second got 37 Mbit/s with ``fifo``, with ``fair`` and GSO, and with ``fifo`` and no
   GSO; with ``fair`` and no GSO it got 49.4 Mbit/s, half the link. It did not remove the head start of
@@ -70,12 +70,12 @@ from dpcomm.topology import DEFAULT_BASE, Topology, parse_topology
 
 __all__ = [
     "EMULATED_KINDS",
+    "HOST_QUEUES",
     "TestbedConfig",
     "format_rate",
+    "host_queue_lines",
     "link_network",
     "parse_rate",
-    "HOST_QUEUES",
-    "host_queue_lines",
     "tbf_line",
     "tcp_ceiling",
 ]
@@ -199,7 +199,10 @@ def tbf_line(dev: str, cfg: TestbedConfig, *, host: bool, verb: str = "replace")
     """The ``tc`` line of one link end's tbf: switch ports queue ``queue_ms``; server NICs queue
     ``host_queue_bytes``. ``verb``: ``replace`` (build) or ``change`` (a running testbed's rate)."""
     queue = f"limit {cfg.host_queue_bytes}" if host else f"latency {cfg.queue_ms}ms"
-    return f"qdisc {verb} dev {dev} root handle 1: tbf rate {cfg.rate_bps}bit burst {cfg.burst} {queue}"
+    # handle 1: is what the fair host queue's HTB hangs below; a change names no handle, so it also finds
+    # the kernel-numbered root of a testbed built before handles were given
+    handle = " handle 1:" if verb == "replace" else ""
+    return f"qdisc {verb} dev {dev} root{handle} tbf rate {cfg.rate_bps}bit burst {cfg.burst} {queue}"
 
 
 def host_queue_lines(dev: str, cfg: TestbedConfig, peers: list[str]) -> list[str]:
