@@ -197,6 +197,11 @@ def test_a_fair_host_queue_shares_a_server_link_evenly_between_destinations(tb, 
     sent = dict(re.findall(r"class htb (2:[0-9a-f]+) .*\n Sent (\d+) bytes", text))
     sent = {k: int(v) for k, v in sent.items()}
     assert 8_000_000 < sent["2:2"] < 8_800_000 and 4_000_000 < sent["2:3"] < 4_400_000, sent
+    # a rate change reaches the tbf and keeps the queues below it
+    assert _run_cli(capsys, "testbed", "rate", "--name", tb, "--rate", "50mbit")[0] == 0
+    shown = subprocess.run(["tc", "-n", ns[2], "qdisc", "show", "dev", names.nic(0)],
+                           capture_output=True, text=True, check=True).stdout  # fmt: skip
+    assert "tbf 1: root" in shown and "rate 50Mbit" in shown and "htb 2: parent 1:1" in shown, shown
 
 
 @pytest.mark.testbed
