@@ -24,6 +24,7 @@ from dpcomm.costmodel.network import PRESETS, Network
 from dpcomm.errors import UserError
 from dpcomm.testbed import TestbedConfig, TestbedError, build, names
 from dpcomm.testbed.counters import link_counters
+from dpcomm.testbed.flows import send_from
 from dpcomm.testbed.run import launch_workers
 from dpcomm.testbed.state import load_state, state_path
 
@@ -147,25 +148,6 @@ def test_no_slow_start_after_idle_reaches_every_server(tb, capsys):
         build.down(tb)
 
 
-_FLOWS = """
-import socket, sys, threading, time
-if sys.argv[1] == "recv":
-    s = socket.create_server(("0.0.0.0", 5001))
-    c, _ = s.accept()
-    while c.recv(1 << 20):
-        pass
-    c.close()
-else:  # send DST BYTES DELAY_S: connect after DELAY_S, send, wait for the receiver to close; print seconds
-    time.sleep(float(sys.argv[4]))
-    c = socket.create_connection((sys.argv[2], 5001))
-    t = time.perf_counter()
-    c.sendall(b"x" * int(sys.argv[3]))
-    c.shutdown(socket.SHUT_WR)
-    c.recv(1)
-    print(time.perf_counter() - t)
-"""
-
-
 @pytest.mark.testbed
 @pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
 def test_a_fair_host_queue_shares_a_server_link_evenly_between_destinations(tb, capsys):
@@ -175,20 +157,7 @@ def test_a_fair_host_queue_shares_a_server_link_evenly_between_destinations(tb, 
                         "--name", tb, "--host-queue", "fair", "--no-slow-start-after-idle")  # fmt: skip
     assert rc == 0 and load_state(tb)["host_queue"] == "fair"
     ns = [names.host_ns(tb, i) for i in range(3)]
-    run = ["ip", "netns", "exec"]
-    recv = [subprocess.Popen([*run, ns[i], sys.executable, "-c", _FLOWS, "recv"]) for i in (0, 1)]
-    time.sleep(0.5)
-    send = [
-        subprocess.Popen(
-            [*run, ns[2], sys.executable, "-c", _FLOWS, "send", ip, str(n), str(delay)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for ip, n, delay in (("10.77.0.1", 8_000_000, 0.0), ("10.77.0.2", 4_000_000, 0.1))
-    ]
-    seconds = [float(p.communicate(timeout=60)[0]) for p in send]
-    for p in recv:
-        assert p.wait(timeout=10) == 0
+    seconds = send_from(load_state(tb), 2, [(0, 8_000_000, 0.0), (1, 4_000_000, 0.1)])
     second_mbit = 4_000_000 * 8 / seconds[1] / 1e6
     assert 44 < second_mbit < 52, seconds  # half of 100 Mbit/s at 99.3% TCP goodput: 49.6
     # every byte to a destination went through that destination's class (2:2 for server 0, 2:3 for 1)

@@ -10,7 +10,8 @@ addresses (``10.77.<level>.<server+1>``) exist only inside the namespaces.
 - :mod:`~dpcomm.testbed.build`: :func:`up`, :func:`down` (idempotent, removes leftovers by name prefix);
 - :mod:`~dpcomm.testbed.run`: :func:`exec_in`, :func:`launch_workers` (one worker per server);
 - :mod:`~dpcomm.testbed.counters`: per-link tbf byte counters; :mod:`~dpcomm.testbed.status`: the table;
-- :mod:`~dpcomm.testbed.probe`: a worker that checks allreduce and per-level NIC binding.
+- :mod:`~dpcomm.testbed.probe`: a worker that checks allreduce and per-level NIC binding;
+- :mod:`~dpcomm.testbed.flows`: plain TCP connections from one server to others, timed (link sharing).
 
 CLI: ``dpcomm testbed up|status|exec|launch|down`` (root and iproute2 needed).
 """

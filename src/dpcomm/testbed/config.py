@@ -46,11 +46,12 @@ cable carries at most ``rate``. The tbf parameters and why:
   ``sfq``; it has HTB and u32 filters). The NIC also gets ``gso_max_segs 1``: a 64 KiB GSO packet is 5 ms
   of a 100 Mbit/s link (52 us at 10 Gbit/s), and TCP Small Queues keeps only a packet or two per
   connection queued, so with GSO the connection that sends the larger packets gets the larger share
-  however the queue takes turns. Measured with one connection to
-  each of two servers from a third at 100 Mbit/s, MTU 9000, the second starting 0.1 s after the first
-  (8 MB and 4 MB): the second got 37 Mbit/s with ``fifo``, with ``fair`` and GSO, and with ``fifo`` and no
-  GSO; with ``fair`` and no GSO it got 49.4 Mbit/s, half the link. It did not remove the head start of
-  the first worker a parameter server sends to (``docs/ps.md``, "Why ``ibatch`` keeps a margin").
+  however the queue takes turns. Measured with one connection to each of two servers from a third at
+  100 Mbit/s, MTU 9000, the second starting 0.1 s after the first (8 MB and 4 MB;
+  ``benchmarks/testbed_host_queue.py``): the second got 37 Mbit/s with ``fifo``, with ``fair`` and GSO,
+  and with ``fifo`` and no GSO; with ``fair`` and no GSO it got 49.4 Mbit/s, half the link. It did not
+  remove the head start of the first worker a parameter server sends to (``docs/ps.md``, "Why ``ibatch``
+  keeps a margin").
 
 :func:`link_network` describes one emulated link to the cost model (``testbed launch`` hands it to every
 worker as ``$DPCOMM_NETWORK``, so ``lp``'s default block and ``auto`` fit the emulated network, not 10GbE):
