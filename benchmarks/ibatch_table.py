@@ -9,7 +9,7 @@ Per case: measured ``F_N`` of each pull method, in parentheses the model with th
 plan over that better one (``ibatch`` keeps it only above ``IBATCH_MARGIN``). ``--refit`` is an analysis
 after the fact, for runs made before the planners fitted ``d`` (or to see how far ``d`` can go): it fits
 ``d`` to the run's own measured layer-by-layer ``F_N`` (the training, not a probe) and prices every
-method's batches with it.
+method's batches with it. ``--slowest``: the model against the slowest worker of each iteration instead.
 Nothing is measured here.
 """
 
@@ -56,11 +56,37 @@ def row(path: Path, refit: bool) -> str:
     )
 
 
+def slowest(path: Path) -> str:
+    """One row: the model's ``F_N`` over the slowest worker's of each iteration (median over iterations),
+    per method: a BSP iteration waits for that worker."""
+    import statistics
+
+    out = json.loads(path.read_text())
+    cells = []
+    for v in out["methods"].values():
+        by: dict[int, list[float]] = {}
+        for _rank, it, fn in v["samples_fn_s"]:
+            by.setdefault(it, []).append(fn)
+        worst = statistics.median(max(x) for x in by.values() if len(x) == out["workers"])
+        cells.append(f"{v['predicted_fn_s'] / worst:.2f}")
+    where = "co-located" if out["placement"] == "co-located" else f"+ S={out['servers']}"
+    case = f"{out['model']} b{out['batch']}, {out['topology']} {out['rate']}, W={out['workers']} {where}"
+    return f"| {case} | {out.get('pulls', 'send')} | " + " | ".join(cells) + " |"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("json", nargs="+", type=Path, help="results of benchmarks/ibatch_testbed.py --json")
     parser.add_argument("--refit", action="store_true", help="fit d to each run's measured layer F_N")
+    parser.add_argument(
+        "--slowest", action="store_true", help="model over the slowest worker of each iteration, per method"
+    )
     args = parser.parse_args()
+    if args.slowest:
+        print("| case | pulls | `all` | `layer` | `ibatch` | `optimal` |\n|---|---|---|---|---|---|")
+        for path in args.json:
+            print(slowest(path))
+        return 0
     d = "`d` (refitted)" if args.refit else "`d`"
     print(
         f"| case | pulls | load before | {d} | `all` | `layer` | `ibatch` (kept) | `optimal` | "
