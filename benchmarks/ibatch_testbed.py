@@ -147,7 +147,7 @@ def worker(args: argparse.Namespace) -> None:
             "methods": {},
         }
         if ALLREDUCE in reps:
-            ar = [x["total_s"] for per_rank in every for x in per_rank[ALLREDUCE] if not x["first_of_round"]]
+            ar = [x["total_s"] for mine in every for x in mine[ALLREDUCE] if not x["first_of_round"]]
             plan = reps[ALLREDUCE].plan
             out["allreduce"] = {
                 "schedule": args.allreduce,
@@ -160,13 +160,13 @@ def worker(args: argparse.Namespace) -> None:
                 continue
             recs, fn, wait = [], [], []
             sent: dict[int, list[float]] = {}
-            for per_rank in every:  # when each server sent iteration t's pulls (at the end of t - 1)
-                for x in per_rank[m]:
+            for mine in every:  # when each server sent iteration t's pulls (at the end of t - 1)
+                for x in mine[m]:
                     if x["pulls_sent_unix"] is not None:
                         sent.setdefault(x["iteration"] + 1, []).append(x["pulls_sent_unix"])
             origins = []
-            rank_of = {id(x): q for q, per_rank in enumerate(every[:workers]) for x in per_rank[m]}
-            for x in (x for per_rank in every[:workers] for x in per_rank[m]):
+            rank_of = {id(x): q for q, mine in enumerate(every[:workers]) for x in mine[m]}
+            for x in (x for mine in every[:workers] for x in mine[m]):
                 if x["first_of_round"]:
                     continue
                 # F_N counts from when the pulls start: the last server's send, or in request mode the
@@ -267,6 +267,7 @@ def driver(args: argparse.Namespace) -> int:
         queue_ms=args.queue_ms,
         slow_start_after_idle=args.slow_start_after_idle,
         host_queue=args.host_queue,
+        cpus=args.cpus,
     )
     load = loadavg()
     sigterm_exits()  # a killed run still takes its testbed down (finally)
@@ -306,6 +307,7 @@ def driver(args: argparse.Namespace) -> int:
             "queue_ms": args.queue_ms,
             "slow_start_after_idle": args.slow_start_after_idle,
             "host_queue": args.host_queue,
+            "cpus_per_server": args.cpus,
             "iters": args.iters,
             "rounds": args.rounds,
             "aligned_sends": not args.unaligned,
@@ -320,7 +322,9 @@ def driver(args: argparse.Namespace) -> int:
         f"{args.model}, batch {args.batch}, {args.topology} at {args.rate}, MTU {args.mtu}, "
         f"switch-port queue {args.queue_ms:g} ms ({out['drops']} frames dropped in the run), "
         f"slow start after idle {'on' if args.slow_start_after_idle else 'off'}, "
-        f"host queue {args.host_queue}, pulls {'on request' if args.pulls == 'request' else 'sent'}"
+        f"host queue {args.host_queue}, "
+        f"{'CPUs shared' if args.cpus is None else f'{args.cpus:g} CPUs per server'}, "
+        f"pulls {'on request' if args.pulls == 'request' else 'sent'}"
         f"{', unaligned' if args.unaligned else ''}, "
         f"{out['workers']} workers, {out['servers']} {out['placement']} servers, {args.rounds} rounds of "
         f"{args.iters} iterations per method; load average before {load}; measured Ts "
@@ -372,6 +376,12 @@ def main() -> int:
     )
     parser.add_argument(
         "--no-slowdown", action="store_true", help="plan ibatch/optimal with the paper's model (d = 0)"
+    )
+    parser.add_argument(
+        "--cpus",
+        type=float,
+        default=None,
+        help="CPU cores per emulated server (testbed up --cpus; default: shared)",
     )
     parser.add_argument("--json", help="write the results here")
     args, extra = parser.parse_known_args()  # the testbed appends --nnodes/--node-rank/.. (read from env)

@@ -1,4 +1,6 @@
-"""Parameter-server pure parts: key assignment, the spec's parsing, the PS iteration model. Budget: ~5 s."""
+"""Parameter-server pure parts: keys, the spec's parsing, the PS iteration model, C_i. Budget: ~5 s."""
+
+import statistics
 
 import pytest
 from hypothesis import given, settings
@@ -137,3 +139,17 @@ def test_sweep_orders_and_optimal_never_loses():
         assert t["ps-optimal"] <= min(t.values()) + 1e-12
     with pytest.raises(UserError):
         ps_sweep(trace, PRESETS["10gbe"], [2], ["ps-greedy"])
+
+
+def test_layer_medians_add_up_to_the_median_forward():
+    # three forwards of four layers, each paused 5 ms in a different layer (a preemption, a quota's pause):
+    # every layer's own median misses the pause, the forward took 9 ms each time, so the C_i must sum to 9
+    from dpcomm.ps.rank import layer_medians
+
+    runs = [[6.0, 1.0, 1.0, 1.0], [1.0, 6.0, 1.0, 1.0], [1.0, 1.0, 6.0, 1.0]]
+    assert [statistics.median(r[i] for r in runs) for i in range(4)] == [1.0] * 4  # the sum of medians: 4
+    C = layer_medians(runs)
+    assert sum(C) == pytest.approx(9.0) and C == pytest.approx([2.25] * 4)
+    assert layer_medians([[0.0, 0.0]]) == [0.0, 0.0]
+    one = [[3.0, 1.0], [2.0, 2.0], [5.0, 1.0]]  # totals 4, 4, 6; medians 3 and 1: already 4
+    assert layer_medians(one) == pytest.approx([3.0, 1.0])

@@ -99,6 +99,8 @@ def test_missing_privilege_or_tool_is_one_line(monkeypatch, capsys):
         (["--topology", "bcube:9,2"], "at most 64"),
         (["--topology", "star:2", "--cc", "re no"], "bad congestion control"),
         (["--topology", "star:2", "--host-queue", "fq"], "host queue 'fq' is not one of fifo, fair"),
+        (["--topology", "star:2", "--cpus", "0.05"], "below 0.1"),
+        (["--topology", "star:2", "--cpus", "4096"], "more than this machine's"),
     ],
 )
 def test_bad_up_arguments_are_one_line(capsys, argv, words):
@@ -126,6 +128,30 @@ def test_host_queue_lines():
     assert [f.split("dst ")[1] for f in filters] == ["10.77.0.1/32 flowid 2:2", "10.77.0.2/32 flowid 2:3"]
     change = tbf_line("dpc-l0", fair, host=True, verb="change")
     assert change.startswith("qdisc change dev dpc-l0 root tbf rate") and "handle" not in change
+
+
+def test_cpu_quota_files_and_joining(tmp_path):
+    # the quota of each server's cgroup, in v1's and v2's files, and a child that joins one before exec
+    from dpcomm.testbed.cpu import PERIOD_US, check_cpus, join_preexec, make_cgroups
+
+    (tmp_path / "v1").mkdir()
+    v1 = make_cgroups("zz", 2, 0.45, root=(tmp_path / "v1", 1))
+    assert v1 == [str(tmp_path / "v1" / "dpc-zz" / f"h{i}") for i in range(2)]
+    assert (tmp_path / "v1/dpc-zz/h1/cpu.cfs_quota_us").read_text() == str(PERIOD_US * 45 // 100)
+    assert (tmp_path / "v1/dpc-zz/h1/cpu.cfs_period_us").read_text() == str(PERIOD_US)
+    (tmp_path / "v2").mkdir()
+    make_cgroups("zz", 1, 1.5, root=(tmp_path / "v2", 2))
+    assert (tmp_path / "v2/dpc-zz/h0/cpu.max").read_text() == f"{PERIOD_US * 3 // 2} {PERIOD_US}"
+    assert (tmp_path / "v2/cgroup.subtree_control").read_text() == "+cpu"
+    assert (tmp_path / "v2/dpc-zz/cgroup.subtree_control").read_text() == "+cpu"
+    (tmp_path / "v1/dpc-zz/h0/cgroup.procs").write_text("")
+    child = subprocess.Popen(["sleep", "0"], preexec_fn=join_preexec(v1[0]))
+    child.wait()
+    assert (tmp_path / "v1/dpc-zz/h0/cgroup.procs").read_text() == str(child.pid)
+    assert join_preexec(None) is None
+    check_cpus(0.5, 4, cores=2)  # exactly the cores: fine
+    with pytest.raises(UserError, match="4 servers x 0.6 CPUs"):
+        check_cpus(0.6, 4, cores=2)
 
 
 def _sysctl(ns: str, key: str) -> str:
@@ -171,6 +197,41 @@ def test_a_fair_host_queue_shares_a_server_link_evenly_between_destinations(tb, 
     shown = subprocess.run(["tc", "-n", ns[2], "qdisc", "show", "dev", names.nic(0)],
                            capture_output=True, text=True, check=True).stdout  # fmt: skip
     assert "tbf 1: root" in shown and "rate 50Mbit" in shown and "htb 2: parent 1:1" in shown, shown
+
+
+_SPIN = (
+    "import time; w = time.perf_counter(); c = time.process_time()\n"
+    "while time.perf_counter() - w < 1.0: pass\n"
+    "print(round((time.process_time() - c) / (time.perf_counter() - w), 3))"
+)
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+def test_cpus_caps_each_server_and_down_removes_the_cgroups(tb, capsys, tmp_path):
+    # --cpus 0.5: a busy loop in a server gets half a core of CPU time per second of wall time, whether
+    # started by exec or launch, every launched worker is in its own server's cgroup, and down removes them
+    from dpcomm.testbed.cpu import _root
+
+    rc, out, _ = _run_cli(capsys, "testbed", "up", "--topology", "star:2", "--name", tb, "--cpus", "0.5")
+    assert rc == 0 and "0.5 CPUs per server" in out
+    state = load_state(tb)
+    paths = [srv["cgroup"] for srv in state["servers"]]
+    assert state["cpus"] == 0.5 and all(os.path.isdir(p) for p in paths)
+    res = launch_workers(state, ["python", "-c", f"{_SPIN}\nprint(open('/proc/self/cgroup').read())",
+                                 "{node_rank}"], out_dir=tmp_path / "out", timeout_s=60)  # fmt: skip
+    assert res.ok, res.stderr(0)
+    for rank in range(2):
+        share, cgroups = res.stdout(rank).split("\n", 1)
+        assert 0.35 < float(share) < 0.55, share
+        assert f"/dpc-{tb}/h{rank}\n" in cgroups, cgroups
+    capsys.readouterr()
+    assert _run_cli(capsys, "testbed", "exec", "--name", tb, "h1", "--", "python", "-c", _SPIN)[0] == 0
+    throttled = int(dict(ln.split() for ln in open(os.path.join(paths[1], "cpu.stat")))["nr_throttled"])
+    assert throttled > 10
+    base, _ = _root()
+    build.down(tb)
+    assert not (base / f"dpc-{tb}").exists()
 
 
 @pytest.mark.testbed

@@ -36,6 +36,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="fifo",
         help="a server NIC's queue: fifo (one queue; default) or fair (one per destination, round robin)",
     )
+    p.add_argument(
+        "--cpus",
+        type=float,
+        default=None,
+        help="CPU cores per server (a CFS quota on its processes; default: no cap, servers share the cores)",
+    )
     p.add_argument("--cc", default="reno", help="TCP congestion control in every server (default reno)")
     p.add_argument(
         "--no-slow-start-after-idle",
@@ -91,6 +97,7 @@ def run(args: argparse.Namespace) -> int:
             burst_bytes=args.burst,
             congestion_control=args.cc,
             host_queue=args.host_queue,
+            cpus=args.cpus,
             slow_start_after_idle=args.slow_start_after_idle,
         )
         state = build.up(cfg)

@@ -13,11 +13,14 @@
    ``host_queue="fair"`` one queue per destination below each server NIC's tbf;
 6. for BCube, IP forwarding in each server and one host route per non-adjacent address following
    :meth:`dpcomm.topology.BCube.route` (BCube is server-centric: servers relay, switches never meet), so any
-   server reaches any address of any other, as a full-mesh gloo group and the rendezvous need.
+   server reaches any address of any other, as a full-mesh gloo group and the rendezvous need;
+7. with ``cpus``, one cgroup per server capped at that many cores (:mod:`dpcomm.testbed.cpu`), which
+   ``launch`` and ``exec`` put the server's processes in.
 
 ``down(name)`` kills what still runs in the namespaces (processes the testbed launched), deletes every
 namespace whose name starts with ``dpc-<name>-`` (``name=None``: ``dpc-``) and the state file. Deleting a
 namespace deletes its bridges and veths, so this also clears the leftovers of a crashed ``up`` or ``launch``.
+It removes the testbed's cgroups too.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from typing import Any
 
 from dpcomm.testbed import names
 from dpcomm.testbed.config import TestbedConfig, format_rate, host_queue_lines, tbf_line
+from dpcomm.testbed.cpu import make_cgroups, remove_cgroups
 from dpcomm.testbed.shell import TestbedError, batch, netns_list, require, run
 from dpcomm.testbed.state import remove_state, save_state, saved_names, state_path
 from dpcomm.topology import BCube, plan_addresses
@@ -125,10 +129,14 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
                 lines += _routes(topo, plan, s)
             batch("ip", ns, lines)
             batch("tc", ns, tcs)
+        cgroups = make_cgroups(cfg.name, topo.servers, cfg.cpus) if cfg.cpus is not None else None
     except BaseException:
         down(cfg.name)
         raise
     state = _state(cfg, plan, sw_ns, hosts, relay)
+    if cgroups is not None:
+        for srv, path in zip(state["servers"], cgroups, strict=True):
+            srv["cgroup"] = path
     save_state(state)
     return state
 
@@ -174,6 +182,7 @@ def _state(cfg: TestbedConfig, plan: Any, sw_ns: str, hosts: list[str], relay: b
         "queue_ms": cfg.queue_ms,
         "host_queue_bytes": cfg.host_queue_bytes,
         "host_queue": cfg.host_queue,
+        "cpus": cfg.cpus,
         "congestion_control": cfg.congestion_control,
         "slow_start_after_idle": cfg.slow_start_after_idle,
         "base": cfg.base,
@@ -237,6 +246,7 @@ def down(name: str | None = None) -> list[str]:
         if dev.startswith(pre) or (name is None and dev.startswith(names.PREFIX)):
             run(["ip", "link", "del", dev], check=False)
             removed.append(dev)
+    removed += remove_cgroups(name)  # after _kill_inside: a cgroup with processes cannot go
     for n in [name] if name else saved_names():
         if remove_state(n):
             removed.append(str(state_path(n)))

@@ -52,6 +52,8 @@ cable carries at most ``rate``. The tbf parameters and why:
   and with ``fifo`` and no GSO; with ``fair`` and no GSO it got 49.4 Mbit/s, half the link. It did not
   remove the head start of the first worker a parameter server sends to (``docs/ps.md``, "Why ``ibatch``
   keeps a margin").
+- ``cpus``: CPU cores per server (``--cpus``), a CFS bandwidth quota on each server's processes, so that
+  each computes at the speed of a machine of its own (:mod:`dpcomm.testbed.cpu`). Default: no cap.
 
 :func:`link_network` describes one emulated link to the cost model (``testbed launch`` hands it to every
 worker as ``$DPCOMM_NETWORK``, so ``lp``'s default block and ``auto`` fit the emulated network, not 10GbE):
@@ -155,6 +157,9 @@ class TestbedConfig:
     host_queue: str = "fifo"
     """A server NIC's queue: ``fifo`` (one queue) or ``fair`` (one per destination, round robin); see the
     module docstring."""
+    cpus: float | None = None
+    """CPU cores each server's processes may use together (a CFS quota per server,
+    :mod:`dpcomm.testbed.cpu`); None: no cap, the servers share this machine's cores."""
     base: str = DEFAULT_BASE
     """The private network the per-NIC addresses come from (only used inside the namespaces)."""
 
@@ -181,6 +186,10 @@ class TestbedConfig:
             raise UserError(f"burst {self.burst_bytes} B is smaller than one frame ({self.mtu + 14} B)")
         if self.host_queue not in HOST_QUEUES:
             raise UserError(f"host queue '{self.host_queue}' is not one of {', '.join(HOST_QUEUES)}")
+        if self.cpus is not None:
+            from dpcomm.testbed.cpu import check_cpus
+
+            check_cpus(self.cpus, topo.servers)
         if not _CC.fullmatch(self.congestion_control):
             raise UserError(f"bad congestion control {self.congestion_control!r} (e.g. reno, bbr)")
 

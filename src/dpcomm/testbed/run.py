@@ -15,7 +15,10 @@ rendezvous reaches the command two ways:
   (:func:`dpcomm.testbed.config.link_network`), which ``lp`` and ``auto`` take as their default network;
   an existing ``DPCOMM_NETWORK`` (the caller's environment or ``env``) wins;
 - ``OMP_NUM_THREADS``: this machine's cores / servers, at least 1 (the servers share the cores; torch and
-  ``dpcomm train`` take it as their thread count); an existing ``OMP_NUM_THREADS`` wins.
+  ``dpcomm train`` take it as their thread count), or the whole cores of a server's ``--cpus`` quota;
+  an existing ``OMP_NUM_THREADS`` wins.
+
+A testbed built with ``--cpus`` runs each worker (and what ``exec`` runs) in its server's cgroup.
 
 Each worker's stdout and stderr go to ``<out_dir>/rank<i>.out|.err``. When a worker fails, the others get
 ``grace_s`` to finish before they are stopped (a lost peer would otherwise leave them waiting). Workers die
@@ -39,6 +42,7 @@ from typing import Any
 from dpcomm.costmodel.network import save_network
 from dpcomm.lifecycle import die_with_parent_preexec
 from dpcomm.testbed.config import link_network
+from dpcomm.testbed.cpu import join_preexec
 from dpcomm.testbed.shell import TestbedError, require
 
 __all__ = ["PLACEHOLDERS", "LaunchResult", "exec_in", "launch_workers", "host_netns", "worker_env"]
@@ -93,13 +97,19 @@ def exec_in(state: dict[str, Any], host: str | int, argv: list[str]) -> int:
     require()
     if not argv:
         raise TestbedError("nothing to run: give a command after --")
-    return subprocess.call(["ip", "netns", "exec", host_netns(state, host), *_resolve(argv)])
+    ns = host_netns(state, host)
+    srv = next(s for s in state["servers"] if s["netns"] == ns)
+    return subprocess.call(
+        ["ip", "netns", "exec", ns, *_resolve(argv)], preexec_fn=join_preexec(srv.get("cgroup"))
+    )
 
 
 def _threads_per_server(state: dict[str, Any]) -> int:
     """Torch/OpenMP threads per worker: this machine's cores shared by the servers (at least 1). Every
     server is a node of its own, so a worker would otherwise take all the cores: 8 threads on 2 cores for
     ``star:4`` made ResNet-20's iterations 6-8x slower (docs/testbed.md, section 4)."""
+    if state.get("cpus") is not None:
+        return max(1, int(state["cpus"]))
     return max(1, (os.cpu_count() or 1) // len(state["servers"]))
 
 
@@ -174,7 +184,12 @@ def launch_workers(
             cmd = ["ip", "netns", "exec", srv["netns"], *_resolve(_argv_for(argv, state, rank, master_port))]
             procs.append(
                 subprocess.Popen(
-                    cmd, stdout=fo, stderr=fe, env=wenv, start_new_session=True, preexec_fn=die_with_us
+                    cmd,
+                    stdout=fo,
+                    stderr=fe,
+                    env=wenv,
+                    start_new_session=True,
+                    preexec_fn=join_preexec(srv.get("cgroup"), die_with_us),
                 )
             )
         codes = _wait(procs, t0 + timeout_s, grace_s)

@@ -35,7 +35,9 @@ def print_status(state: dict[str, Any], *, counters: bool = True) -> None:
         f"testbed '{state['name']}': {state['topology']}, {len(state['servers'])} servers, "
         f"{state['rate']} per link direction, burst {state['burst_bytes']} B, "
         f"queue {state['queue_ms']:g} ms, host queue {state.get('host_queue', 'fifo')}, "
-        f"MTU {state['mtu']}, rendezvous {state['master_addr']}"
+        f"MTU {state['mtu']}, "
+        + (f"{state['cpus']:g} CPUs per server, " if state.get("cpus") is not None else "")
+        + f"rendezvous {state['master_addr']}"
     )
     table = Table(title=title, title_justify="left")
     for col in ("server", "netns", "NIC", "address", "switch"):
