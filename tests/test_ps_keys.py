@@ -144,7 +144,7 @@ def test_sweep_orders_and_optimal_never_loses():
 def test_layer_medians_add_up_to_the_median_forward():
     # three forwards of four layers, each paused 5 ms in a different layer (a preemption, a quota's pause):
     # every layer's own median misses the pause, the forward took 9 ms each time, so the C_i must sum to 9
-    from dpcomm.ps.rank import layer_medians
+    from dpcomm.trace.profiler import layer_medians
 
     runs = [[6.0, 1.0, 1.0, 1.0], [1.0, 6.0, 1.0, 1.0], [1.0, 1.0, 6.0, 1.0]]
     assert [statistics.median(r[i] for r in runs) for i in range(4)] == [1.0] * 4  # the sum of medians: 4

@@ -45,10 +45,10 @@ from dpcomm.models.loss import classification_loss
 from dpcomm.planner.pull import PullPlan, fit_slowdown, plan_pulls
 from dpcomm.ps.node import _PROBE_TAG, _PULL_TAG, _REQUEST, Layout, PsError, PsServer, PsWorker, Ticket, _wait
 from dpcomm.ps.spec import PsSpec
-from dpcomm.trace.profiler import default_loss
+from dpcomm.trace.profiler import default_loss, layer_medians
 from dpcomm.utils.groups import group_timeout
 
-__all__ = ["PsRank", "forward_layers", "layer_medians"]
+__all__ = ["PsRank", "forward_layers"]
 
 _MOMENTUM_TAG = 950000
 MAX_LAYERS = _REQUEST
@@ -66,17 +66,6 @@ def _buffers_kept(model: nn.Module) -> Iterator[None]:
     finally:
         for b, v in zip(model.buffers(), saved, strict=True):
             b.copy_(v)
-
-
-def layer_medians(runs: list[list[float]]) -> list[float]:
-    """Each layer's median over ``runs`` (one list of per-layer times each: forwards, or workers), scaled
-    so that they add up to the median run's total. A sum of medians is not the median of the sums: where
-    processes share cores, a preemption (or a CPU quota's pause) falls in one layer in one forward and in
-    another in the next, and each layer's own median leaves it out. Four co-located workers on two cores
-    summed to 53 ms of ResNet-20 forward, which took 89 ms in training (``docs/ps.md``)."""
-    med = [statistics.median(r[i] for r in runs) for i in range(len(runs[0]))]
-    total, summed = statistics.median(sum(r) for r in runs), sum(med)
-    return [m * total / summed for m in med] if summed > 0 else med
 
 
 def _unit_of(units: list[tuple[int, int]]) -> dict[int, int]:

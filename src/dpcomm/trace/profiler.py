@@ -16,7 +16,8 @@ layers instead of timing layers in isolation:
   parameter-free operations between two layers is paid before the earlier layer's gradient is ready. The
   tail after the last gradient (the engine finishing) goes to the last layer whose gradient arrived.
 
-Per-layer sums therefore equal the instrumented iteration. Each measured (hooked) iteration is followed by a
+Per-layer sums therefore equal the instrumented iteration, and the medians over iterations are scaled to
+add up to its median (:func:`layer_medians`). Each measured (hooked) iteration is followed by a
 plain one without hooks; the trace records the plain iterations' median forward and backward times
 (``iteration_forward_s``, ``iteration_backward_s``) so a reader can see the hooks' overhead. Warm-up
 iterations come first (after one forward that orders the layers and one that counts their FLOPs, see
@@ -39,7 +40,7 @@ from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.trace.analytic import layer_costs
 from dpcomm.trace.format import Layer, Trace
 
-__all__ = ["profile", "default_loss", "time_iteration", "TIMERS"]
+__all__ = ["profile", "default_loss", "layer_medians", "time_iteration", "TIMERS"]
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)`` after every iteration (warm-up included)."""
@@ -178,6 +179,18 @@ def time_iteration(
     return statistics.median(fwd), statistics.median(bwd)
 
 
+def layer_medians(runs: list[list[float]]) -> list[float]:
+    """Each layer's median over ``runs`` (one list of per-layer times each: passes, or workers), scaled so
+    that they add up to the median run's total. A sum of medians is not the median of the sums: where
+    processes share cores, a preemption (or a CPU quota's pause) falls in one layer in one pass and in
+    another in the next, and each layer's own median leaves it out. Four co-located parameter-server
+    workers on two cores summed their per-layer medians to 53 ms of ResNet-20 forward, whose median was
+    110 ms (``docs/ps.md``)."""
+    med = [statistics.median(r[i] for r in runs) for i in range(len(runs[0]))]
+    total, summed = statistics.median(sum(r) for r in runs), sum(med)
+    return [m * total / summed for m in med] if summed > 0 else med
+
+
 def profile(
     module: nn.Module,
     example_batch: Any,
@@ -257,12 +270,13 @@ def profile(
     for p in params:
         p.grad = None
 
+    fwd, bwd = layer_medians([f for f, _ in per_layer]), layer_medians([b for _, b in per_layer])
     trace_layers = tuple(
         Layer(
             name=name,
             params=sum(p.numel() for p in owned[i]),
-            forward_s=statistics.median(f[i] for f, _ in per_layer),
-            backward_s=statistics.median(b[i] for _, b in per_layer),
+            forward_s=fwd[i],
+            backward_s=bwd[i],
             extra={"type": type(mod).__name__, "flops": flops[i]},
         )
         for i, (name, mod) in enumerate(layers)
