@@ -1,0 +1,38 @@
+"""The testbed benchmarks' own runs, once each, small: a benchmark whose worker breaks would otherwise go
+unnoticed until someone measures with it (``ibatch_testbed.py`` failed at the end of every run for a day).
+Marked ``testbed``: they build an emulated cluster (root, iproute2). Budget: ~30 s."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.test_testbed import _SKIP
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(_SKIP is not None, reason=_SKIP or "")
+def test_ibatch_testbed_writes_every_method_with_its_model(tmp_path, monkeypatch):
+    # two co-located workers, ResNet-20 at batch 8, two iterations per method: every pull method and the
+    # all-reduce come back, each with its plan, both workers' medians and the model's F_N
+    monkeypatch.setenv("DPCOMM_TESTBED_DIR", str(tmp_path / "state"))
+    out = tmp_path / "r.json"
+    argv = [sys.executable, str(ROOT / "benchmarks/ibatch_testbed.py"), "--topology", "star:2",
+            "--rate", "500mbit", "--model", "resnet20", "--batch", "8", "--iters", "3", "--rounds", "1",
+            "--probe-rounds", "2", "--timeout", "240", "--json", str(out)]  # fmt: skip
+    run = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    r = json.loads(out.read_text())
+    assert set(r["methods"]) == {"all", "layer", "ibatch", "optimal"} and r["allreduce"]["t_iter_s"] > 0
+    L = len(r["C_s"])
+    for m in r["methods"].values():
+        covered = [i for a, b in m["batches"] for i in range(a, b + 1)]
+        assert covered == list(range(L))
+        assert set(m["per_rank"]) == {"0", "1"} and m["fn_s"] > 0 and m["predicted_fn_s"] > 0
+    assert r["methods"]["layer"]["batches"] == [[i, i] for i in range(L)]
