@@ -15,12 +15,14 @@ from dpcomm.errors import UserError
 from dpcomm.planner import make_plan
 from dpcomm.planner.pull import (
     IBATCH_MARGIN,
+    IBATCH_MARGIN_DEDICATED,
     PULL_METHODS,
     SLOWDOWN_MAX,
     SLOWDOWN_NOISE,
     PullPlan,
     fit_slowdown,
     ibatch_forward,
+    ibatch_margin,
     plan_pulls,
     pull_time,
 )
@@ -133,6 +135,29 @@ def test_ibatch_keeps_a_greedy_plan_only_for_a_gain_above_the_margin():
     for margin in (-0.1, 1.0, float("nan")):
         with pytest.raises(UserError, match="margin"):
             plan_pulls(FIG4_C, FIG4_T, 1, "ibatch", margin=margin)
+
+
+def test_dedicated_servers_that_send_to_several_workers_take_the_larger_margin(capsys):
+    assert IBATCH_MARGIN_DEDICATED == 0.05 and IBATCH_MARGIN == 0.01
+    for workers, servers, margin in [(3, 0, 0.01), (2, 2, 0.01), (3, 4, 0.01), (2, 1, 0.05), (5, 2, 0.05)]:
+        assert ibatch_margin(workers, servers) == margin, (workers, servers)
+    # the runtime, `dpcomm plan` and `dpcomm simulate` plan with the placement's margin
+    from dpcomm.cli.main import main
+    from dpcomm.sim.ps import PsCost, ps_inputs, ps_sweep
+    from dpcomm.trace import find_trace
+
+    for servers, shown in [(0, "more than 1% faster"), (1, "more than 5% faster")]:
+        argv = ["plan", "--trace", "googlenet-k80-b64", "--nodes", "4", "--pull", "ibatch"]
+        assert main([*argv, "--ps-servers", str(servers)]) == 0
+        assert shown in " ".join(capsys.readouterr().out.split())
+    trace = find_trace("googlenet-k80-b64")
+    for servers in (0, 1):
+        row = ps_sweep(trace, PRESETS["10gbe"], [4], ["ps-ibatch"], servers=servers)[0]
+        C, T, Ts = ps_inputs(trace, PsCost(net=PRESETS["10gbe"], workers=4, servers=servers))
+        want = plan_pulls(C, T, Ts, "ibatch", margin=ibatch_margin(4, servers))
+        assert row.plan.meta["pulls"].batches == want.batches and want.meta["margin"] == (
+            0.05 if servers else 0.01
+        )
 
 
 # --- optimal against exhaustive search ----------------------------------------------------------------------

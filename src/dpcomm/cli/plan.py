@@ -103,7 +103,7 @@ def _print(trace, plan, res, cost) -> None:
 
 def _run_pull(args: argparse.Namespace) -> int:
     from dpcomm.costmodel import resolve_network
-    from dpcomm.planner.pull import plan_pulls
+    from dpcomm.planner.pull import ibatch_margin, plan_pulls
     from dpcomm.sim.ps import PsCost, ps_inputs
 
     if args.pull is None:
@@ -116,7 +116,8 @@ def _run_pull(args: argparse.Namespace) -> int:
     trace = load_trace_arg(args.trace)
     cost = PsCost(net=resolve_network(args.network), workers=nodes[0], servers=args.ps_servers)
     C, Tt, Ts = ps_inputs(trace, cost)
-    plan = plan_pulls(C, Tt, Ts, args.pull, slowdown=args.pull_slowdown)
+    margin = ibatch_margin(nodes[0], args.ps_servers)
+    plan = plan_pulls(C, Tt, Ts, args.pull, slowdown=args.pull_slowdown, margin=margin)
     if args.json:
         print(
             json.dumps(

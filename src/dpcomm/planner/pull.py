@@ -96,9 +96,11 @@ from dpcomm.errors import UserError
 
 __all__ = [
     "IBATCH_MARGIN",
+    "IBATCH_MARGIN_DEDICATED",
     "PULL_METHODS",
     "PullPlan",
     "fit_slowdown",
+    "ibatch_margin",
     "ibatch_backward",
     "ibatch_forward",
     "plan_pulls",
@@ -130,6 +132,15 @@ There Algorithm 1 was modelled 0.1-1% ahead of ``layer`` and measured 2-7% behin
 workers gains of 1.4-1.8% measured 2.5-3.1% behind. 2% would, but the paper's worked example (Fig. 4(c),
 our numbers) gains 1.7% and would lose its three batches. A greedy plan that *ties* the better baseline
 (the same modelled time) is kept when it has fewer batches: that is the tie rule, and no bet."""
+
+IBATCH_MARGIN_DEDICATED = 0.05
+"""``ibatch``'s margin where a dedicated server sends every batch to more than one worker (``servers >= 1``
+and ``workers > servers``; :func:`ibatch_margin`). Measured on the testbed (2-core VM, ``docs/ps.md``),
+every greedy plan modelled 0.1-1.8% ahead of ``layer`` in that placement ran behind it (two workers and
+one server, three and one; up to 8.5% behind, 1.2% ahead in the model), and the two modelled 21.7% and
+24.1% ahead ran 27-35% ahead. No measured gain fell between 1.8% and 21.7%, so any margin in between
+separates them; 5% leaves room both ways. Co-located servers keep :data:`IBATCH_MARGIN`: there the
+greedy plans modelled 1.1-5% ahead ran ahead, and the simulated 72-node reproduction is co-located."""
 
 Batches = list[tuple[int, int]]
 
@@ -372,6 +383,13 @@ def _optimal(C: np.ndarray, T: np.ndarray, Ts: float, d: float = 0.0) -> tuple[f
         i = s - 1
     batches.reverse()
     return tops[best_k - 1], batches
+
+
+def ibatch_margin(workers: int, servers: int) -> float:
+    """``ibatch``'s margin for ``workers`` workers and ``servers`` dedicated servers (0: co-located):
+    :data:`IBATCH_MARGIN_DEDICATED` where a dedicated server sends to more than one worker, else
+    :data:`IBATCH_MARGIN`."""
+    return IBATCH_MARGIN_DEDICATED if 1 <= servers < workers else IBATCH_MARGIN
 
 
 def plan_pulls(

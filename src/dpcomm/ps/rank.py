@@ -42,7 +42,7 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.models.loss import classification_loss
-from dpcomm.planner.pull import PullPlan, fit_slowdown, plan_pulls
+from dpcomm.planner.pull import PullPlan, fit_slowdown, ibatch_margin, plan_pulls
 from dpcomm.ps.node import _PROBE_TAG, _PULL_TAG, _REQUEST, Layout, PsError, PsServer, PsWorker, Ticket, _wait
 from dpcomm.ps.spec import PsSpec
 from dpcomm.trace.profiler import default_loss, layer_medians
@@ -230,7 +230,8 @@ class PsRank:
         """Rank 0's plan of the spec's method with these inputs (its ``meta`` added); None elsewhere."""
         if self.rank != 0:
             return None
-        plan = plan_pulls(C, Tt, Ts, self.spec.pull, slowdown=d)
+        margin = ibatch_margin(self.layout.workers, 0 if self.layout.colocated else self.layout.servers)
+        plan = plan_pulls(C, Tt, Ts, self.spec.pull, slowdown=d, margin=margin)
         plan.meta.update(meta)
         return plan
 

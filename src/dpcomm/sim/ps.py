@@ -38,7 +38,7 @@ from dpcomm.costmodel import Network
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.planner import make_plan
-from dpcomm.planner.pull import PULL_METHODS, PullPlan, plan_pulls
+from dpcomm.planner.pull import PULL_METHODS, PullPlan, ibatch_margin, plan_pulls
 from dpcomm.sim.simulator import CommEvent, ComputeEvent, SimResult, simulate
 from dpcomm.sim.sweep import SweepRow
 from dpcomm.trace.format import Trace
@@ -228,7 +228,7 @@ def ps_sweep(
         push_plan = make_plan(push, trace, cost, max(int(nodes), 1))
         C, Tt, Ts = ps_inputs(trace, cost)
         for method in methods:
-            pulls = plan_pulls(C, Tt, Ts, method)
+            pulls = plan_pulls(C, Tt, Ts, method, margin=ibatch_margin(int(nodes), servers))
             name = f"{PREFIX}{method}"
             res = simulate_ps(trace, pulls, push_plan, cost, name=name)
             shown = Plan(
