@@ -130,8 +130,10 @@ the bytes in the first); layer by layer they were within 4 ms, and reversing the
 There Algorithm 1 was modelled 0.1-1% ahead of ``layer`` and measured 2-7% behind (13% in an earlier run;
 ``docs/ps.md``). 1% does not cover every such case: one of those runs gained 1.0003%, and with three
 workers gains of 1.4-1.8% measured 2.5-3.1% behind. 2% would, but the paper's worked example (Fig. 4(c),
-our numbers) gains 1.7% and would lose its three batches. A greedy plan that *ties* the better baseline
-(the same modelled time) is kept when it has fewer batches: that is the tie rule, and no bet."""
+our numbers) gains 1.7% and would lose its three batches; dedicated servers that send to several workers,
+where those losses were, take :data:`IBATCH_MARGIN_DEDICATED` instead. A greedy plan that *ties* the
+better baseline (the same modelled time) is kept when it has fewer batches: that is the tie rule, and no
+bet."""
 
 IBATCH_MARGIN_DEDICATED = 0.05
 """``ibatch``'s margin where a dedicated server sends every batch to more than one worker (``servers >= 1``
