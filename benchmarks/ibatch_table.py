@@ -33,7 +33,6 @@ def row(path: Path, refit: bool) -> str:
         d = out.get("slowdown", 0.0)
     model = {m: pull_time([tuple(b) for b in v["batches"]], C, Tt, Ts, slowdown=d) for m, v in M.items()}
     model0 = {m: pull_time([tuple(b) for b in v["batches"]], C, Tt, Ts) for m, v in M.items()}
-    where = "co-located" if out["placement"] == "co-located" else f"+ S={out['servers']}"
     cells = []
     for m, v in M.items():
         cell = f"{v['fn_s'] * 1e3:.1f} ({model[m] * 1e3:.1f}; {model0[m] * 1e3:.1f})"
@@ -48,11 +47,21 @@ def row(path: Path, refit: bool) -> str:
     base = min(cand["all"], cand["layer"])
     gain = 100 * (base - min(cand["forward"], cand["backward"])) / base
     return (
-        f"| {out['model']} b{out['batch']}, {out['topology']} {out['rate']}, W={out['workers']} {where} | "
-        f"{out.get('pulls', 'send')} | {str(out['load_before']).split()[0]} | {d:.2f} | "
+        f"| {case_label(out)} | {out.get('pulls', 'send')} | "
+        f"{str(out['load_before']).split()[0]} | {d:.2f} | "
         + " | ".join(cells)
         + f" | {min(ratio):.2f}-{max(ratio):.2f} | {min(ratio0):.2f}-{max(ratio0):.2f} | "
         f"{M['ibatch']['fn_s'] / better:.3f} | {gain:+.1f}% |"
+    )
+
+
+def case_label(out: dict) -> str:
+    """The case column: model, batch, topology, rate, placement, and a CPU quota or fair host queue."""
+    where = "co-located" if out["placement"] == "co-located" else f"+ S={out['servers']}"
+    extra = f", {out['cpus_per_server']:g} CPUs each" if out.get("cpus_per_server") else ""
+    extra += ", fair host queue" if out.get("host_queue") == "fair" else ""
+    return (
+        f"{out['model']} b{out['batch']}, {out['topology']} {out['rate']}, W={out['workers']} {where}{extra}"
     )
 
 
@@ -69,9 +78,7 @@ def slowest(path: Path) -> str:
             by.setdefault(it, []).append(fn)
         worst = statistics.median(max(x) for x in by.values() if len(x) == out["workers"])
         cells.append(f"{v['predicted_fn_s'] / worst:.2f}")
-    where = "co-located" if out["placement"] == "co-located" else f"+ S={out['servers']}"
-    case = f"{out['model']} b{out['batch']}, {out['topology']} {out['rate']}, W={out['workers']} {where}"
-    return f"| {case} | {out.get('pulls', 'send')} | " + " | ".join(cells) + " |"
+    return f"| {case_label(out)} | {out.get('pulls', 'send')} | " + " | ".join(cells) + " |"
 
 
 def main() -> int:

@@ -42,7 +42,8 @@ Methods (:func:`plan_pulls`):
             while Algorithm 1 may still merge (ResNet-20 on the emulated cluster: 49.7 ms against 44.6).
             ``meta["algorithm"]`` names the candidate kept (``forward``, ``backward``, ``all``, ``layer``).
             A greedy candidate is kept only when the model has it faster than the better of ``all`` and
-            ``layer`` by more than ``margin`` (:data:`IBATCH_MARGIN`, 1%); see there why.
+            ``layer`` by more than ``margin`` (:data:`IBATCH_MARGIN`, 1%; 5% with dedicated servers,
+            :func:`ibatch_margin`); see there why.
 ``optimal`` the exact minimum of the model (a dynamic program, below); ties go to the fewest batches.
 
 Where Algorithms 1-2 leave a choice open we decide as follows (each is a reading of the printed text):
@@ -136,13 +137,16 @@ better baseline (the same modelled time) is kept when it has fewer batches: that
 bet."""
 
 IBATCH_MARGIN_DEDICATED = 0.05
-"""``ibatch``'s margin where a dedicated server sends every batch to more than one worker (``servers >= 1``
-and ``workers > servers``; :func:`ibatch_margin`). Measured on the testbed (2-core VM, ``docs/ps.md``),
-every greedy plan modelled 0.1-1.8% ahead of ``layer`` in that placement ran behind it (two workers and
-one server, three and one; up to 8.5% behind, 1.2% ahead in the model), and the two modelled 21.7% and
-24.1% ahead ran 27-35% ahead. No measured gain fell between 1.8% and 21.7%, so any margin in between
-separates them; 5% leaves room both ways. Co-located servers keep :data:`IBATCH_MARGIN`: there the
-greedy plans modelled 1.1-5% ahead ran ahead, and the simulated 72-node reproduction is co-located."""
+"""``ibatch``'s margin with dedicated servers and two or more workers (:func:`ibatch_margin`): every
+dedicated server then sends each batch to several workers, one after the other (every tensor is striped
+over all servers, :mod:`dpcomm.ps.keys`). Measured on the testbed (2-core VM, ``docs/ps.md``), every
+greedy plan modelled 0.1-1.8% ahead of ``layer`` in that placement ran behind it (two workers and one
+server, three and one; up to 8.5% behind, 1.2% ahead in the model), and the three modelled 21.7-28.7%
+ahead ran 27-35% ahead. No measured gain fell between 1.8% and 21.7%, so any margin in between separates
+them; 5% leaves room both ways. Co-located servers keep :data:`IBATCH_MARGIN`: there greedy plans
+modelled 1.1-5% ahead ran ahead (one modelled 13.3% ahead ran 5.9% behind, with three workers and their
+servers on two cores, where one plan measured twice differs by up to 29%), and the simulated 72-node
+reproduction is co-located."""
 
 Batches = list[tuple[int, int]]
 
@@ -389,9 +393,9 @@ def _optimal(C: np.ndarray, T: np.ndarray, Ts: float, d: float = 0.0) -> tuple[f
 
 def ibatch_margin(workers: int, servers: int) -> float:
     """``ibatch``'s margin for ``workers`` workers and ``servers`` dedicated servers (0: co-located):
-    :data:`IBATCH_MARGIN_DEDICATED` where a dedicated server sends to more than one worker, else
+    :data:`IBATCH_MARGIN_DEDICATED` where dedicated servers send to two or more workers, else
     :data:`IBATCH_MARGIN`."""
-    return IBATCH_MARGIN_DEDICATED if 1 <= servers < workers else IBATCH_MARGIN
+    return IBATCH_MARGIN_DEDICATED if servers >= 1 and workers >= 2 else IBATCH_MARGIN
 
 
 def plan_pulls(

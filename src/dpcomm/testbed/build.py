@@ -33,7 +33,7 @@ from typing import Any
 
 from dpcomm.testbed import names
 from dpcomm.testbed.config import TestbedConfig, format_rate, host_queue_lines, tbf_line
-from dpcomm.testbed.cpu import make_cgroups, remove_cgroups
+from dpcomm.testbed.cpu import check_controller, make_cgroups, remove_cgroups
 from dpcomm.testbed.shell import TestbedError, batch, netns_list, require, run
 from dpcomm.testbed.state import remove_state, save_state, saved_names, state_path
 from dpcomm.topology import BCube, plan_addresses
@@ -78,6 +78,8 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
         raise TestbedError(
             f"testbed '{cfg.name}' already exists; run `dpcomm testbed down --name {cfg.name}` first"
         )
+    if cfg.cpus is not None:
+        check_controller()  # before anything is built
     topo = cfg.topo
     plan = plan_addresses(topo, cfg.base)
     relay = isinstance(topo, BCube) and topo.k > 1

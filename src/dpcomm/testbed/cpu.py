@@ -10,8 +10,10 @@ differ by 8-12% (``docs/ps.md``). A cluster's servers do not share cores.
 ``X * PERIOD_US`` microseconds of CPU time per ``PERIOD_US`` for all its processes and threads together
 (the kernel's CFS bandwidth control, ``Documentation/scheduler/sched-bwc.rst``). Each server then computes
 at the speed of an ``X``-core machine whatever the others do, as long as the quotas add up to at most this
-machine's cores (checked). What runs in the kernel's softirqs (TCP, tbf, the bridges) is not charged to a
-quota; leave it some room (e.g. 0.45 each for four servers on two cores).
+machine's cores (checked). What the kernel does in softirqs (TCP, tbf, the bridges) is charged to
+whichever process it interrupts (without ``CONFIG_IRQ_TIME_ACCOUNTING``, as here), so some of one server's
+network work lands on another's quota; leave the kernel room (e.g. 0.45 each for four servers on two
+cores).
 
 ``PERIOD_US`` is 10 ms: a server that has used its quota waits for the next period, so a 0.45-core
 server may run 4.5 ms and then pause 5.5 ms. Shorter periods smooth that but cost more timer work; the
@@ -31,7 +33,15 @@ from dpcomm.errors import UserError
 from dpcomm.testbed.names import PREFIX
 from dpcomm.testbed.shell import TestbedError
 
-__all__ = ["PERIOD_US", "check_cpus", "join_preexec", "make_cgroups", "quota_us", "remove_cgroups"]
+__all__ = [
+    "PERIOD_US",
+    "check_controller",
+    "check_cpus",
+    "join_preexec",
+    "make_cgroups",
+    "quota_us",
+    "remove_cgroups",
+]
 
 PERIOD_US = 10_000
 """CFS bandwidth period, microseconds."""
@@ -67,6 +77,18 @@ def _root(base_v1: Path = _V1, base_v2: Path = _V2) -> tuple[Path, int]:
     raise TestbedError("--cpus needs the cgroup cpu controller (cgroup v1 'cpu' or v2 'cpu.max'); none here")
 
 
+def check_controller() -> None:
+    """A one-line error unless this machine has the cgroup cpu controller (``up`` asks before it builds)."""
+    _root()
+
+
+def _mkdir(path: Path) -> None:
+    try:
+        path.mkdir(exist_ok=True)
+    except OSError as e:
+        raise TestbedError(f"cannot create the cgroup {path}: {e.strerror}") from None
+
+
 def _write(path: Path, text: str) -> None:
     try:
         path.write_text(text)
@@ -78,14 +100,14 @@ def make_cgroups(name: str, servers: int, cpus: float, *, root: tuple[Path, int]
     """Create ``dpc-<name>/h<i>`` with a quota of ``cpus`` cores each; returns their paths, by server."""
     base, version = root or _root()
     top = base / f"{PREFIX}{name}"
-    top.mkdir(exist_ok=True)
+    _mkdir(top)
     if version == 2:
         _write(base / "cgroup.subtree_control", "+cpu")
         _write(top / "cgroup.subtree_control", "+cpu")
     paths = []
     for s in range(servers):
         d = top / f"h{s}"
-        d.mkdir(exist_ok=True)
+        _mkdir(d)
         if version == 1:
             _write(d / "cpu.cfs_period_us", str(PERIOD_US))
             _write(d / "cpu.cfs_quota_us", str(quota_us(cpus)))
@@ -123,10 +145,13 @@ def remove_cgroups(name: str | None, *, root: tuple[Path, int] | None = None) ->
 
 def join_preexec(path: str | None, then: Callable[[], None] | None = None) -> Callable[[], None] | None:
     """A ``preexec_fn`` that moves the child into the cgroup at ``path`` (before ``exec``: everything it
-    starts stays there), then runs ``then``. ``path`` None: just ``then``."""
+    starts stays there), then runs ``then``. ``path`` None: just ``then``. A cgroup that is gone (removed
+    while the testbed's state stayed) is a :class:`TestbedError` here, not in the child."""
     if path is None:
         return then
     procs = os.path.join(path, "cgroup.procs")
+    if not os.path.exists(procs):
+        raise TestbedError(f"the server's cgroup {path} is gone; rebuild the testbed (down, then up)")
 
     def _preexec() -> None:
         fd = os.open(procs, os.O_WRONLY)

@@ -74,10 +74,14 @@ class LaunchResult:
 
 def host_netns(state: dict[str, Any], host: str | int) -> str:
     """Namespace of a server given as its index (``3``), ``h3`` or the namespace name itself."""
+    return _server(state, host)["netns"]
+
+
+def _server(state: dict[str, Any], host: str | int) -> dict[str, Any]:
     text = str(host)
     for srv in state["servers"]:
         if text in (str(srv["server"]), f"h{srv['server']}", srv["netns"]):
-            return srv["netns"]
+            return srv
     raise TestbedError(
         f"no server '{host}' in testbed '{state['name']}' (servers 0..{len(state['servers']) - 1})"
     )
@@ -97,17 +101,16 @@ def exec_in(state: dict[str, Any], host: str | int, argv: list[str]) -> int:
     require()
     if not argv:
         raise TestbedError("nothing to run: give a command after --")
-    ns = host_netns(state, host)
-    srv = next(s for s in state["servers"] if s["netns"] == ns)
-    return subprocess.call(
-        ["ip", "netns", "exec", ns, *_resolve(argv)], preexec_fn=join_preexec(srv.get("cgroup"))
-    )
+    srv = _server(state, host)
+    cmd = ["ip", "netns", "exec", srv["netns"], *_resolve(argv)]
+    return subprocess.call(cmd, preexec_fn=join_preexec(srv.get("cgroup")))
 
 
 def _threads_per_server(state: dict[str, Any]) -> int:
-    """Torch/OpenMP threads per worker: this machine's cores shared by the servers (at least 1). Every
-    server is a node of its own, so a worker would otherwise take all the cores: 8 threads on 2 cores for
-    ``star:4`` made ResNet-20's iterations 6-8x slower (docs/testbed.md, section 4)."""
+    """Torch/OpenMP threads per worker: this machine's cores shared by the servers (at least 1), or the
+    whole cores of the testbed's ``--cpus`` quota (at least 1). Every server is a node of its own, so a
+    worker would otherwise take all the cores: 8 threads on 2 cores for ``star:4`` made ResNet-20's
+    iterations 6-8x slower (docs/testbed.md, section 4)."""
     if state.get("cpus") is not None:
         return max(1, int(state["cpus"]))
     return max(1, (os.cpu_count() or 1) // len(state["servers"]))
