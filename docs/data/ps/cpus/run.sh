@@ -6,7 +6,7 @@ cd /work/main
 B=benchmarks/ibatch_testbed.py; J=docs/data/ps/cpus
 run() { name=$1; shift; echo "== $name $(date +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)"; .venv/bin/python $B "$@" --json $J/$name.json 2>&1 | grep -v "^\s*$" ; sleep 30; }
 R20="--model resnet20 --batch 32"
-run resnet20_star4_100mbit_b32_send $R20 --topology star:4 --cpus 0.45          # before layer_medians
+run resnet20_star4_100mbit_b32_send $R20 --topology star:4 --cpus 0.45  # before layer_medians; its console line says ..._cpus045
 run resnet20_star4_100mbit_b32_send_sums $R20 --topology star:4
 run resnet20_star4_100mbit_b32_send_sums_cpus045 $R20 --topology star:4 --cpus 0.45
 run resnet20_star4_s1_100mbit_b32_send_sums $R20 --topology star:4 --servers 1
