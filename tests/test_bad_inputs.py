@@ -97,6 +97,9 @@ CASES = [
     (["testbed", "launch", "--name", "Tb", "--", "true"], "bad testbed name"),
     (["testbed", "up", "--topology", "star:2", "--name", "ab\n"], "bad testbed name"),
     (["testbed", "up", "--topology", "star:2", "--cc", "reno\n"], "bad congestion control"),
+    (["testbed", "up", "--topology", "star:2", "--cpus", "nan"], "--cpus nan must be at least 0.1"),
+    (["testbed", "up", "--topology", "star:2", "--cpus", "-1"], "--cpus -1 must be at least 0.1"),
+    (["testbed", "up", "--topology", "star:2", "--cpus", "inf"], "more than this machine's"),
 ]
 
 

@@ -99,7 +99,7 @@ def test_missing_privilege_or_tool_is_one_line(monkeypatch, capsys):
         (["--topology", "bcube:9,2"], "at most 64"),
         (["--topology", "star:2", "--cc", "re no"], "bad congestion control"),
         (["--topology", "star:2", "--host-queue", "fq"], "host queue 'fq' is not one of fifo, fair"),
-        (["--topology", "star:2", "--cpus", "0.05"], "below 0.1"),
+        (["--topology", "star:2", "--cpus", "0.05"], "must be at least 0.1"),
         (["--topology", "star:2", "--cpus", "4096"], "more than this machine's"),
     ],
 )

@@ -59,7 +59,9 @@ def check_cpus(cpus: float, servers: int, cores: int | None = None) -> None:
     """A one-line error unless ``cpus`` cores per server fit: quota >= 1 ms, all servers within the cores."""
     cores = cores if cores is not None else (os.cpu_count() or 1)
     if not cpus * PERIOD_US >= _MIN_QUOTA_US:
-        raise UserError(f"--cpus {cpus:g} is below {_MIN_QUOTA_US / PERIOD_US:g} (the kernel's 1 ms quota)")
+        raise UserError(
+            f"--cpus {cpus:g} must be at least {_MIN_QUOTA_US / PERIOD_US:g} (the kernel's 1 ms quota)"
+        )
     if cpus * servers > cores + 1e-9:
         raise UserError(
             f"{servers} servers x {cpus:g} CPUs = {cpus * servers:g} is more than this machine's {cores} "
