@@ -288,9 +288,12 @@ class PsRank:
         """One timed round on every rank: pulls of ``units`` from a barrier, beside a forward of ``sample``
         that waits for them (none without one); ``(start, end, tickets)``, ``end`` once the forward is done
         and every batch is in (``time.perf_counter()``)."""
+        early = self.worker is not None and not self._request  # receives before any send (``iteration``)
+        tickets = self._pull(units, _PROBE_TAG) if early else []
         dist.barrier(group=self.group)
         t0 = time.perf_counter()
-        tickets = self._pull(units, _PROBE_TAG) if self.worker is not None else []
+        if self.worker is not None and not early:
+            tickets = self._pull(units, _PROBE_TAG)
         if self.server is not None:
             (self.server.answer if self._request else self.server.send)(units, _PROBE_TAG)
         with _buffers_kept(self.model):
@@ -458,6 +461,9 @@ class PsRank:
             fwd, bwd = t1 - t0, t2 - t1
             self.loss = float(loss.detach())
         t2 = time.perf_counter()
+        early = self.worker is not None and self.server is not None and not self._request
+        if early:  # co-located send mode: receives first (``_post_early``)
+            self.tickets = self._pull(self.units)
         if self.server is not None:
             update_s = self.server.serve(
                 self.units,
@@ -468,7 +474,7 @@ class PsRank:
                 request=self._request,
             )
             sent_unix = time.time()  # the next pulls are on their way (send), or answered from now (request)
-        if self.worker is not None:
+        if self.worker is not None and not early:
             self.tickets = self._pull(self.units)
         if self.ckpt_at(self.it):
             self._collect_state()
