@@ -22,6 +22,10 @@ replica's plan meta): ``Ts`` and ``Tt_i`` from its timed pulls on these links, `
 every worker timed at once before training, and ``d`` fitted to its probe's forward beside the pulls of
 the plan it made without one; the paper's model (``d = 0``) beside it.
 
+``--model emulated:TRACE`` (a shipped trace or a trace file; :mod:`dpcomm.trace.emulated`) trains a model
+whose layers sleep the trace's forward and backward times: the traffic is real, the CPU stays free for
+it, as on machines whose accelerators compute (no all-reduce replica then: it builds zoo models only).
+
 ``--mtu`` is 9000 by default: at 1500 the kernel's per-packet work on the emulated links (veth, tbf, TCP)
 took CPU from the overlapped forward on this 2-core machine (ResNet-20: its compute 33-37 ms when nothing
 was on the wire, 33-60 ms while pulls arrived; ``docs/ps.md``); with jumbo frames there are 6x fewer packets
@@ -53,6 +57,7 @@ def worker(args: argparse.Namespace) -> None:
     from dpcomm.ps.rank import PsRank
     from dpcomm.ps.spec import PsSpec
     from dpcomm.runtime.data import TrainData, derive_seed
+    from dpcomm.trace.emulated import PREFIX, emulated_model
     from dpcomm.utils.groups import group_timeout
 
     world, rank = int(os.environ["DPCOMM_NNODES"]), int(os.environ["DPCOMM_NODE_RANK"])
@@ -66,12 +71,14 @@ def worker(args: argparse.Namespace) -> None:
     )
     torch.set_num_threads(1)
     workers = world - args.servers
+    emulated = args.model.startswith(PREFIX)
+    build = (lambda: emulated_model(args.model)) if emulated else (lambda: get_model(args.model))
     data = None
     if rank < workers:
         data = TrainData(
             "synthetic",
-            input_shape=input_shape(args.model),
-            num_classes=num_classes(args.model),
+            input_shape=(1,) if emulated else input_shape(args.model),
+            num_classes=10 if emulated else num_classes(args.model),
             batch_size=args.batch,
             world_size=workers,
             rank=rank,
@@ -81,7 +88,7 @@ def worker(args: argparse.Namespace) -> None:
     reps = {}
     for m in METHODS:
         torch.manual_seed(0)
-        model = get_model(args.model)
+        model = build()
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         group = dist.new_group(list(range(world)), timeout=group_timeout())
         reps[m] = PsRank(
@@ -102,7 +109,7 @@ def worker(args: argparse.Namespace) -> None:
             align_sends=not args.unaligned,
         )
     methods = list(METHODS)
-    if args.allreduce and not args.servers:  # every rank is a worker: the all-reduce runs on all of them
+    if args.allreduce and not args.servers and not emulated:  # every rank a worker: all-reduce on all
         methods.append(ALLREDUCE)
         reps[ALLREDUCE] = allreduce_replica(args, rank, world)
         warm = 0

@@ -97,28 +97,10 @@ def model_names() -> list[str]:
 
 
 def _spec(name: str) -> ModelSpec:
-    if name.startswith("emulated:"):
-        return _emulated_spec(name)
     try:
         return MODELS[name]
     except KeyError:
-        raise UserError(
-            f"unknown model {name!r}; choose one of: {', '.join(MODELS)}, or emulated:TRACE"
-        ) from None
-
-
-def _emulated_spec(name: str) -> ModelSpec:
-    """``emulated:SPEC``: a model computing on trace ``SPEC``'s timeline (:mod:`dpcomm.models.emulated`)."""
-    from dpcomm.models.emulated import PREFIX, emulated_model
-
-    spec = name.removeprefix(PREFIX)
-    if not spec:
-        raise UserError("emulated: needs a trace, e.g. emulated:resnet20-cpu-b32")
-    model = emulated_model(spec)
-    trace = f"{model.trace_model} at batch {model.trace_batch}"
-    return ModelSpec(name=name, build=lambda c: emulated_model(spec, c), input_shape=(1,),
-                     num_classes=model.num_classes, params=sum(p.numel() for p in model.parameters()),
-                     description=f"{len(model.layers)} layers computing on the trace of {trace} (sleeps)")  # fmt: skip
+        raise UserError(f"unknown model {name!r}; choose one of: {', '.join(MODELS)}") from None
 
 
 def get_model(name: str, num_classes: int | None = None) -> nn.Module:

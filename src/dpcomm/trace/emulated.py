@@ -1,10 +1,11 @@
-"""A model that computes like a trace says: real parameters, forward and backward that sleep each layer's time.
+"""A model that computes as a trace says: real parameters, each layer's forward and backward a sleep.
 
-``emulated:SPEC`` in the zoo (``dpcomm train --model emulated:resnet20-h100-b128``; ``SPEC`` is a trace
-file or a shipped trace, :func:`dpcomm.trace.find_trace`) builds one learnable layer per trace layer, in
-the trace's order, each owning one parameter tensor of the layer's ``params`` elements. Layer ``l``'s
-forward sleeps ``forward_s`` and its backward ``backward_s``, so gradients become ready, and parameters are
-needed, on the trace's timeline, while the CPU stays free, as it is on a machine whose accelerator computes.
+:func:`emulated_model` (``SPEC``: a trace, a trace file or a shipped trace, :func:`dpcomm.trace.find_trace`;
+``benchmarks/ibatch_testbed.py --model emulated:resnet20-cpu-b32``) builds one learnable layer per trace
+layer, in the trace's order, each owning one parameter tensor of the layer's ``params`` elements. Layer
+``l``'s forward sleeps ``forward_s`` and its backward ``backward_s``, so gradients become ready, and
+parameters are needed, on the trace's timeline, while the CPU stays free, as on a machine whose accelerator
+computes.
 
 What it is for: the emulated cluster (``dpcomm testbed``) runs one process per server on this machine's
 cores. With real compute, processes that compute also have to read and write their sockets on the same
@@ -23,17 +24,18 @@ from __future__ import annotations
 
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from dpcomm.trace.format import Trace
+from dpcomm.trace.format import Trace, load_trace
 
 __all__ = ["PREFIX", "EmulatedLayer", "EmulatedModel", "emulated_model"]
 
 PREFIX = "emulated:"
-"""Zoo names ``emulated:SPEC`` build :func:`emulated_model` of trace ``SPEC``."""
+"""Model names ``emulated:SPEC`` (where a tool takes them) build :func:`emulated_model` of ``SPEC``."""
 
 
 _debt = threading.local()
@@ -84,7 +86,8 @@ class EmulatedLayer(nn.Module):
         return _Sleep.apply(h, self.weight, self.forward_s, self.backward_s)
 
     def extra_repr(self) -> str:
-        return f"params={self.weight.numel()}, forward_s={self.forward_s:.6g}, backward_s={self.backward_s:.6g}"
+        n = self.weight.numel()
+        return f"params={n}, forward_s={self.forward_s:.6g}, backward_s={self.backward_s:.6g}"
 
 
 class EmulatedModel(nn.Module):
@@ -107,9 +110,8 @@ def emulated_model(spec: str | Trace, num_classes: int = 10) -> EmulatedModel:
     """:class:`EmulatedModel` of a trace, or of a trace file or shipped trace named ``spec``."""
     if isinstance(spec, Trace):
         return EmulatedModel(spec, num_classes)
-    from pathlib import Path
+    from dpcomm.trace.shipped import find_trace
 
-    from dpcomm.trace import find_trace, load_trace
-
+    spec = spec.removeprefix(PREFIX)
     trace = load_trace(spec) if Path(spec).is_file() else find_trace(spec)
     return EmulatedModel(trace, num_classes)
