@@ -81,7 +81,8 @@ def _run(spec, rank, workers, iters, batch, group, lanes, start=0, state=None, c
     # request mode notes when each forward's last batch came in; the first iteration pulls nothing
     asked = [r["pulls_in_unix"] is not None for r in ps.records[1:]]
     planned = {"time_s": ps.pull_plan.time_s, **ps.pull_plan.meta}  # rank 0's inputs and the fitted d
-    return flat, ps.params_sha256(), saved, ps.pull_plan.to_dict(), asked, planned
+    order = [(r["pulls_posted_unix"], r["pulls_sent_unix"]) for r in ps.records]
+    return flat, ps.params_sha256(), saved, ps.pull_plan.to_dict(), asked, planned, order
 
 
 def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[dict[str, Any]]:
@@ -103,9 +104,10 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
         run = functools.partial(
             _run, spec, rank, workers, case["iters"], case["batch"], group, lanes[not spec.servers]
         )
-        flat, sha, saved, plan, asked, planned = run(ckpt_at=(lambda t, c=case: t == c.get("ckpt", -1)))
+        ckpt_at = lambda t, c=case: t == c.get("ckpt", -1)  # noqa: E731
+        flat, sha, saved, plan, asked, planned, order = run(ckpt_at=ckpt_at)
         row = {"sha": sha, "flat": flat if rank < workers else None, "plan": plan, "asked": asked}
-        row["planned"] = planned
+        row["planned"], row["order"] = planned, order
         if "ckpt" in case:  # resume from the state saved after iteration ckpt, on every rank
             box = [saved]
             dist.broadcast_object_list(box, src=0, group=group)

@@ -98,6 +98,21 @@ def test_ibatch_and_optimal_fit_the_slowdown_to_the_plan_made_without_it(results
 
 
 @pytest.mark.slow
+def test_colocated_workers_post_their_receives_before_their_server_sends(results):
+    # gloo sends once the receiver has said "ready": a co-located worker that posted its pulls' receives
+    # only after its own server's sends made the other servers' batches wait for it (docs/ps.md)
+    cases, per_rank = results
+    for i, case in enumerate(cases):
+        for r in range(W):
+            order = per_rank[r][i]["order"]
+            assert len(order) == ITERS and all(posted is not None for posted, _ in order), case
+            if not case["spec"].get("servers") and case["spec"].get("pulls") != "request":
+                assert all(posted <= sent for posted, sent in order), (case, r, order)
+            elif not case["spec"].get("servers"):  # request mode: asked for once the server answers
+                assert all(posted >= sent for posted, sent in order), (case, r, order)
+
+
+@pytest.mark.slow
 def test_topk_of_everything_is_the_dense_push(results):
     cases, per_rank = results
     dense = next(i for i, c in enumerate(cases) if c["spec"] == {"pull": "all", "servers": 0})

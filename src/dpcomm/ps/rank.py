@@ -440,7 +440,7 @@ class PsRank:
         t0, start_unix = time.perf_counter(), time.time()
         fwd = bwd = 0.0
         update_s = 0.0
-        sent_unix = pulls_in_unix = None
+        sent_unix = pulls_in_unix = posted_unix = None
         if self.worker is not None:
             self.worker.wait_s = 0.0
             self.optimizer.zero_grad(set_to_none=True)
@@ -461,9 +461,16 @@ class PsRank:
             fwd, bwd = t1 - t0, t2 - t1
             self.loss = float(loss.detach())
         t2 = time.perf_counter()
+        # co-located, send mode: this worker's receives go out before its server sends. gloo sends a message
+        # once the receiver has said "ready" (it answers every receive posted): posted after the sends, the
+        # other servers' first batches waited for "ready"s that queued behind data on the shaped links, and
+        # whichever worker posted first was served first (three workers on star:3 at 50 Mbit/s, compute
+        # emulated: layer-by-layer F_N 106-243 ms per worker against 116 modelled; receives first:
+        # 109-131 ms; docs/ps.md, "Receives first")
         early = self.worker is not None and self.server is not None and not self._request
-        if early:  # co-located send mode: receives first (``_post_early``)
+        if early:
             self.tickets = self._pull(self.units)
+            posted_unix = time.time()
         if self.server is not None:
             update_s = self.server.serve(
                 self.units,
@@ -476,6 +483,7 @@ class PsRank:
             sent_unix = time.time()  # the next pulls are on their way (send), or answered from now (request)
         if self.worker is not None and not early:
             self.tickets = self._pull(self.units)
+            posted_unix = time.time()
         if self.ckpt_at(self.it):
             self._collect_state()
         t3 = time.perf_counter()
@@ -495,6 +503,7 @@ class PsRank:
                 "update_s": update_s,
                 "start_unix": start_unix,
                 "pulls_sent_unix": sent_unix,
+                "pulls_posted_unix": posted_unix,  # this worker's receives (send) or requests (request mode)
                 "pulls_in_unix": pulls_in_unix,
             }
         )
