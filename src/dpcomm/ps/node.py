@@ -15,8 +15,11 @@ One iteration ``t`` (BSP: the pulls for ``t+1`` are only sent once all ``W`` pus
 2. worker: backward; each push group is pushed (:meth:`PsWorker.push`) as soon as its gradients exist;
 3. server (:meth:`PsServer.serve`): wait for the ``W`` pushes of every group, sum them in rank order,
    divide by ``W``, apply ``torch.optim.SGD`` (the worker's own lr, momentum, weight decay) to the shard,
-   post the receives for ``t+1``'s pushes, send every pull batch to every worker, in plan order;
-4. worker: post the receives of ``t+1``'s pulls (:meth:`PsWorker.pull`).
+   post the receives for ``t+1``'s pushes, send every pull batch to every worker, in plan order, the
+   workers of each batch in a rotated order (:meth:`Layout.send_order`);
+4. worker: post the receives of ``t+1``'s pulls (:meth:`PsWorker.pull`); a co-located worker does this
+   before its own server's step 3 (:meth:`dpcomm.ps.rank.PsRank.iteration`): gloo sends a message once
+   the receiver has answered "ready", and a worker that posted late had its "ready"s queue behind data.
 
 The first iteration of a run pulls nothing: every rank starts from the same parameters (one seed, or the
 checkpoint). :meth:`PsWorker.wait` after the last iteration makes every worker current.
@@ -116,9 +119,10 @@ class Layout:
         """The workers server ``s`` sends each pull batch to, in order: ``s + 1, s + 2, ...`` (mod ``W``;
         its own worker last, and skipped). At any turn the servers then send to different workers, as the
         shift schedule of an all-to-all does, and every worker's link carries one server's slice at a time.
-        In worker order (0, 1, ...) every server sent its first slice to worker 0 or 1: three co-located
-        workers at 50 Mbit/s, two servers shared worker 0's link while worker 2's stood idle, and
-        ``ibatch``'s three batches measured 0.89 of the model, where the rotated order gives 1.0."""
+        In worker order (0, 1, ...), with three co-located workers, servers 1 and 2 both sent each batch
+        to worker 0 first, sharing its link while worker 2's stood idle. Measured once that way (star:3 at
+        50 Mbit/s, compute emulated, receives first): ``ibatch``'s three batches at 0.89 of the model,
+        quartiles 122-151 ms; in the rotated order no plan measured below 0.98 of it (``docs/ps.md``)."""
         return [(s + j) % self.workers for j in range(1, self.workers + 1)]
 
     def shard_keys(self, s: int) -> list[Key]:

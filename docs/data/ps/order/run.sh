@@ -25,4 +25,6 @@ run emulated_resnet20_star5_100mbit_request --topology star:5 $E20 --batch 32 --
 run emulated_resnet20_star9_100mbit_request --topology star:9 $E20 --batch 32 --pulls request
 run emulated_googlenet_star5_250mbit_send --topology star:5 --rate 250mbit --model emulated:googlenet-cpu-b8 --batch 8 --iters 4 --rounds 2
 run emulated_googlenet_star5_250mbit_request --topology star:5 --rate 250mbit --model emulated:googlenet-cpu-b8 --batch 8 --iters 4 --rounds 2 --pulls request
+# the large-layer case: LeNet-5 (98% of its 13 MB in one fully-connected layer), compute emulated
+run emulated_lenet5_star5_100mbit_send --topology star:5 --model emulated:lenet5-cpu-b64 --batch 64 --iters 6 --rounds 2
 echo "== done $(date +%H:%M:%S)"
