@@ -167,18 +167,20 @@ def worker(args: argparse.Namespace) -> None:
                 continue
             recs, fn, wait = [], [], []
             sent: dict[int, list[float]] = {}
-            for mine in every:  # when each server sent iteration t's pulls (at the end of t - 1)
+            for mine in every:  # when each server began sending iteration t's pulls (at the end of t - 1)
                 for x in mine[m]:
-                    if x["pulls_sent_unix"] is not None:
-                        sent.setdefault(x["iteration"] + 1, []).append(x["pulls_sent_unix"])
+                    if x["pulls_sending_unix"] is not None:
+                        sent.setdefault(x["iteration"] + 1, []).append(x["pulls_sending_unix"])
             origins = []
             rank_of = {id(x): q for q, mine in enumerate(every[:workers]) for x in mine[m]}
             for x in (x for mine in every[:workers] for x in mine[m]):
                 if x["first_of_round"]:
                     continue
-                # F_N counts from when the pulls start: the last server's send, or in request mode the
-                # moment it began answering (BSP: no batch is whole before it), or the forward's start if
-                # that is later
+                # F_N counts from when the pulls start: the moment the last server began sending (or, in
+                # request mode, answering; BSP: no batch is whole before it), or the forward's start if
+                # that is later. Not the moment it had posted every send: posting hundreds of sends takes
+                # a share of the cores, the data flows meanwhile, and the probe that measures Ts and Tt
+                # counts from before the posts too
                 origin = max(x["start_unix"], max(sent[x["iteration"]]))
                 recs.append({**x, "rank": rank_of[id(x)]})
                 origins.append(origin)

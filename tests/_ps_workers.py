@@ -81,7 +81,7 @@ def _run(spec, rank, workers, iters, batch, group, lanes, start=0, state=None, c
     # request mode notes when each forward's last batch came in; the first iteration pulls nothing
     asked = [r["pulls_in_unix"] is not None for r in ps.records[1:]]
     planned = {"time_s": ps.pull_plan.time_s, **ps.pull_plan.meta}  # rank 0's inputs and the fitted d
-    order = [(r["pulls_posted_unix"], r["pulls_sent_unix"]) for r in ps.records]
+    order = [(r["pulls_posted_unix"], r["pulls_sending_unix"], r["pulls_sent_unix"]) for r in ps.records]
     return flat, ps.params_sha256(), saved, ps.pull_plan.to_dict(), asked, planned, order
 
 

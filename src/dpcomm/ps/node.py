@@ -247,6 +247,7 @@ class PsServer:
         self._sends: list[tuple[Any, str]] = []
         self._answers: list[_Job] = []  # request mode: one thread per remote worker
         self.local: dict[int, tuple[torch.Tensor, ...]] = {}  # group -> the co-located worker's own push
+        self.sending_unix: float | None = None  # when :meth:`serve` last began sending its pulls (time.time())
 
     def _n(self, g: int) -> int:
         a, b = self.slices[g]
@@ -314,6 +315,7 @@ class PsServer:
             self.post_pushes()
         if align is not None:
             align()
+        self.sending_unix = time.time()  # the pulls start here; posting every send takes time of its own
         if request:
             self.answer(pulls, _PULL_TAG)
         else:

@@ -440,7 +440,7 @@ class PsRank:
         t0, start_unix = time.perf_counter(), time.time()
         fwd = bwd = 0.0
         update_s = 0.0
-        sent_unix = pulls_in_unix = posted_unix = None
+        sent_unix = sending_unix = pulls_in_unix = posted_unix = None
         if self.worker is not None:
             self.worker.wait_s = 0.0
             self.optimizer.zero_grad(set_to_none=True)
@@ -481,6 +481,7 @@ class PsRank:
                 request=self._request,
             )
             sent_unix = time.time()  # the next pulls are on their way (send), or answered from now (request)
+            sending_unix = self.server.sending_unix
         if self.worker is not None and not early:
             self.tickets = self._pull(self.units)
             posted_unix = time.time()
@@ -502,7 +503,8 @@ class PsRank:
                 "plan": self.spec.label(),
                 "update_s": update_s,
                 "start_unix": start_unix,
-                "pulls_sent_unix": sent_unix,
+                "pulls_sending_unix": sending_unix,  # its server began sending (or answering) them
+                "pulls_sent_unix": sent_unix,  # ... and had posted every send
                 "pulls_posted_unix": posted_unix,  # this worker's receives (send) or requests (request mode)
                 "pulls_in_unix": pulls_in_unix,
             }
