@@ -465,8 +465,8 @@ class PsRank:
         # once the receiver has said "ready" (it answers every receive posted): posted after the sends, the
         # other servers' first batches waited for "ready"s that queued behind data on the shaped links, and
         # whichever worker posted first was served first (three workers on star:3 at 50 Mbit/s, compute
-        # emulated: layer-by-layer F_N 106-243 ms per worker against 116 modelled; receives first:
-        # 109-131 ms; docs/ps.md, "Receives first")
+        # emulated: layer-by-layer F_N 105-243 ms per worker against 116-121 modelled; receives first, in
+        # the rotated send order: 107-130 ms; docs/ps.md, "Receives first")
         early = self.worker is not None and self.server is not None and not self._request
         if early:
             self.tickets = self._pull(self.units)
