@@ -55,7 +55,9 @@ def test_layout_messages_are_contiguous_shard_slices():
         assert (a[1] == b[0] or a == (0, 0) or b == (0, 0)) and (b[1] - b[0]) + (a[1] - a[0]) == whole[1]
 
 
-@pytest.mark.parametrize("workers,servers,colocated", [(3, 3, True), (5, 5, True), (4, 2, False), (3, 1, False)])
+@pytest.mark.parametrize(
+    "workers,servers,colocated", [(3, 3, True), (5, 5, True), (4, 2, False), (3, 1, False)]
+)
 def test_servers_send_to_different_workers_at_every_turn(workers, servers, colocated):
     # the shift schedule of an all-to-all: no worker's link carries two servers' slices while another idles
     lay = Layout(workers=workers, servers=servers, colocated=colocated, numels=(8,), layer_params=((0,),))

@@ -247,7 +247,7 @@ class PsServer:
         self._sends: list[tuple[Any, str]] = []
         self._answers: list[_Job] = []  # request mode: one thread per remote worker
         self.local: dict[int, tuple[torch.Tensor, ...]] = {}  # group -> the co-located worker's own push
-        self.sending_unix: float | None = None  # when :meth:`serve` last began sending its pulls (time.time())
+        self.sending_unix: float | None = None  # when :meth:`serve` last began sending (time.time())
 
     def _n(self, g: int) -> int:
         a, b = self.slices[g]
