@@ -166,11 +166,11 @@ def worker(args: argparse.Namespace) -> None:
             if m == ALLREDUCE:
                 continue
             recs, fn, wait = [], [], []
-            sent: dict[int, list[float]] = {}
+            sending: dict[int, list[float]] = {}
             for mine in every:  # when each server began sending iteration t's pulls (at the end of t - 1)
                 for x in mine[m]:
                     if x["pulls_sending_unix"] is not None:
-                        sent.setdefault(x["iteration"] + 1, []).append(x["pulls_sending_unix"])
+                        sending.setdefault(x["iteration"] + 1, []).append(x["pulls_sending_unix"])
             origins = []
             rank_of = {id(x): q for q, mine in enumerate(every[:workers]) for x in mine[m]}
             for x in (x for mine in every[:workers] for x in mine[m]):
@@ -181,7 +181,7 @@ def worker(args: argparse.Namespace) -> None:
                 # that is later. Not the moment it had posted every send: posting hundreds of sends takes
                 # a share of the cores, the data flows meanwhile, and the probe that measures Ts and Tt
                 # counts from before the posts too
-                origin = max(x["start_unix"], max(sent[x["iteration"]]))
+                origin = max(x["start_unix"], max(sending[x["iteration"]]))
                 recs.append({**x, "rank": rank_of[id(x)]})
                 origins.append(origin)
                 fn.append(x["start_unix"] + x["forward_s"] - origin)
