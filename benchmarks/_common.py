@@ -10,7 +10,7 @@ import signal
 import sys
 from pathlib import Path
 
-__all__ = ["loadavg", "sigterm_exits"]
+__all__ = ["busy_share", "cpu_ticks", "loadavg", "sigterm_exits"]
 
 
 def loadavg() -> str:
@@ -19,6 +19,23 @@ def loadavg() -> str:
         return " ".join(Path("/proc/loadavg").read_text().split()[:3])
     except OSError:
         return "n/a"
+
+
+def cpu_ticks() -> tuple[int, int] | None:
+    """``(busy, total)`` CPU ticks of the whole machine since boot, from ``/proc/stat`` (None where there is
+    none); two readings give the share of the cores busy in between (idle and iowait count as idle)."""
+    try:
+        ticks = [int(x) for x in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    except (OSError, ValueError, IndexError):
+        return None
+    return sum(ticks) - sum(ticks[3:5]), sum(ticks)
+
+
+def busy_share(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float | None:
+    """The share (0-1) of every core's time that was busy between two :func:`cpu_ticks` readings."""
+    if before is None or after is None or after[1] <= before[1]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def sigterm_exits() -> None:

@@ -42,7 +42,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from _common import loadavg, sigterm_exits
+from _common import busy_share, cpu_ticks, loadavg, sigterm_exits
 
 METHODS = ["all", "layer", "ibatch", "optimal"]
 ALLREDUCE = "allreduce"
@@ -99,7 +99,7 @@ def worker(args: argparse.Namespace) -> None:
                 servers=args.servers,
                 pulls=args.pulls,
                 probe_rounds=args.probe_rounds,
-                slowdown=not args.no_slowdown,
+                probe=args.probe,
             ),
             rank=rank,
             workers=workers,
@@ -137,7 +137,7 @@ def worker(args: argparse.Namespace) -> None:
     if rank == 0:
         meta = reps["ibatch"].pull_plan.meta
         C, Tt, Ts = meta["C_s"], meta["Tt_s"], meta["Ts_s"]
-        d = meta.get("slowdown", 0.0)  # fitted to the ibatch replica's probe (0 with --no-slowdown)
+        d = meta.get("slowdown", 0.0)  # fitted to the ibatch replica's probe (--probe slowdown only)
         out = {
             "Ts_s": Ts,
             "beta_s_per_byte": meta["beta_s_per_byte"],
@@ -147,6 +147,12 @@ def worker(args: argparse.Namespace) -> None:
             "overlap_forward_s": meta.get("overlap_forward_s"),
             "slowdown": d,
             "slowdown_optimal": reps["optimal"].pull_plan.meta.get("slowdown", 0.0),
+            # --probe confirm: each probe's F_N against the model's, and whether the plan was kept
+            "probes": {
+                m: {k: reps[m].pull_plan.meta.get(k) for k in ("probe_s", "probe_model_s", "confirmed")}
+                | {"refuted_batches": reps[m].pull_plan.meta.get("refuted_batches")}
+                for m in ("ibatch", "optimal")
+            },
             "probe_rounds_s": meta.get("probe_rounds_s"),
             "workers": workers,
             "servers": args.servers or workers,
@@ -295,14 +301,18 @@ def driver(args: argparse.Namespace) -> int:
             args.allreduce,
         ]
         argv += ["--unaligned"] if args.unaligned else []
-        argv += ["--no-slowdown"] if args.no_slowdown else []
+        argv += ["--probe", args.probe]
+        ticks = cpu_ticks()
         res = launch_workers(state, argv, timeout_s=args.timeout)
+        # the whole run's (set-up, probes, every method): where it nears 1, the cores, not the links, bound
+        busy = busy_share(ticks, cpu_ticks())
         text = (res.out_dir / "rank0.out").read_text()
         lines = [ln for ln in text.splitlines() if ln.startswith("RESULT ")]
         if not lines:
             print((res.out_dir / "rank0.err").read_text()[-3000:])
             return 1
         out = json.loads(lines[-1][7:])
+        out["cpu_busy"] = busy
         out["drops"] = sum(c["tx_drops"] + c["rx_drops"] for c in link_counters(state).values())
     finally:
         down(cfg.name)
@@ -322,11 +332,12 @@ def driver(args: argparse.Namespace) -> int:
             "aligned_sends": not args.unaligned,
             "pulls": args.pulls,
             "probe_rounds": args.probe_rounds,
-            "slowdown_fitted_for_plans": not args.no_slowdown,
+            "probe": args.probe,
             "load_before": load,
             "date": datetime.date.today().isoformat(),
         }
     )
+    busy_txt = "n/a" if out["cpu_busy"] is None else f"{out['cpu_busy']:.0%} of the run"
     print(
         f"{args.model}, batch {args.batch}, {args.topology} at {args.rate}, MTU {args.mtu}, "
         f"switch-port queue {args.queue_ms:g} ms ({out['drops']} frames dropped in the run), "
@@ -336,10 +347,19 @@ def driver(args: argparse.Namespace) -> int:
         f"pulls {'on request' if args.pulls == 'request' else 'sent'}"
         f"{', unaligned' if args.unaligned else ''}, "
         f"{out['workers']} workers, {out['servers']} {out['placement']} servers, {args.rounds} rounds of "
-        f"{args.iters} iterations per method; load average before {load}; measured Ts "
-        f"{out['Ts_s'] * 1e3:.3f} ms, beta {out['beta_s_per_byte'] * 1e9:.2f} ns/B, slowdown d "
-        f"{out['slowdown']:.2f} (optimal's probe {out['slowdown_optimal']:.2f}), "
-        f"profiled forward {sum(out['C_s']) * 1e3:.1f} ms, pulls {sum(out['Tt_s']) * 1e3:.1f} ms\n"
+        f"{args.iters} iterations per method; load average before {load}; cores busy {busy_txt}; measured Ts "
+        f"{out['Ts_s'] * 1e3:.3f} ms, beta {out['beta_s_per_byte'] * 1e9:.2f} ns/B, probe {args.probe}: "
+        + (
+            f"slowdown d {out['slowdown']:.2f} (optimal's probe {out['slowdown_optimal']:.2f}), "
+            if args.probe == "slowdown"
+            else "".join(
+                f"{m}'s probe {p['probe_s'] * 1e3:.1f} ms against {p['probe_model_s'] * 1e3:.1f} modelled"
+                f" ({'kept' if p['confirmed'] else 'refuted'}), "
+                for m, p in out["probes"].items()
+                if p["probe_s"] is not None
+            )
+        )
+        + f"profiled forward {sum(out['C_s']) * 1e3:.1f} ms, pulls {sum(out['Tt_s']) * 1e3:.1f} ms\n"
     )
     print(table(out))
     if args.json:
@@ -384,7 +404,10 @@ def main() -> int:
         "--probe-rounds", type=int, default=5, help="timed pull rounds of the planners' probe"
     )
     parser.add_argument(
-        "--no-slowdown", action="store_true", help="plan ibatch/optimal with the paper's model (d = 0)"
+        "--probe",
+        choices=["confirm", "slowdown", "none"],
+        default="confirm",
+        help="what the probe of ibatch's and optimal's plan does (PsSpec.probe; none: the paper's model)",
     )
     parser.add_argument(
         "--cpus",

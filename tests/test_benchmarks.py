@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from dpcomm.planner.pull import CONFIRM_REL
 from tests.test_testbed import _SKIP
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,3 +37,7 @@ def test_ibatch_testbed_writes_every_method_with_its_model(tmp_path, monkeypatch
         assert covered == list(range(L))
         assert set(m["per_rank"]) == {"0", "1"} and m["fn_s"] > 0 and m["predicted_fn_s"] > 0
     assert r["methods"]["layer"]["batches"] == [[i, i] for i in range(L)]
+    assert 0 < r["cpu_busy"] <= 1 and r["probe"] == "confirm"
+    for p in r["probes"].values():  # a probed plan: its F_N and the model's; kept or not, as the rule says
+        if p["probe_s"] is not None:
+            assert p["confirmed"] == (p["probe_s"] <= (1 + CONFIRM_REL) * p["probe_model_s"])

@@ -14,12 +14,14 @@ from dpcomm.costmodel import PRESETS, allreduce_cost
 from dpcomm.errors import UserError
 from dpcomm.planner import make_plan
 from dpcomm.planner.pull import (
+    CONFIRM_REL,
     IBATCH_MARGIN,
     IBATCH_MARGIN_DEDICATED,
     PULL_METHODS,
     SLOWDOWN_MAX,
     SLOWDOWN_NOISE,
     PullPlan,
+    confirm_plan,
     fit_slowdown,
     ibatch_forward,
     ibatch_margin,
@@ -238,6 +240,27 @@ def test_fit_slowdown_recovers_the_slowdown_that_made_a_measurement():
     assert fit_slowdown(layer, C, T, 0.01, float("nan")) == 0.0  # nothing measured
     # `all` never overlaps: no d explains a gap, so none is fitted (not the cap)
     assert fit_slowdown([(0, 11)], C, T, 0.01, 1.5 * pull_time([(0, 11)], C, T, 0.01)) == 0.0
+
+
+def test_confirm_keeps_a_plan_its_probe_confirms_and_falls_back_to_the_better_baseline_otherwise():
+    C, T, Ts = [1.0, 1.0, 1.0], [1.0, 1.0, 4.0], 0.5
+    p = plan_pulls(C, T, Ts, "optimal")  # two batches, 8.0 s; all 9.0, layer 8.5
+    assert p.messages == 2 and p.time_s == 8.0
+    kept = confirm_plan(p, C, T, Ts, (1 + CONFIRM_REL) * 8.0)  # at the threshold: kept
+    assert kept == p and kept.meta["confirmed"] and kept.meta["probe_model_s"] == 8.0
+    assert kept.meta["dp_time_s"] == p.meta["dp_time_s"]  # the plan's own facts stay
+    gone = confirm_plan(p, C, T, Ts, (1 + CONFIRM_REL) * 8.0 * 1.001)
+    assert not gone.meta["confirmed"] and gone.method == "optimal" and gone.meta["algorithm"] == "layer"
+    assert gone.batches == plan_pulls(C, T, Ts, "layer").batches and gone.time_s == 8.5
+    assert gone.meta["refuted_batches"] == [[0, 1], [2, 2]] and gone.meta["probe_s"] > 8.8
+    # all and layer tie here (3 s each, every pull 1 s, no forward): a refuted two-batch plan gets all
+    two = PullPlan(method="ibatch", num_layers=3, batches=[(0, 0), (1, 2)])
+    assert confirm_plan(two, [0.0] * 3, [1.0] * 3, 0.0, 99.0).batches == ((0, 2),)
+    # a baseline is kept whatever its probe says: there is nothing better to fall back to
+    for m in ("all", "layer"):
+        b = plan_pulls(C, T, Ts, m)
+        assert confirm_plan(b, C, T, Ts, 10 * b.time_s).batches == b.batches
+    assert confirm_plan(p, C, T, Ts, float("nan")).meta["confirmed"]  # nothing measured: kept
 
 
 @given(C=times, T=times, Ts=st.integers(0, 12).map(lambda x: x / 4))

@@ -16,9 +16,11 @@ is a loop of its own). Set-up, on every rank of the run:
    they compute during training (on a shared machine a forward run alone is faster than one run beside
    the other workers'); rank 0 takes each layer's median over those workers, plans
    (:func:`dpcomm.planner.pull.plan_pulls`), broadcasts the plan, and every rank checks its sha256;
-4. the slowdown (``PsSpec.slowdown``): the workers time ``probe_rounds`` rounds of that plan's pulls beside
-   a forward that waits for each batch (:meth:`_probe_overlap`), ``d`` is fitted to the median
-   (:func:`dpcomm.planner.pull.fit_slowdown`), and rank 0 plans again with it; that plan is broadcast and
+4. the probe (``PsSpec.probe``), where that plan is neither ``all`` nor ``layer``: the workers time
+   ``probe_rounds`` rounds of its pulls beside a forward that waits for each batch (:meth:`_probe_overlap`);
+   ``confirm`` keeps the plan unless the median ran more than 10% slower than the model, else the better
+   of ``all`` and ``layer`` (:func:`dpcomm.planner.pull.confirm_plan`); ``slowdown`` fits ``d`` to it
+   (:func:`dpcomm.planner.pull.fit_slowdown`) and rank 0 plans again with it. That plan is broadcast and
    checked as in 3, its ``meta`` holding every input.
 
 Checkpoints: the current parameters and momentum live on the servers. At an iteration a checkpoint is due
@@ -33,6 +35,7 @@ import contextlib
 import statistics
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -42,7 +45,7 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.models.loss import classification_loss
-from dpcomm.planner.pull import PullPlan, fit_slowdown, ibatch_margin, plan_pulls
+from dpcomm.planner.pull import PullPlan, confirm_plan, fit_slowdown, ibatch_margin, plan_pulls
 from dpcomm.ps.node import _PROBE_TAG, _PULL_TAG, _REQUEST, Layout, PsError, PsServer, PsWorker, Ticket, _wait
 from dpcomm.ps.spec import PsSpec
 from dpcomm.trace.profiler import default_loss, layer_medians
@@ -206,23 +209,33 @@ class PsRank:
         Tt = [beta * b for b in remote]
         meta = {"Ts_s": Ts, "beta_s_per_byte": beta, "C_s": C, "Tt_s": Tt, "probe_rounds_s": rounds}
         plan = self._agree(self._planned(C, Tt, Ts, 0.0, meta))
-        if self.spec.slowdown and any(c is not None for c in every):
-            # time that plan beside a forward, fit d to it, plan again with d
+        # confirm: all and layer are what a refuted plan falls back to, so there is nothing to probe
+        probed = {"none": False, "slowdown": True, "confirm": plan.messages not in (1, L)}[self.spec.probe]
+        if probed and any(c is not None for c in every):
+            # time that plan beside a forward, then keep it or not (confirm), or fit d and plan again
             overlap_s = self._probe_overlap(mods, sample, list(plan.batches))
-            # rank 0 plans with its own Tt (the bytes it pulls); the others get its d in the plan's meta
-            d = fit_slowdown(plan.batches, C, Tt, Ts, overlap_s) if self.rank == 0 else 0.0
             meta = {
                 **meta,
                 "overlap_batches": [list(b) for b in plan.batches],
                 "overlap_forward_s": overlap_s,
-                "slowdown": d,
                 "time_d0_s": plan.time_s,
             }
-            plan = self._agree(self._planned(C, Tt, Ts, d, meta))
+            if self.spec.probe == "confirm":
+                kept = confirm_plan(plan, C, Tt, Ts, overlap_s) if self.rank == 0 else None
+                plan = self._agree(replace(kept, meta={**kept.meta, **meta}) if kept else None)
+            else:
+                # rank 0 plans with its own Tt (the bytes it pulls); the others get its d in the plan's meta
+                d = fit_slowdown(plan.batches, C, Tt, Ts, overlap_s) if self.rank == 0 else 0.0
+                plan = self._agree(self._planned(C, Tt, Ts, d, {**meta, "slowdown": d}))
         self.log(
             f"[rank {self.rank}] {self.spec.pull} pulls: {plan.messages} batch(es) {list(plan.batches)}, "
             f"Ts {Ts * 1e6:.0f} us, beta {beta * 1e9:.2f} ns/B, "
             f"slowdown {plan.meta.get('slowdown', 0.0):.2f}, model {plan.time_s * 1e3:.2f} ms"
+            + (
+                ""
+                if plan.meta.get("confirmed", True)
+                else f" (refuted by its probe: {plan.meta['refuted_batches']})"
+            )
         )
         return plan
 
@@ -298,7 +311,10 @@ class PsRank:
             (self.server.answer if self._request else self.server.send)(units, _PROBE_TAG)
         with _buffers_kept(self.model):
             out = self._forward_pulling(mods, sample, units, tickets) if sample is not None else None
-            for t in tickets:
+            # the last batch first: a pair's messages arrive in order, so the rest are in by then and this
+            # thread blocks once, not once per message (in order, 5 co-located workers on 2 cores timed
+            # layer-by-layer rounds 10-15 ms longer than training's own layer-by-layer pulls, docs/ps.md)
+            for t in reversed(tickets):
                 self.worker.wait(t, into_params=False)
             end = time.perf_counter()
             if out is not None:  # untimed: a backward after each forward, as in training and _time_forward

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from dpcomm.errors import UserError
 from dpcomm.planner.pull import PULL_METHODS
 
-__all__ = ["PULL_MODES", "PUSH_SCHEDULES", "PsSpec", "parse_ps_schedule", "parse_sparsify"]
+__all__ = ["PROBES", "PULL_MODES", "PUSH_SCHEDULES", "PsSpec", "parse_ps_schedule", "parse_sparsify"]
 
 PUSH_SCHEDULES = ("wfbp", "single")
 """Push groupings: one push per layer as backward produces it (``wfbp``), or one after backward."""
@@ -24,6 +24,14 @@ messages pipeline, so a pull's start-up ``Ts`` is the transport's alone); ``requ
 worker asks for it, one batch outstanding per worker (a request to each server holding part of it; the
 paper's pull: the next batch is asked for once the last one arrived, so every pull pays a round trip;
 :mod:`dpcomm.ps.node`)."""
+
+
+PROBES = ("confirm", "slowdown", "none")
+"""``confirm`` (the default): the plan is kept unless the probe ran more than
+:data:`dpcomm.planner.pull.CONFIRM_REL` slower than modelled, else the better of ``all`` and ``layer``
+(:func:`dpcomm.planner.pull.confirm_plan`); ``slowdown``: fit the forward's slowdown while pulls are in
+flight (``d``, :func:`dpcomm.planner.pull.fit_slowdown`) to the probe and plan again with it; ``none``: no
+probe, the paper's model alone."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,9 +50,9 @@ class PsSpec:
     """:data:`PULL_MODES`: servers send every batch after the update, or each on the worker's request."""
     probe_rounds: int = 3
     """Timed pull rounds (all-in-one and per layer) that measure ``Ts`` and ``Tt_i`` for ibatch/optimal."""
-    slowdown: bool = True
-    """ibatch/optimal: fit the forward's slowdown while pulls are in flight (``d``,
-    :func:`dpcomm.planner.pull.fit_slowdown`) to a probed forward; False: the paper's model (``d = 0``)."""
+    probe: str = "confirm"
+    """ibatch/optimal (:data:`PROBES`): what a forward timed beside the pulls of the plan made under the
+    paper's model does to that plan."""
 
     def __post_init__(self) -> None:
         if self.pull not in PULL_METHODS:
@@ -57,6 +65,8 @@ class PsSpec:
             raise UserError(f"sparsification ratio must be in (0, 1], got {self.sparsify}")
         if self.pulls not in PULL_MODES:
             raise UserError(f"unknown pull mode {self.pulls!r}: use one of {', '.join(PULL_MODES)}")
+        if self.probe not in PROBES:
+            raise UserError(f"unknown pull probe {self.probe!r}: use one of {', '.join(PROBES)}")
         if self.probe_rounds < 1:
             raise UserError(f"probe rounds must be >= 1, got {self.probe_rounds}")
 
