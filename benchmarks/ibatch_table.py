@@ -10,7 +10,9 @@ plan over that better one (``ibatch`` keeps it only above ``IBATCH_MARGIN``). ``
 after the fact, for runs made before the planners fitted ``d`` (or to see how far ``d`` can go): it fits
 ``d`` to the run's own measured layer-by-layer ``F_N`` (the training, not a probe) and prices every
 method's batches with it. ``--slowest``: the model against the slowest worker of each iteration instead.
-Nothing is measured here.
+Runs with ``--probe confirm`` (their JSON has ``probes``) get :func:`confirm_row` instead: the paper's
+model only, the cores' busy share, and each probe's ``F_N`` over the model with its verdict. Nothing is
+measured here.
 """
 
 from __future__ import annotations
@@ -55,6 +57,51 @@ def row(path: Path, refit: bool) -> str:
     )
 
 
+CONFIRM_HEADER = (
+    "| case | pulls | load before | cores busy | `all` | `layer` | `ibatch` (kept) | `optimal` | "
+    "model/measured | `ibatch` / better | greedy's modelled gain | probe/model: `ibatch`, `optimal` |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def confirm_row(path: Path) -> str:
+    """One row of a ``--probe confirm`` run: measured ``F_N`` of each method (ms) with the paper's model in
+    parentheses, the kept plan's batches (and which candidate), model/measured over the methods, ``ibatch``
+    over the better baseline, the greedy's modelled gain, and each probed plan's ``F_N`` over its model
+    (``kept``, or ``refuted``: the better baseline ran instead; ``-``: a baseline, not probed)."""
+    from dpcomm.planner.pull import plan_pulls
+
+    out = json.loads(path.read_text())
+    C, Tt, Ts, M = out["C_s"], out["Tt_s"], out["Ts_s"], out["methods"]
+    cells = []
+    for m, v in M.items():
+        cell = f"{v['fn_s'] * 1e3:.1f} ({v['predicted_fn_s'] * 1e3:.1f})"
+        if m in ("ibatch", "optimal"):
+            cell += f" {len(v['batches'])}" + (f" ({v['algorithm']})" if v.get("algorithm") else "")
+        cells.append(cell)
+    ratio = [v["predicted_fn_s"] / v["fn_s"] for v in M.values()]
+    better = min(M["all"]["fn_s"], M["layer"]["fn_s"])
+    cand = plan_pulls(C, Tt, Ts, "ibatch", margin=0).meta["candidates_s"]
+    base = min(cand["all"], cand["layer"])
+    gain = 100 * (base - min(cand["forward"], cand["backward"])) / base
+    verdicts = []
+    for m in ("ibatch", "optimal"):
+        p = out["probes"][m]
+        verdicts.append(
+            "-"
+            if p["probe_s"] is None
+            else f"{p['probe_s'] / p['probe_model_s']:.2f} {'kept' if p['confirmed'] else 'refuted'}"
+        )
+    busy = "n/a" if out.get("cpu_busy") is None else f"{out['cpu_busy']:.0%}"
+    return (
+        f"| {case_label(out)} | {out.get('pulls', 'send')} | {str(out['load_before']).split()[0]} | {busy} | "
+        + " | ".join(cells)
+        + f" | {min(ratio):.2f}-{max(ratio):.2f} | {M['ibatch']['fn_s'] / better:.3f} | {gain:+.1f}% | "
+        + ", ".join(verdicts)
+        + " |"
+    )
+
+
 def case_label(out: dict) -> str:
     """The case column: model, batch, topology, rate, placement, and a CPU quota or fair host queue."""
     where = "co-located" if out["placement"] == "co-located" else f"+ S={out['servers']}"
@@ -93,6 +140,11 @@ def main() -> int:
         print("| case | pulls | `all` | `layer` | `ibatch` | `optimal` |\n|---|---|---|---|---|---|")
         for path in args.json:
             print(slowest(path))
+        return 0
+    if not args.refit and all("probes" in json.loads(p.read_text()) for p in args.json):
+        print(CONFIRM_HEADER)
+        for path in args.json:
+            print(confirm_row(path))
         return 0
     d = "`d` (refitted)" if args.refit else "`d`"
     print(

@@ -19,8 +19,11 @@ execution time: pulls overlapped with forward), the median over every worker and
 exposed pull wait; the forward's own compute (``F_N`` less the wait); ``t_iter``. Predicted:
 ``pull_time(batches, C, Tt, Ts, slowdown=d)`` with the very inputs the planners had (the ``ibatch``
 replica's plan meta): ``Ts`` and ``Tt_i`` from its timed pulls on these links, ``C_i`` from the forwards
-every worker timed at once before training, and ``d`` fitted to its probe's forward beside the pulls of
-the plan it made without one; the paper's model (``d = 0``) beside it.
+every worker timed at once before training; ``d`` is 0 (the paper's model) unless ``--probe slowdown``
+fitted it to the probe's forward beside the pulls of the plan made without one. With ``--probe confirm``
+(the default, ``PsSpec.probe``) the JSON's ``probes`` give each probed plan's ``F_N`` against the model
+and whether it was kept. ``cpu_busy``: the share of both cores busy over the whole run (``/proc/stat``),
+which tells a network-bound case from one where the cores set the pace.
 
 ``--model emulated:TRACE`` (a shipped trace or a trace file; :mod:`dpcomm.trace.emulated`) trains a model
 whose layers sleep the trace's forward and backward times: the traffic is real, the CPU stays free for

@@ -17,6 +17,10 @@ When every batch ``k+1``'s pull outlasts batch ``k``'s forward (Eq. 5), ``F_N = 
 which is Eq. 4 (``EXE1 + EXE2 + EXE3``). Unrolled, ``F_N = max_k (P_k + sum of C from batch k's first layer
 to the end)``.
 
+A probe's verdict (ours): :func:`confirm_plan` keeps a plan whose measured ``F_N`` is within
+:data:`CONFIRM_REL` of the model and otherwise falls back to the better of ``all`` and ``layer``; the model
+stays the above. The parameter server's runtime does this by default (``PsSpec.probe``).
+
 Slowdown ``d`` (ours, not the paper's; 0 by default, where the model is the above). Receiving pulls takes
 CPU too: where the forward and the network threads share saturated cores, the forward runs slower while
 pulls are in flight (two workers on 2 cores at 500 Mbit/s: 2-3 ms over an 8 ms pull, ``docs/ps.md``). With
