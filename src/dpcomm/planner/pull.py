@@ -131,9 +131,9 @@ CONFIRM_REL = 0.10
 """:func:`confirm_plan`: a probed plan that ran more than this fraction slower than the model is refuted.
 On the testbed (2-core VM, ``docs/ps.md``) the probes of 18 plans the model holds for ran at 0.85-1.07 of
 it; the one it did not hold for, Algorithm 1's three batches with five co-located workers (the first
-batch 72% of the bytes), ran at 1.31 in the probe and 1.44 in training: a server's NIC queue took each
-connection's data in turn, a whole ~128 KiB at a time, so one worker got the server's second batch before
-another got its first, and the first batch arrived at twice its modelled time."""
+batch 72% of the bytes), ran at 1.31 in the probe and 1.44 in training: its first batch arrived at twice
+its modelled time, every round, as the servers' FIFO NIC queues let one worker's later batches go before
+another worker's first."""
 
 IBATCH_MARGIN = 0.01
 """``ibatch`` keeps Algorithm 1's or 2's batches over the better of ``all`` and ``layer`` only for a modelled
