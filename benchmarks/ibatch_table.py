@@ -23,8 +23,29 @@ import sys
 from pathlib import Path
 
 
+def _cells(M: dict, model: dict[str, str]) -> list[str]:
+    """Per method: measured ``F_N`` (ms), the model's text in parentheses, and for ``ibatch``/``optimal``
+    the kept plan's batches (and which candidate)."""
+    cells = []
+    for m, v in M.items():
+        cell = f"{v['fn_s'] * 1e3:.1f} ({model[m]})"
+        if m in ("ibatch", "optimal"):
+            cell += f" {len(v['batches'])}" + (f" ({v['algorithm']})" if v.get("algorithm") else "")
+        cells.append(cell)
+    return cells
+
+
+def _greedy_gain(C, Tt, Ts: float, d: float) -> float:
+    """The greedy algorithms' best against the better baseline, as the planner saw it (percent)."""
+    from dpcomm.planner.pull import plan_pulls
+
+    cand = plan_pulls(C, Tt, Ts, "ibatch", slowdown=d, margin=0).meta["candidates_s"]
+    base = min(cand["all"], cand["layer"])
+    return 100 * (base - min(cand["forward"], cand["backward"])) / base
+
+
 def row(path: Path, refit: bool) -> str:
-    from dpcomm.planner.pull import fit_slowdown, plan_pulls, pull_time
+    from dpcomm.planner.pull import fit_slowdown, pull_time
 
     out = json.loads(path.read_text())
     C, Tt, Ts, M = out["C_s"], out["Tt_s"], out["Ts_s"], out["methods"]
@@ -35,19 +56,11 @@ def row(path: Path, refit: bool) -> str:
         d = out.get("slowdown", 0.0)
     model = {m: pull_time([tuple(b) for b in v["batches"]], C, Tt, Ts, slowdown=d) for m, v in M.items()}
     model0 = {m: pull_time([tuple(b) for b in v["batches"]], C, Tt, Ts) for m, v in M.items()}
-    cells = []
-    for m, v in M.items():
-        cell = f"{v['fn_s'] * 1e3:.1f} ({model[m] * 1e3:.1f}; {model0[m] * 1e3:.1f})"
-        if m in ("ibatch", "optimal"):
-            cell += f" {len(v['batches'])}" + (f" ({v['algorithm']})" if v.get("algorithm") else "")
-        cells.append(cell)
+    cells = _cells(M, {m: f"{model[m] * 1e3:.1f}; {model0[m] * 1e3:.1f}" for m in M})
     ratio = [model[m] / v["fn_s"] for m, v in M.items()]
     ratio0 = [model0[m] / v["fn_s"] for m, v in M.items()]
     better = min(M["all"]["fn_s"], M["layer"]["fn_s"])
-    # the greedy algorithms' best against the better baseline, as the planner saw it (the run's d)
-    cand = plan_pulls(C, Tt, Ts, "ibatch", slowdown=d, margin=0).meta["candidates_s"]
-    base = min(cand["all"], cand["layer"])
-    gain = 100 * (base - min(cand["forward"], cand["backward"])) / base
+    gain = _greedy_gain(C, Tt, Ts, d)
     return (
         f"| {case_label(out)} | {out.get('pulls', 'send')} | "
         f"{str(out['load_before']).split()[0]} | {d:.2f} | "
@@ -69,21 +82,12 @@ def confirm_row(path: Path) -> str:
     parentheses, the kept plan's batches (and which candidate), model/measured over the methods, ``ibatch``
     over the better baseline, the greedy's modelled gain, and each probed plan's ``F_N`` over its model
     (``kept``, or ``refuted``: the better baseline ran instead; ``-``: a baseline, not probed)."""
-    from dpcomm.planner.pull import plan_pulls
-
     out = json.loads(path.read_text())
     C, Tt, Ts, M = out["C_s"], out["Tt_s"], out["Ts_s"], out["methods"]
-    cells = []
-    for m, v in M.items():
-        cell = f"{v['fn_s'] * 1e3:.1f} ({v['predicted_fn_s'] * 1e3:.1f})"
-        if m in ("ibatch", "optimal"):
-            cell += f" {len(v['batches'])}" + (f" ({v['algorithm']})" if v.get("algorithm") else "")
-        cells.append(cell)
+    cells = _cells(M, {m: f"{v['predicted_fn_s'] * 1e3:.1f}" for m, v in M.items()})
     ratio = [v["predicted_fn_s"] / v["fn_s"] for v in M.values()]
     better = min(M["all"]["fn_s"], M["layer"]["fn_s"])
-    cand = plan_pulls(C, Tt, Ts, "ibatch", margin=0).meta["candidates_s"]
-    base = min(cand["all"], cand["layer"])
-    gain = 100 * (base - min(cand["forward"], cand["backward"])) / base
+    gain = _greedy_gain(C, Tt, Ts, 0.0)
     verdicts = []
     for m in ("ibatch", "optimal"):
         p = out["probes"][m]

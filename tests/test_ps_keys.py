@@ -13,7 +13,7 @@ from dpcomm.planner import make_plan
 from dpcomm.planner.pull import plan_pulls
 from dpcomm.ps.keys import assign_keys, server_loads
 from dpcomm.ps.node import Layout
-from dpcomm.ps.spec import PsSpec, parse_ps_schedule, parse_sparsify
+from dpcomm.ps.spec import PROBES, PsSpec, parse_ps_schedule, parse_sparsify
 from dpcomm.sim.ps import PsCost, ps_inputs, ps_sweep, simulate_ps
 from tests._sim_ref import make_trace
 
@@ -95,6 +95,14 @@ def test_spec_parsing_and_errors():
     ):
         with pytest.raises(UserError):
             parse_ps_schedule(bad)
+    for probe in PROBES:
+        assert PsSpec(pull="ibatch", probe=probe).probe == probe
+    for field, value, msg in (
+        ("probe", "fit", "unknown pull probe 'fit'"),
+        ("probe_rounds", 0, "probe rounds"),
+    ):
+        with pytest.raises(UserError, match=msg):
+            PsSpec(pull="ibatch", **{field: value})
 
 
 # --- the PS iteration model (sim/ps.py) ---------------------------------------------------------------------
