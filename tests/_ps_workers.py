@@ -186,39 +186,3 @@ def request_order() -> dict[str, Any]:
             worker.wait(t)
         out[mode] = {"params": params, "times": [(t.asked_s, t.arrived_s) for t in tickets]}
     return out
-
-
-def request_ahead() -> dict[str, Any]:
-    """Ranks 0 and 1 workers, rank 2 a dedicated server of two one-tensor layers answering two pulls, its
-    shard plus one in between. Worker 0 asks for the second pull as soon as the first is in, and only then
-    lets worker 1 ask for the first: worker 0's requests of the second pull reach the server while it still
-    waits for worker 1's of the first."""
-    import time
-
-    rank, _world = init_worker("gloo", timeout_s=30)
-    layout = Layout(workers=2, servers=1, colocated=False, numels=(100,) * 2, layer_params=((0,), (1,)))
-    units = [(0, 0), (1, 1)]
-    lanes = tuple(dist.new_group(timeout=group_timeout()) for _ in range(3))
-    if rank == 2:
-        params = [torch.zeros(100), torch.ones(100)]
-        server = PsServer(layout, 0, params, [(0, 1)], lr=0.1, momentum=0.0, group=lanes)
-        for _ in range(2):
-            server.answer(units, 500000)
-            server.finish()
-            server.shard.data += 1
-        return {}
-    params = [torch.full((100,), -1.0) for _ in range(2)]
-    worker = PsWorker(layout, rank, params, group=lanes)
-    go = torch.zeros(1)
-    seen = []
-    for i in range(2):
-        if rank == 1 and i == 0:
-            dist.recv(go, 0)  # worker 0 has asked for its second pull
-        tickets = worker.request(units, 500000)
-        if rank == 0 and i == 1:
-            time.sleep(0.5)  # its request is at the server
-            dist.send(go, 1)
-        for t in tickets:
-            worker.wait(t)
-        seen.append([float(p[0]) for p in params])
-    return {"seen": seen}

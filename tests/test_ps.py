@@ -11,7 +11,7 @@ import torch
 
 from dpcomm.launch import WorkerFailure, launch
 from dpcomm.planner.pull import PULL_METHODS, confirm_plan, fit_slowdown, ibatch_margin, plan_pulls
-from tests._ps_workers import googlenet_layers, reference, request_ahead, request_order, run_cases
+from tests._ps_workers import googlenet_layers, reference, request_order, run_cases
 
 W, S, ITERS, BATCH = 3, 2, 2, 4
 # LeNet-5 after 2 iterations: the server sums W gradients and divides by W, the reference averages one
@@ -196,12 +196,3 @@ def test_layers_in_forward_order_and_aux_heads_trained():
     first_4b = next(i for i, n in enumerate(order) if n.startswith("inception4b"))
     assert order.index("aux1.conv.conv") < first_4b and order[-1] == "fc"
     assert torch.isfinite(torch.tensor(got["loss"])) and len(got["C"]) == 123 and min(got["C"]) >= 0
-
-
-@pytest.mark.slow
-def test_request_mode_keeps_a_worker_a_pull_ahead_apart():
-    """A worker's requests of the next pull, there before another's of this one, get the next pull's
-    parameters (the server's one answering thread takes requests from any worker)."""
-    *workers, _server = launch(request_ahead, 3)
-    for w in workers:
-        assert w["seen"] == [[0.0, 1.0], [1.0, 2.0]], workers

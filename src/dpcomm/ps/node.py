@@ -25,10 +25,8 @@ The first iteration of a run pulls nothing: every rank starts from the same para
 checkpoint). :meth:`PsWorker.wait` after the last iteration makes every worker current.
 
 Request mode (``pulls=request``; :data:`dpcomm.ps.spec.PULL_MODES`): in step 3 the server does not send;
-:meth:`PsServer.answer` starts one thread that takes the requests in the order they come, from any worker
-(a two-element message: the worker's rank and the batch), and posts each batch's send to whoever asked without
-waiting for it; a thread per worker made 25 Python threads on 2 cores at five co-located workers and 81 at
-nine (``docs/ps.md``). In step 4 :meth:`PsWorker.request` starts a thread that
+:meth:`PsServer.answer` starts a thread per remote worker that waits for that worker's request of each batch
+(a one-element message) and then sends the batch. In step 4 :meth:`PsWorker.request` starts a thread that
 asks every server for batch ``k`` only once batch ``k-1`` has arrived from all of them, so every pull pays
 a round trip and the threads' wake-ups: the pull start-up ``Ts`` of the paper's model, which in send mode
 the back-to-back messages hide. The threads only block in ``wait`` (which releases the GIL) and
@@ -76,10 +74,7 @@ __all__ = ["Layout", "PsError", "PsServer", "PsWorker", "Ticket"]
 _PUSH_TAG = 1000  # + 2 g (values or indices) / + 2 g + 1 (values of a sparse push)
 _PULL_TAG = 500000  # + k
 _PROBE_TAG = 900000  # + k
-# the requests of a pull tagged ``tag`` (``tag + k`` for batch k) are tagged ``tag + _REQUEST + n % 2``, ``n``
-# counting the pulls of that tag, so that a worker's requests of the next pull, which may come while
-# the server still waits for another worker's last requests of this one, are not taken as this pull's
-_REQUEST = 20000
+_REQUEST = 20000  # a request of batch k of a pull tagged ``tag``: ``tag + _REQUEST + k``
 
 
 class PsError(RuntimeError):
@@ -165,21 +160,10 @@ def lane(lanes: Any, src: int, dst: int) -> Any:
     return lanes
 
 
-def ask_lane(lanes: Any) -> Any:
-    """The process group of every pull request: the third of ``lanes``, so that a request never queues
-    behind a batch going the same way on the same connection; or the one group (a server takes requests
-    from any worker, so they must all come on one group)."""
-    if isinstance(lanes, tuple):
-        if len(lanes) < 3:
-            raise ValueError("request mode needs a third lane for the pull requests")
-        return lanes[2]
-    return lanes
-
-
-def _request_tag(counts: dict[int, int], tag: int) -> int:
-    """The tag of the requests of the next pull tagged ``tag`` (``_REQUEST``); counts it."""
-    n = counts[tag] = counts.get(tag, -1) + 1
-    return tag + _REQUEST + n % 2
+def ask_lane(lanes: Any, src: int, dst: int) -> Any:
+    """The process group of a pull request: the third of ``lanes`` where given, so that a request never
+    queues behind a batch going the same way on the same connection; else :func:`lane`."""
+    return lanes[2] if isinstance(lanes, tuple) and len(lanes) > 2 else lane(lanes, src, dst)
 
 
 def _wait(work: Any, what: str, rank: int) -> None:
@@ -261,8 +245,7 @@ class PsServer:
         self._recv: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # (worker, group) -> buffers
         self._works: list[tuple[Any, str]] = []
         self._sends: list[tuple[Any, str]] = []
-        self._answers: list[_Job] = []  # request mode: the answering thread
-        self._asks: dict[int, int] = {}  # request mode: pulls answered, per tag (``_request_tag``)
+        self._answers: list[_Job] = []  # request mode: one thread per remote worker
         self.local: dict[int, tuple[torch.Tensor, ...]] = {}  # group -> the co-located worker's own push
         self.sending_unix: float | None = None  # when :meth:`serve` last began sending (time.time())
 
@@ -358,24 +341,25 @@ class PsServer:
         return works
 
     def answer(self, units: Sequence[tuple[int, int]], tag: int) -> None:
-        """Request mode: one thread sends each unit's slice of the shard to each worker that asks for it,
-        in the order the requests come (module docstring); returns at once, :meth:`finish` joins."""
-        self._answers.append(_Job(self._answer, list(units), tag, _request_tag(self._asks, tag)))
+        """Request mode: a thread per other worker sends it each unit's slice once it asks (module
+        docstring); returns at once, :meth:`finish` joins."""
+        for w in range(self.layout.workers):
+            if w != self.rank:
+                self._answers.append(_Job(self._answer, w, list(units), tag))
 
-    def _answer(self, units: list[tuple[int, int]], tag: int, asked: int) -> None:
-        slices = [self.layout.shard_slice(u, self.s) for u in units]
-        asking = [w for w in range(self.layout.workers) if w != self.rank]
-        expected = len(asking) * sum(a != b for a, b in slices)  # a worker asks only servers holding a part
-        ask, sends = torch.zeros(2, dtype=torch.int64), []
-        for _ in range(expected):
-            work = dist.irecv(ask, group=ask_lane(self.group), tag=asked)  # from any worker
-            _wait(work, f"a pull request (ranks {asking} ask {expected} in all)", self.rank)
-            w, k = (int(v) for v in ask)
-            a, b = slices[k]
+    def _answer(self, w: int, units: list[tuple[int, int]], tag: int) -> None:
+        ask = torch.zeros(1, dtype=torch.int64)
+        for k, u in enumerate(units):
+            a, b = self.layout.shard_slice(u, self.s)
+            if a == b:
+                continue
+            _wait(
+                dist.irecv(ask, w, group=ask_lane(self.group, w, self.rank), tag=tag + _REQUEST + k),
+                f"request of pull {k} from rank {w}",
+                self.rank,
+            )
             work = dist.isend(self.shard.data[a:b], w, group=lane(self.group, self.rank, w), tag=tag + k)
-            sends.append((work, f"pull {k} to rank {w}"))
-        for work, what in sends:
-            _wait(work, what, self.rank)
+            _wait(work, f"pull {k} to rank {w}", self.rank)
 
     def finish(self) -> None:
         for work, what in self._sends:
@@ -415,7 +399,6 @@ class PsWorker:
         self._sends: list[tuple[Any, str, torch.Tensor]] = []
         self._units: list[tuple[int, int]] = []
         self._asker: _Job | None = None  # request mode: the thread asking for this iteration's batches
-        self._asks: dict[int, int] = {}  # request mode: pulls asked for, per tag (``_request_tag``)
         self.wait_s = 0.0  # seconds blocked in wait() since last reset
 
     def _gather(self, keys: list[Key], grads: bool) -> torch.Tensor:
@@ -497,32 +480,32 @@ class PsWorker:
         tickets = self.pull(units, tag, post=False)
         for t in tickets:
             t.arrived = threading.Event()
-        self._asker = _Job(self._ask, tickets, tag, _request_tag(self._asks, tag))
+        self._asker = _Job(self._ask, tickets, tag)
         for t in tickets:
             t.job = self._asker
         return tickets
 
-    def _ask(self, tickets: list[Ticket], tag: int, asking: int) -> None:
+    def _ask(self, tickets: list[Ticket], tag: int) -> None:
         """Ask for each ticket's unit once the last one is in; the next request goes out before the
         event is set, so the waiting forward never delays it."""
-        posted = self._post_request(tickets[0], tag, asking) if tickets else []
+        ask = torch.zeros(1, dtype=torch.int64)
+        posted = self._post_request(tickets[0], tag, ask) if tickets else []
         for i, t in enumerate(tickets):
             for work, what in posted:
                 _wait(work, what, self.rank)
             t.arrived_s = time.perf_counter()
-            posted = self._post_request(tickets[i + 1], tag, asking) if i + 1 < len(tickets) else []
+            posted = self._post_request(tickets[i + 1], tag, ask) if i + 1 < len(tickets) else []
             t.arrived.set()
 
-    def _post_request(self, t: Ticket, tag: int, asking: int) -> list[tuple[Any, str]]:
+    def _post_request(self, t: Ticket, tag: int, ask: torch.Tensor) -> list[tuple[Any, str]]:
         t.asked_s = time.perf_counter()
         works = []
-        ask = torch.tensor([self.rank, t.unit], dtype=torch.int64)  # who asks, for which batch
         for s, _keys, buf, _ in t.parts:
             if buf is None:  # co-located own shard: nothing to ask
                 continue
             src = self.layout.server_rank(s)
-            up, down = ask_lane(self.group), lane(self.group, src, self.rank)
-            works.append((dist.isend(ask, src, group=up, tag=asking), f"request {t.unit}"))
+            up, down = ask_lane(self.group, self.rank, src), lane(self.group, src, self.rank)
+            works.append((dist.isend(ask, src, group=up, tag=tag + _REQUEST + t.unit), f"request {t.unit}"))
             works.append(
                 (dist.irecv(buf, src, group=down, tag=tag + t.unit), f"pull {t.unit} from rank {src}")
             )

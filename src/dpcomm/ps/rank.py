@@ -55,8 +55,7 @@ __all__ = ["PsRank", "forward_layers"]
 
 _MOMENTUM_TAG = 950000
 MAX_LAYERS = _REQUEST
-"""Layers a parameter-server model may have: pull batch ``k`` is tagged ``tag + k``, its requests
-``tag + _REQUEST`` and up."""
+"""Layers a parameter-server model may have: pull batch ``k``'s request is tagged ``tag + _REQUEST + k``."""
 
 
 @contextlib.contextmanager
