@@ -14,9 +14,11 @@ times in a rotated order (so no method always runs first or last). Not interleav
 a replica posts its pulls at the end of an iteration, and they must travel under its own next forward, not
 under another replica's iteration; for the same reason the first iteration of every round is left out.
 
-Measured, per method: ``F_N``, the forward's wall time with the pre-hooks waiting on pulls (the model's
-execution time: pulls overlapped with forward), the median over every worker and steady iteration; the
-exposed pull wait; the forward's own compute (``F_N`` less the wait); ``t_iter``. Predicted:
+Measured, per method: ``F_N``, the forward's end with the pre-hooks waiting on pulls (the model's
+execution time: pulls overlapped with forward), counted from when the last server began sending, as the
+model's time is, the median over every worker and steady iteration; the exposed pull wait (with any time
+the pulls ran before the forward began, ``head_start_s``); the forward's own compute (``F_N`` less the
+wait); ``t_iter``. Predicted:
 ``pull_time(batches, C, Tt, Ts, slowdown=d)`` with the very inputs the planners had (the ``ibatch``
 replica's plan meta): ``Ts`` and ``Tt_i`` from its timed pulls on these links, ``C_i`` from the forwards
 every worker timed at once before training; ``d`` is 0 (the paper's model) unless ``--probe slowdown``
@@ -64,6 +66,10 @@ def worker(args: argparse.Namespace) -> None:
     from dpcomm.utils.groups import group_timeout
 
     world, rank = int(os.environ["DPCOMM_NNODES"]), int(os.environ["DPCOMM_NODE_RANK"])
+    if os.environ.get("DPCOMM_SWITCH"):
+        import sys as _sys
+
+        _sys.setswitchinterval(float(os.environ["DPCOMM_SWITCH"]))
     addr, port = os.environ["DPCOMM_MASTER_ADDR"], os.environ["DPCOMM_MASTER_PORT"]
     dist.init_process_group(
         "gloo",
@@ -185,12 +191,14 @@ def worker(args: argparse.Namespace) -> None:
             for x in (x for mine in every[:workers] for x in mine[m]):
                 if x["first_of_round"]:
                     continue
-                # F_N counts from when the pulls start: the moment the last server began sending (or, in
-                # request mode, answering; BSP: no batch is whole before it), or the forward's start if
-                # that is later. Not the moment it had posted every send: posting hundreds of sends takes
-                # a share of the cores, the data flows meanwhile, and the probe that measures Ts and Tt
-                # counts from before the posts too
-                origin = max(x["start_unix"], max(sending[x["iteration"]]))
+                # F_N counts from when the pulls start, as the model's time does (and the probe that
+                # measures Ts and Tt): the moment the last server began sending (or, in request mode,
+                # answering; BSP: no batch is whole before it). Not the moment it had posted every send:
+                # posting hundreds of sends takes a share of the cores, the data flows meanwhile. Nor the
+                # forward's start where that is later: a co-located worker's forward starts once its own
+                # server has posted every send, with the pulls under way (five workers, layer by layer:
+                # 8-12 ms, which the probe counted and training did not; ``head_start_s``, docs/ps.md)
+                origin = max(sending[x["iteration"]])
                 recs.append({**x, "rank": rank_of[id(x)]})
                 origins.append(origin)
                 fn.append(x["start_unix"] + x["forward_s"] - origin)
@@ -205,7 +213,14 @@ def worker(args: argparse.Namespace) -> None:
                 "pull_wait_s": statistics.median(wait),
                 "compute_s": statistics.median(f - w for f, w in zip(fn, wait, strict=True)),
                 "t_iter_s": statistics.median(x["total_s"] for x in recs),
-                "sync_s": statistics.median(x["forward_s"] - f for x, f in zip(recs, fn, strict=True)),
+                # the forward's wait for the last server to begin (BSP), which F_N does not count, and
+                # how long the pulls had been under way when the forward started, which it does
+                "sync_s": statistics.median(
+                    max(0.0, o - x["start_unix"]) for x, o in zip(recs, origins, strict=True)
+                ),
+                "head_start_s": statistics.median(
+                    max(0.0, x["start_unix"] - o) for x, o in zip(recs, origins, strict=True)
+                ),
                 "predicted_fn_s": pull_time(r.pull_plan.batches, C, Tt, Ts, slowdown=d),
                 "predicted_fn_d0_s": pull_time(r.pull_plan.batches, C, Tt, Ts),
                 # request mode: the pulls' own time, origin to the last batch in (the model's P_N)
