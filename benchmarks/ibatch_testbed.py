@@ -66,10 +66,6 @@ def worker(args: argparse.Namespace) -> None:
     from dpcomm.utils.groups import group_timeout
 
     world, rank = int(os.environ["DPCOMM_NNODES"]), int(os.environ["DPCOMM_NODE_RANK"])
-    if os.environ.get("DPCOMM_SWITCH"):
-        import sys as _sys
-
-        _sys.setswitchinterval(float(os.environ["DPCOMM_SWITCH"]))
     addr, port = os.environ["DPCOMM_MASTER_ADDR"], os.environ["DPCOMM_MASTER_PORT"]
     dist.init_process_group(
         "gloo",
