@@ -176,7 +176,7 @@ def worker(args: argparse.Namespace) -> None:
         for m, r in reps.items():
             if m == ALLREDUCE:
                 continue
-            recs, fn, wait = [], [], []
+            recs, fn, wait, lags = [], [], [], []
             sending: dict[int, list[float]] = {}
             for mine in every:  # when each server began sending iteration t's pulls (at the end of t - 1)
                 for x in mine[m]:
@@ -197,8 +197,10 @@ def worker(args: argparse.Namespace) -> None:
                 origin = max(sending[x["iteration"]])
                 recs.append({**x, "rank": rank_of[id(x)]})
                 origins.append(origin)
-                fn.append(x["start_unix"] + x["forward_s"] - origin)
-                wait.append(max(0.0, x["pull_wait_s"] - (origin - x["start_unix"])))
+                lag = x["start_unix"] - origin  # > 0: a head start; < 0: the forward waited (BSP)
+                lags.append(lag)
+                fn.append(x["forward_s"] + lag)
+                wait.append(max(0.0, x["pull_wait_s"] + lag))
             out["methods"][m] = {
                 "batches": [list(b) for b in r.pull_plan.batches],
                 "algorithm": r.pull_plan.meta.get("algorithm"),
@@ -211,12 +213,8 @@ def worker(args: argparse.Namespace) -> None:
                 "t_iter_s": statistics.median(x["total_s"] for x in recs),
                 # the forward's wait for the last server to begin (BSP), which F_N does not count, and
                 # how long the pulls had been under way when the forward started, which it does
-                "sync_s": statistics.median(
-                    max(0.0, o - x["start_unix"]) for x, o in zip(recs, origins, strict=True)
-                ),
-                "head_start_s": statistics.median(
-                    max(0.0, x["start_unix"] - o) for x, o in zip(recs, origins, strict=True)
-                ),
+                "sync_s": statistics.median(max(0.0, -lag) for lag in lags),
+                "head_start_s": statistics.median(max(0.0, lag) for lag in lags),
                 "predicted_fn_s": pull_time(r.pull_plan.batches, C, Tt, Ts, slowdown=d),
                 "predicted_fn_d0_s": pull_time(r.pull_plan.batches, C, Tt, Ts),
                 # request mode: the pulls' own time, origin to the last batch in (the model's P_N)
