@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import time
 from typing import Any
 
 import torch
@@ -185,4 +186,41 @@ def request_order() -> dict[str, Any]:
         for t in tickets:
             worker.wait(t)
         out[mode] = {"params": params, "times": [(t.asked_s, t.arrived_s) for t in tickets]}
+    return out
+
+
+def push_after_pulls() -> dict[str, Any]:
+    """Ranks 0 and 1 workers, rank 2 a dedicated server, request mode, two iterations. Worker 1 asks for
+    its first pull a second late; worker 0 pulls at once and pushes again. Each says when (``time.time()``)
+    its second push was taken (worker 0) or it woke to ask (worker 1)."""
+    rank, _world = init_worker("gloo", timeout_s=30)
+    layout = Layout(
+        workers=2, servers=1, colocated=False, numels=(1000,) * 3, layer_params=((0,), (1,), (2,))
+    )
+    units, pushes = [(0, 0), (1, 1), (2, 2)], [(0, 2)]
+    lanes = tuple(dist.new_group(timeout=group_timeout()) for _ in range(3))
+    if rank == 2:
+        server = PsServer(
+            layout, 0, [torch.zeros(1000) for _ in range(3)], pushes, lr=0.1, momentum=0.0, group=lanes
+        )
+        server.post_pushes()
+        server.serve(units, request=True)
+        server.serve(units, request=True, post_next=False)
+        server.finish()
+        return {}
+    params = [torch.zeros(1000) for _ in range(3)]
+    for p in params:
+        p.grad = torch.ones(1000)
+    worker = PsWorker(layout, rank, params, group=lanes)
+    out: dict[str, Any] = {}
+    for it in range(2):
+        worker.push(0, pushes[0])
+        worker.finish_pushes()
+        out.setdefault("pushed", []).append(time.time())
+        if it == 0 and rank == 1:
+            time.sleep(1.0)
+            out["woke"] = time.time()
+        for t in worker.request(units):
+            worker.wait(t)
+    out["params"] = params
     return out

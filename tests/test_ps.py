@@ -11,7 +11,7 @@ import torch
 
 from dpcomm.launch import WorkerFailure, launch
 from dpcomm.planner.pull import PULL_METHODS, confirm_plan, fit_slowdown, ibatch_margin, plan_pulls
-from tests._ps_workers import googlenet_layers, reference, request_order, run_cases
+from tests._ps_workers import googlenet_layers, push_after_pulls, reference, request_order, run_cases
 
 W, S, ITERS, BATCH = 3, 2, 2, 4
 # LeNet-5 after 2 iterations: the server sums W gradients and divides by W, the reference averages one
@@ -148,6 +148,18 @@ def test_request_mode_asks_for_each_batch_once_the_last_is_in():
     for mode in ("request", "send"):
         for i, p in enumerate(worker[mode]["params"]):
             assert torch.equal(p, torch.full((1000,), float(i + 1))), (mode, i)
+
+
+@pytest.mark.slow
+def test_request_mode_takes_the_next_pushes_once_every_pull_is_answered():
+    # worker 0 pulls and pushes again at once; worker 1 asks for its pull a second later: the server
+    # takes worker 0's push only after answering worker 1 (before, it took it at once, 1 s earlier)
+    w0, w1, _server = launch(push_after_pulls, 3)
+    assert w0["pushed"][1] >= w1["woke"], (w0["pushed"], w1["woke"])
+    assert w0["pushed"][0] < w1["woke"] - 0.5  # the first pushes, with no pull under way, went at once
+    two_steps = torch.full((1000,), -0.1) - 0.1  # lr 0.1, every gradient 1, two updates
+    for p in w0["params"] + w1["params"]:
+        assert torch.equal(p, two_steps)
 
 
 @pytest.mark.slow

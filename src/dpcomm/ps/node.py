@@ -26,11 +26,18 @@ checkpoint). :meth:`PsWorker.wait` after the last iteration makes every worker c
 
 Request mode (``pulls=request``; :data:`dpcomm.ps.spec.PULL_MODES`): in step 3 the server does not send;
 :meth:`PsServer.answer` starts a thread per remote worker that waits for that worker's request of each batch
-(a one-element message) and then sends the batch. In step 4 :meth:`PsWorker.request` starts a thread that
-asks every server for batch ``k`` only once batch ``k-1`` has arrived from all of them, so every pull pays
-a round trip and the threads' wake-ups: the pull start-up ``Ts`` of the paper's model, which in send mode
-the back-to-back messages hide. The threads only block in ``wait`` (which releases the GIL) and
-:meth:`PsWorker.wait` waits on the batch's event; parameters are still written by the waiting thread.
+(a one-element message) and then sends the batch; the receives of ``t+1``'s pushes are posted only once
+every worker's pull is answered. gloo sends a message's data once the receiver has posted its receive, so
+a worker done early keeps its pushes at home until then; before, they filled the server's switch-port
+queue (FIFO) while slower workers still asked, and every request waited behind them (nine co-located
+workers on ``star:9`` at 100 Mbit/s, 16 cores: layer-by-layer ``F_N`` 207-213 ms, modelled 143-149;
+with the pushes held, 147-160 ms, modelled 141-149; ``docs/ps.md``).
+
+In step 4 :meth:`PsWorker.request` starts a thread that asks every server for batch ``k`` only once batch
+``k-1`` has arrived from all of them, so every pull pays a round trip and the threads' wake-ups: the pull
+start-up ``Ts`` of the paper's model, which in send mode the back-to-back messages hide. The threads only
+block in ``wait`` (which releases the GIL) and :meth:`PsWorker.wait` waits on the batch's event; parameters
+are still written by the waiting thread.
 
 Sparsified pushes (``topk`` with error feedback): each push message carries the ``k = ceil(ratio n)``
 entries of largest magnitude of (gradient + residual) as indices and values; the rest stays in the
@@ -196,6 +203,14 @@ class _Job:
         self.check()
 
 
+def _after(jobs: list[_Job], then: Callable[[], None]) -> None:
+    """Run ``then`` once ``jobs`` have ended, none failed (whoever joins them raises the first error)."""
+    for job in jobs:
+        job.thread.join()
+    if not any(job.error for job in jobs):
+        then()
+
+
 @dataclass(slots=True)
 class Ticket:
     """The receives of one unit, posted (send mode) or to be asked for by a thread (request mode);
@@ -311,13 +326,13 @@ class PsServer:
         self.optimizer.step()
         self.shard.grad = None
         update_s = time.perf_counter() - t0
-        if post_next:
+        if post_next and not request:
             self.post_pushes()
         if align is not None:
             align()
         self.sending_unix = time.time()  # the pulls start here; posting every send takes time of its own
         if request:
-            self.answer(pulls, _PULL_TAG)
+            self.answer(pulls, _PULL_TAG, then=self.post_pushes if post_next else None)
         else:
             self.send(pulls, _PULL_TAG)
         return update_s
@@ -340,12 +355,16 @@ class PsServer:
                     self._sends.append((work, f"pull {k} to rank {w}"))
         return works
 
-    def answer(self, units: Sequence[tuple[int, int]], tag: int) -> None:
+    def answer(
+        self, units: Sequence[tuple[int, int]], tag: int, *, then: Callable[[], None] | None = None
+    ) -> None:
         """Request mode: a thread per other worker sends it each unit's slice once it asks (module
-        docstring); returns at once, :meth:`finish` joins."""
-        for w in range(self.layout.workers):
-            if w != self.rank:
-                self._answers.append(_Job(self._answer, w, list(units), tag))
+        docstring), and ``then`` runs once every one has answered its last; returns at once,
+        :meth:`finish` joins."""
+        jobs = [_Job(self._answer, w, list(units), tag) for w in range(self.layout.workers) if w != self.rank]
+        self._answers += jobs
+        if then is not None:
+            self._answers.append(_Job(_after, jobs, then))
 
     def _answer(self, w: int, units: list[tuple[int, int]], tag: int) -> None:
         ask = torch.zeros(1, dtype=torch.int64)
