@@ -305,7 +305,8 @@ class PsServer:
         """Sum the pushes, update the shard, post the next pushes (unless this was the last iteration: a
         receive left posted would catch a later run's messages), call ``align`` (co-located runs: every
         server sends at once, :meth:`dpcomm.ps.rank.PsRank._align_sends`), send ``pulls`` (or, with
-        ``request``, answer each worker's requests of them); returns the update time."""
+        ``request``, answer each worker's requests of them, and post the next pushes only once every answer
+        is out: module docstring); returns the update time."""
         self.finish()  # last iteration's pulls must be out before the shard changes
         for work, what in self._works:
             _wait(work, what, self.rank)
