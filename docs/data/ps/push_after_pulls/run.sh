@@ -1,7 +1,7 @@
 #!/bin/bash
-# after "request mode holds the next pushes" (a server posts the receives of the next pushes once every
-# worker's pull is answered; send mode unchanged): the cases of ../pull_start/run.sh again
-cd "${BENCH_TREE:-/work/main}"
+# The 19 cases of docs/ps.md's table, one after the other, 30 s apart (needs root: each builds a testbed).
+# Run from anywhere: it works from the repository root. J= another folder keeps these files as they are.
+cd "$(dirname "$0")/../../../.."
 B=benchmarks/ibatch_testbed.py; J=${J:-docs/data/ps/push_after_pulls}
 run() { name=$1; shift; echo "== $name $(date +%H:%M:%S) load $(cut -d' ' -f1-3 /proc/loadavg)"; .venv/bin/python $B "$@" --json $J/$name.json 2>&1 | grep -v "^\s*$" ; sleep 30; }
 R20="--model resnet20"; E20="--model emulated:resnet20-cpu-b32"
