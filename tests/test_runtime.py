@@ -24,9 +24,9 @@ from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.launch import launch
 from dpcomm.plan import Plan
+from dpcomm.planner.autoplan import fit_linear
 from dpcomm.runtime.buckets import GradBuckets
 from dpcomm.runtime.spans import layer_times
-from dpcomm.train.autoplan import fit_linear
 from tests import _runtime_workers as W
 
 L = 4  # learnable layers of W.MLP and W.Tied
@@ -387,7 +387,7 @@ def test_bad_arguments_are_one_line_user_errors():
 
 
 def test_trial_times_candidates_round_robin_and_keeps_the_fewest_messages_within_the_margin():
-    from dpcomm.train.autoplan import Trial
+    from dpcomm.planner.autoplan import Trial
 
     a, b, c = (Plan.from_sizes(n, s, L) for n, s in (("mgwfbp", [1, 1, 2]), ("single", [4]), ("ddp", [2, 2])))
     trial = Trial([a, b, c], 2)
@@ -419,7 +419,7 @@ def test_trial_times_candidates_round_robin_and_keeps_the_fewest_messages_within
 
 def test_candidates_are_the_plan_single_and_ddp_buckets_once_each():
     from dpcomm.costmodel.base import LinearCost
-    from dpcomm.train.autoplan import build_trace, candidates
+    from dpcomm.planner.autoplan import build_trace, candidates
 
     # float32 layer bytes 1.2 MB, 40 KB, 1.2 MB, 20 KB: DDP's first bucket (1 MiB) closes at layer 2
     trace = build_trace("m", list("abcd"), [300_000, 10_000, 300_000, 5_000], [1e-3] * 4, [2e-3] * 4, 8, 4)

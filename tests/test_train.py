@@ -206,8 +206,8 @@ def test_a_schedule_name_picks_its_replica_kind_and_a_new_kind_plugs_in():
 def test_a_parsed_schedule_plans_as_the_planner_does():
     from dpcomm.costmodel.base import LinearCost
     from dpcomm.planner import make_plan
-    from dpcomm.train.autoplan import build_trace
-    from dpcomm.train.schedule import PlannerSchedule
+    from dpcomm.planner.autoplan import build_trace
+    from dpcomm.planner.schedule import PlannerSchedule
 
     trace = build_trace("m", list("abcdef"), [3000, 100, 90_000, 40, 7000, 500], [1e-3] * 6,
                         [2e-3, 1e-3, 4e-3, 1e-4, 3e-3, 5e-4], 8, 4)  # fmt: skip

@@ -108,11 +108,18 @@ def _ps_spec(args: argparse.Namespace):
 
     if args.ps_servers is not None and args.ps_servers < 1:
         raise UserError(f"--ps-servers must be >= 1, got {args.ps_servers}")
+    for flag, value in (
+        ("--pull", args.pull),
+        ("--pull-mode", args.pull_mode),
+        ("--sparsify", args.sparsify),
+    ):
+        if value is not None and not value.strip():  # --pull= is not the default, it is a mistake
+            raise UserError(f"{flag} needs a value")
     return PsSpec(
-        pull=(args.pull or "all").lower(),
+        pull=(args.pull or "all").strip().lower(),
         servers=args.ps_servers or 0,
         sparsify=parse_sparsify(args.sparsify),
-        pulls=(args.pull_mode or "send").lower(),
+        pulls=(args.pull_mode or "send").strip().lower(),
     )
 
 
@@ -135,9 +142,6 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.train import summary_table, train
 
     cfg = _config(args)
-    spec = _ps_spec(args)
-    if spec is not None and spec.servers:  # dedicated servers: W + S processes, its own runner
-        return _run_dedicated(cfg, spec, args.json)
     try:
         result = train(cfg)
     except WorkerFailure as exc:  # a worker died or lost a peer: not a usage error, so status 1
@@ -158,50 +162,4 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"Chrome trace: {result.chrome_trace}", highlight=False)
     if cfg.checkpoint:
         console.print(f"checkpoint: {cfg.checkpoint}/checkpoint.pt (iteration {result.iterations})")
-    return 0
-
-
-def _run_dedicated(cfg, spec, as_json: bool) -> int:
-    """``--ps --ps-servers S``: :func:`dpcomm.ps.runner.train_ps` starts the W workers and S servers."""
-    from dpcomm.errors import UserError
-    from dpcomm.launch import WorkerFailure
-    from dpcomm.ps.runner import PsTrainConfig, train_ps
-    from dpcomm.train.config import total_iterations
-
-    if cfg.nnodes > 1 or cfg.chrome_trace:
-        raise UserError("--ps-servers runs on one machine without --chrome-trace")
-    run_cfg = PsTrainConfig(spec=spec, model=cfg.model, data=cfg.data, workers=cfg.nproc,
-                            iters=total_iterations(cfg), batch_size=cfg.batch_size, lr=cfg.lr,
-                            momentum=cfg.momentum, seed=cfg.seed, checkpoint=cfg.checkpoint,
-                            checkpoint_every=cfg.checkpoint_every, resume=cfg.resume,
-                            timeout_s=cfg.timeout_s, threads=cfg.threads or 1)  # fmt: skip
-    try:
-        ranks = train_ps(run_cfg)
-    except WorkerFailure as exc:
-        print(f"dpcomm: error: training failed: {exc}", file=sys.stderr)
-        return 1
-    workers = [r for r in ranks if r["role"] == "worker"]
-    out = {
-        "schedule": spec.label(),
-        "model": cfg.model,
-        "data": cfg.data,
-        "nproc": cfg.nproc,
-        "servers": spec.servers,
-        "iterations": run_cfg.iters,
-        "loss_final": workers[0]["losses"][-1] if workers[0]["losses"] else None,
-        "test_accuracy": workers[0]["test_accuracy"],
-        "params_sha256": [r["params_sha256"] for r in workers],
-        "pull_plan": workers[0]["pull_plan"],
-        "pull_model_s": workers[0]["pull_time_s"],
-    }
-    if as_json:
-        print(json.dumps(out))
-        return 0
-    for r in ranks:
-        for line in r["log"]:
-            print(line)
-    same = "identical" if len(set(out["params_sha256"])) == 1 else "DIFFERENT"
-    acc = "" if out["test_accuracy"] is None else f", test accuracy {out['test_accuracy']:.4f}"
-    print(f"{out['schedule']}: {cfg.nproc} workers + {spec.servers} servers, {out['iterations']} iterations, "
-          f"final loss {out['loss_final']:.4f}{acc}; worker parameters {same}")  # fmt: skip
     return 0

@@ -17,7 +17,7 @@ Alg. 1 lines 1-7, "benchmarks in the first several iterations"), but before DDP 
    ``single`` and DDP's default buckets, the three are timed round-robin on the example batch
    (``verify_iters`` forward/backward passes each, no optimizer step; buffers restored) and the fastest,
    as the slowest rank saw it, is kept, as ``dpcomm.DataParallel`` does
-   (:class:`dpcomm.train.autoplan.Trial`); of those within 2% of the fastest, DDP's default buckets if
+   (:class:`dpcomm.planner.autoplan.Trial`); of those within 2% of the fastest, DDP's default buckets if
    they are one (what the user had is kept unless a plan is measurably faster), else the fewest buckets.
 
 Buckets equal the plan from the second iteration on (DDP rebuilds them in gradient-ready order after the
@@ -96,9 +96,9 @@ def plan_on_workers(
     the same plan, trace and cost. ``mgwfbp`` and ``optimal`` need ``example`` (one input batch)."""
     from dpcomm.collectives import get
     from dpcomm.costmodel.collective import ALGORITHMS
+    from dpcomm.planner import autoplan
+    from dpcomm.planner.schedule import PlannerSchedule
     from dpcomm.runtime.broadcast import check_same_plan
-    from dpcomm.train import autoplan
-    from dpcomm.train.schedule import PlannerSchedule
 
     world = dist.get_world_size(process_group)
     parsed = PlannerSchedule.parse(schedule)  # an unknown name is a one-line error before any work
@@ -217,8 +217,8 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs)
     the kept plan's caps, its DDP (buckets already rebuilt) and each candidate's median (see step 4)."""
     import gc
 
+    from dpcomm.planner.autoplan import Trial, candidates, ddp_default_plan
     from dpcomm.trace.profiler import default_loss
-    from dpcomm.train.autoplan import Trial, candidates, ddp_default_plan
 
     world = dist.get_world_size(group)
     options = [caps] + [

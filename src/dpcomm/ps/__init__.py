@@ -4,7 +4,7 @@
 - :mod:`~dpcomm.ps.spec`: placement, pull method, push grouping, sparsification (``ps:ibatch,servers=2``);
 - :mod:`~dpcomm.ps.node`: the worker's ``push``/``pull``/``wait`` and the server's sum-update-serve loop;
 - :mod:`~dpcomm.ps.rank`: one rank of a run (hooks, pull-plan measurement, checkpoint state);
-- :mod:`~dpcomm.ps.runner`: ``train_ps`` on this machine; :mod:`~dpcomm.ps.replica`: the train layer's kind.
+- :mod:`~dpcomm.ps.runner`: ``train_ps`` on this machine; :mod:`~dpcomm.train.ps_replica`: the train layer's kind.
 
 Pull plans come from :mod:`dpcomm.planner.pull`; :mod:`dpcomm.sim.ps` predicts an iteration.
 """

@@ -1,7 +1,7 @@
 """One rank of a BSP parameter-server run: a worker (and, co-located, a server) or a dedicated server.
 
 :class:`PsRank` drives :mod:`dpcomm.ps.node` for one training iteration at a time and is what a training
-loop holds (:mod:`dpcomm.ps.replica` fits it to the train layer's replica protocol; :mod:`dpcomm.ps.runner`
+loop holds (:mod:`dpcomm.train.ps_replica` fits it to the train layer's replica protocol; :mod:`dpcomm.ps.runner`
 is a loop of its own). Set-up, on every rank of the run:
 
 1. every rank builds the model from one seed (or the checkpoint), so workers and servers start equal;

@@ -7,7 +7,7 @@
 - :mod:`~dpcomm.train.replica`: the :class:`Replica` protocol and the registry of kinds;
 - :mod:`~dpcomm.train.dp_replica` (dpcomm's runtime) and :mod:`~dpcomm.train.ddp_replica` (PyTorch DDP);
 - :mod:`~dpcomm.train.loop`: launch, iterations, checkpoints, the per-rank results;
-- :mod:`~dpcomm.train.online` and :mod:`~dpcomm.train.autoplan`: a planner name planned on the workers
+- :mod:`~dpcomm.train.online` and :mod:`~dpcomm.planner.autoplan`: a planner name planned on the workers
   (profile, trace, plan on the root, timed trial);
 - :mod:`~dpcomm.train.report`: progress bar, summary table, the simulator's prediction.
 """

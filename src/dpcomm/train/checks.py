@@ -16,7 +16,7 @@ from typing import Any
 
 from dpcomm.errors import UserError
 from dpcomm.train.config import COMPAT_KEYS, TrainConfig, compat, data_args, total_iterations
-from dpcomm.train.replica import check_schedule
+from dpcomm.train.replica import check_schedule, server_ranks
 from dpcomm.utils.io import check_output_path
 
 __all__ = ["Checked", "check", "validate"]
@@ -30,6 +30,9 @@ class Checked:
     """``(schedule as written, parsed)`` per schedule, in the order given."""
     state: dict[str, Any] | None
     """The checkpoint to resume from (``resume``), else None."""
+    servers: int = 0
+    """Server ranks the schedules declare (:func:`dpcomm.train.replica.server_ranks`), started after the
+    workers."""
 
 
 def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
@@ -47,6 +50,11 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
 
     input_shape(cfg.model)  # unknown model -> UserError
     parsed = [(s, check_schedule(cfg, s)) for s in schedules or [cfg.schedule]]
+    servers = _servers(parsed)
+    if servers:
+        from dpcomm import lifecycle
+
+        lifecycle.check_nproc(cfg.nproc + servers)  # the last node starts its workers and the servers
     if cfg.collective not in collective_names():
         raise UserError(
             f"unknown collective {cfg.collective!r}; choose one of: {', '.join(collective_names())}"
@@ -65,7 +73,7 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
             check_output_path(out)  # a folder, say, fails now, not after the training
             check_writable(os.path.dirname(os.path.abspath(out)))
     if not cfg.checkpoint:
-        return Checked(schedules=parsed, state=None)
+        return Checked(schedules=parsed, state=None, servers=servers)
     check_writable(cfg.checkpoint)
     remove_stale_temporaries(cfg.checkpoint)
     if not cfg.resume:
@@ -74,7 +82,7 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
                 f"{checkpoint_path(cfg.checkpoint)} exists: continue it with --resume, "
                 "or start afresh over it with --overwrite"
             )
-        return Checked(schedules=parsed, state=None)
+        return Checked(schedules=parsed, state=None, servers=servers)
     state = load_checkpoint(cfg.checkpoint)  # corrupt -> UserError, nothing written
     if state is None:
         raise UserError(f"--resume: no checkpoint in {cfg.checkpoint}")
@@ -90,7 +98,17 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
             f"--resume: checkpoint is already at iteration {state['iteration']} of {total}; "
             "raise --iters/--epochs"
         )
-    return Checked(schedules=parsed, state=state)
+    return Checked(schedules=parsed, state=state, servers=servers)
+
+
+def _servers(parsed: list[tuple[str, Any]]) -> int:
+    """The server ranks of the run: every schedule declares the same count (0: none), since every rank
+    runs every schedule's replica and a server rank trains nothing."""
+    counts = {s: server_ranks(s, p) for s, p in parsed}
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{s} ({n})" for s, n in counts.items())
+        raise UserError(f"schedules compared in one run need the same number of server ranks: {shown}")
+    return next(iter(counts.values()), 0)
 
 
 def validate(cfg: TrainConfig, schedules: list[str] | None = None) -> dict[str, Any] | None:

@@ -8,11 +8,11 @@ from typing import Any
 
 from dpcomm.models.loss import classification_loss
 from dpcomm.plan import Plan
+from dpcomm.planner.schedule import PlannerSchedule
 from dpcomm.runtime.records import Phase, Span
 from dpcomm.train.config import TrainConfig
 from dpcomm.train.online import DataParallel
 from dpcomm.train.replica import DEFAULT_KIND, ReplicaContext, ReplicaKind, register_kind
-from dpcomm.train.schedule import PlannerSchedule
 from dpcomm.train.setup import build_model, params_sha256
 
 __all__ = ["RuntimeReplica", "check"]

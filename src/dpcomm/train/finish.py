@@ -1,5 +1,8 @@
 """The end of a run on every rank: make replicas current, agree on loss and parameter hashes, test accuracy,
-the Chrome trace, and rank 0's medians over the steady iterations (one result dict per replica)."""
+the Chrome trace, and rank 0's medians over the steady iterations (one result dict per replica).
+
+Loss, hashes and throughput are the *workers'* (ranks ``0..workers-1``); server ranks (a parameter server's
+dedicated servers) take part in the collectives and add their spans to the Chrome trace, nothing else."""
 
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpcomm.runtime.records import write_chrome_trace_file
+from dpcomm.timeline import Process, write_chrome_trace
 from dpcomm.train.config import TrainConfig
 from dpcomm.train.replica import Replica
 from dpcomm.train.report import exposed_share, steady
@@ -22,14 +25,18 @@ __all__ = ["finish", "trace_path"]
 
 
 def finish(
-    cfg: TrainConfig, rep: Replica, data: Any, rank: int, world: int, start: int, total: int, multi: bool
+    cfg: TrainConfig, rep: Replica, data: Any, rank: int, workers: int, start: int, total: int, multi: bool
 ) -> dict[str, Any]:
-    """:class:`~dpcomm.train.config.TrainResult` fields of ``rep`` (a collective call: every rank)."""
+    """:class:`~dpcomm.train.config.TrainResult` fields of ``rep`` (a collective call: every rank, servers
+    included; ``workers``: ranks that train)."""
     rep.finish()
-    loss = torch.tensor([rep.loss], dtype=torch.float64)
+    world = dist.get_world_size()
+    worker = rank < workers
+    loss = torch.tensor([rep.loss if worker else 0.0], dtype=torch.float64)
     dist.all_reduce(loss)
     shas: list[Any] = [None] * world
-    dist.all_gather_object(shas, rep.params_sha256())
+    dist.all_gather_object(shas, rep.params_sha256() if worker else None)
+    shas = shas[:workers]
     accuracy = [None]
     if cfg.data == "digits":
         if rank == 0:
@@ -37,14 +44,14 @@ def finish(
         dist.broadcast_object_list(accuracy, src=0)
     written = None
     if cfg.chrome_trace:
-        written = _write_trace(trace_path(cfg.chrome_trace, rep.schedule, multi), rep, rank, world)
+        written = _write_trace(trace_path(cfg.chrome_trace, rep.schedule, multi), rep, rank, world, workers)
     kept = steady(rep.records)
     t_iter = statistics.median(r["total_s"] for r in kept)
     plan = rep.plan
     fields = {"trace": None, "cost": None, "grad_buffer_bytes": None, **rep.result_fields()}
     rep.close()
     return {
-        "nproc": world,
+        "nproc": workers,
         "schedule": rep.schedule,
         "mode": cfg.mode,
         "model": cfg.model,
@@ -58,8 +65,8 @@ def finish(
         "exposed_comm_s": statistics.median(r["exposed_comm_s"] for r in kept),
         "exposed_share": exposed_share(kept),
         "update_s": statistics.median(r["update_s"] for r in kept),
-        "throughput_samples_s": cfg.batch_size * world / t_iter,
-        "loss_final": float(loss.item() / world),
+        "throughput_samples_s": cfg.batch_size * workers / t_iter,
+        "loss_final": float(loss.item() / workers),
         "params_sha256": shas,
         "test_accuracy": accuracy[0],
         "plan": plan.to_dict() if plan is not None else None,
@@ -92,9 +99,13 @@ def trace_path(path: str, schedule: str, multi: bool) -> str:
     return f"{base}.{re.sub(r'[^A-Za-z0-9_-]+', '_', schedule)}{ext or '.json'}"
 
 
-def _write_trace(path: str, rep: Replica, rank: int, world: int) -> str | None:
-    """Every rank's spans gathered into one Chrome trace on rank 0 (a process per rank)."""
+def _write_trace(path: str, rep: Replica, rank: int, world: int, workers: int) -> str | None:
+    """Every rank's spans gathered into one Chrome trace on rank 0 (a process per rank; servers named)."""
     everyone: list[Any] = [None] * world
     dist.all_gather_object(everyone, [s for it in rep.spans() for s in it])
-    out = write_chrome_trace_file(path, dict(enumerate(everyone))) if rank == 0 else None
+    procs = [
+        Process(pid=r, name=f"{'rank' if r < workers else 'server rank'} {r}", spans=spans)
+        for r, spans in enumerate(everyone)
+    ]
+    out = write_chrome_trace(path, procs) if rank == 0 else None
     return str(out) if out is not None else None

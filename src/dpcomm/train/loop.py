@@ -23,14 +23,22 @@ checkpoint can precede that (a run shorter than its planning); resuming it plans
 :func:`compare_schedules` trains one replica per schedule in the *same* workers, interleaved iteration by
 iteration on the same batches, so the schedules see the same machine load: the demo and the benchmark use it.
 
-Test hook: ``DPCOMM_TEST_KILL="RANK:ITER"`` in the environment makes that rank ``os._exit(17)`` at the start
-of that iteration (used by the tests to check that the others fail cleanly instead of hanging).
+Rank roles: a kind may declare server ranks (a parameter server's dedicated servers,
+:attr:`~dpcomm.train.replica.ReplicaKind.servers`). The run then has ``W = nproc * nnodes`` workers and ``S``
+servers after them (ranks ``W..W+S-1``, started by the last node); servers take no batch, and the loss,
+hashes and throughput are the workers'. A failing server is named as one.
+
+Test hooks: ``DPCOMM_TEST_KILL="RANK:ITER"`` in the environment makes that rank ``os._exit(17)`` at the start
+of that iteration, ``DPCOMM_TEST_STALL="RANK:ITER"`` makes it sleep there instead (alive and silent: the
+others' timeouts end the run). The tests use them to check that the others fail cleanly instead of hanging.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import time
 from typing import Any
 
 from dpcomm.errors import UserError, first_line
@@ -41,12 +49,14 @@ from dpcomm.train.replica import Replica
 __all__ = ["compare_schedules", "train"]
 
 _KILL_ENV = "DPCOMM_TEST_KILL"
+_STALL_ENV = "DPCOMM_TEST_STALL"
 _KILL_EXIT = 17
 
 
 def train(cfg: TrainConfig) -> TrainResult:
     """Check, launch the workers, train ``cfg.schedule``; returns the run's :class:`TrainResult`."""
-    result = _launch(cfg, check(cfg).schedules)[0]
+    checked = check(cfg)
+    result = _launch(cfg, checked.schedules, checked.servers)[0]
     if cfg.records_json and cfg.node_rank == 0:  # rank 0 runs on node 0
         from dpcomm.utils.io import atomic_write_json
 
@@ -64,28 +74,46 @@ def compare_schedules(cfg: TrainConfig, schedules: list[str]) -> list[TrainResul
         raise UserError("no schedules to compare")
     if cfg.checkpoint or cfg.resume:
         raise UserError("checkpoints are for single-schedule runs (dpcomm train), not comparisons")
-    return _launch(cfg, check(cfg, list(schedules)).schedules)
+    checked = check(cfg, list(schedules))
+    return _launch(cfg, checked.schedules, checked.servers)
 
 
-def _launch(cfg: TrainConfig, schedules: list[tuple[str, Any]]) -> list[TrainResult]:
-    from dpcomm.launch import LaunchOptions, launch
+def _launch(cfg: TrainConfig, schedules: list[tuple[str, Any]], servers: int = 0) -> list[TrainResult]:
+    from dpcomm.launch import LaunchOptions, WorkerFailure, launch
 
     opts = LaunchOptions.of(cfg)
+    if servers and cfg.node_rank == cfg.nnodes - 1:  # the servers start on the last node, after its workers
+        opts = dataclasses.replace(opts, nproc=cfg.nproc + servers)
     spawn_log = logging.getLogger("torch.multiprocessing.spawn")  # "Terminating process ..." warnings
     level = spawn_log.level
     spawn_log.setLevel(logging.ERROR)
     try:
-        per_rank = launch(_worker, opts, cfg, schedules)
+        per_rank = launch(_worker, opts, cfg, schedules, servers)
+    except WorkerFailure as exc:
+        raise _named(exc, cfg.world_size) from None
     finally:
         spawn_log.setLevel(level)
     return [TrainResult(**r) for r in per_rank[0]]
 
 
+def _role(rank: int, workers: int) -> str:
+    return "worker" if rank < workers else "server"
+
+
+def _named(exc: Any, workers: int) -> Any:
+    """The launcher's failure with each rank named by its role (``server rank 3``, not ``worker rank 3``)."""
+    first = min(exc.failures)
+    more = f" (and {len(exc.failures) - 1} more)" if len(exc.failures) > 1 else ""
+    exc.args = (f"{_role(first, workers)} rank {first} failed: {exc.failures[first]}{more}",)
+    return exc
+
+
 # ----------------------------------------------------------------------------- the workers
 
 
-def _worker(cfg: TrainConfig, schedules: list[tuple[str, Any]]) -> list[dict[str, Any]]:
-    """One rank: train every schedule's replica, interleaved; returns one result dict per schedule."""
+def _worker(cfg: TrainConfig, schedules: list[tuple[str, Any]], servers: int = 0) -> list[dict[str, Any]]:
+    """One rank: train every schedule's replica, interleaved (a server rank serves them); returns one
+    result dict per schedule."""
     import torch
     import torch.distributed as dist
 
@@ -96,13 +124,14 @@ def _worker(cfg: TrainConfig, schedules: list[tuple[str, Any]]) -> list[dict[str
     torch.set_num_threads(_threads(cfg, local))
     where = {"iteration": None}
     try:
-        return _train_rank(cfg, schedules, rank, world, where)
+        return _train_rank(cfg, schedules, rank, world, servers, where)
     except UserError:
         raise
     except Exception as exc:  # noqa: BLE001 - turn a lost peer / timeout into one clear line
         it = where["iteration"]
         at = f" at iteration {it}" if it is not None else ""
-        raise RuntimeError(f"rank {rank} of {world} stopped{at}: {first_line(exc, with_type=True)}") from None
+        who = f"{_role(rank, world - servers)} rank {rank} of {world}"
+        raise RuntimeError(f"{who} stopped{at}: {first_line(exc, with_type=True)}") from None
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
@@ -120,7 +149,12 @@ def _threads(cfg: TrainConfig, local: int) -> int:
 
 
 def _train_rank(
-    cfg: TrainConfig, schedules: list[tuple[str, Any]], rank: int, world: int, where: dict[str, Any]
+    cfg: TrainConfig,
+    schedules: list[tuple[str, Any]],
+    rank: int,
+    world: int,
+    servers: int,
+    where: dict[str, Any],
 ) -> list[dict[str, Any]]:
     import torch
     import torch.distributed as dist
@@ -136,14 +170,19 @@ def _train_rank(
         box = [load_checkpoint(cfg.checkpoint) if rank == 0 else None]
         dist.broadcast_object_list(box, src=0)
         state = box[0]
-    data = TrainData(cfg.data, **data_args(cfg, rank))
+    worker = rank < world - servers
+    data = TrainData(cfg.data, **data_args(cfg, rank)) if worker else None  # servers take no batch
     total = total_iterations(cfg)
     replicas = [
-        make_replica(ReplicaContext(cfg=cfg, schedule=s, parsed=p, rank=rank, world=world, state=state))
+        make_replica(
+            ReplicaContext(
+                cfg=cfg, schedule=s, parsed=p, rank=rank, world=world, state=state, servers=servers
+            )
+        )
         for s, p in schedules
     ]
     start = replicas[0].start
-    kill = _kill_point(rank)
+    kill, stall = _test_point(_KILL_ENV, rank), _test_point(_STALL_ENV, rank)
     due = False  # a periodic checkpoint is owed (it waits until the plan is kept)
     bar = Progress(cfg, [s for s, _ in schedules], start, total) if rank == 0 else None
     try:
@@ -151,7 +190,9 @@ def _train_rank(
             where["iteration"] = it
             if kill == it:
                 os._exit(_KILL_EXIT)
-            x, y = data.batch(it)
+            if stall == it:
+                time.sleep(3600)
+            x, y = data.batch(it) if data is not None else (None, None)
             for rep in replicas:
                 torch.manual_seed(derive_seed(cfg.seed, rank, it))  # dropout: same masks for every schedule
                 rep.iteration(x, y)
@@ -168,11 +209,13 @@ def _train_rank(
             bar.close()
     from dpcomm.train.finish import finish
 
-    return [finish(cfg, rep, data, rank, world, start, total, len(replicas) > 1) for rep in replicas]
+    multi = len(replicas) > 1
+    return [finish(cfg, rep, data, rank, world - servers, start, total, multi) for rep in replicas]
 
 
-def _kill_point(rank: int) -> int | None:
-    spec = os.environ.get(_KILL_ENV, "")
+def _test_point(env: str, rank: int) -> int | None:
+    """The iteration ``RANK:ITER`` in ``$env`` names for this rank, or None."""
+    spec = os.environ.get(env, "")
     if not spec:
         return None
     r, _, it = spec.partition(":")

@@ -7,7 +7,7 @@ phases (:class:`~dpcomm.runtime.records.Phase`) in order:
    plan) while the runtime times every layer (MG-WFBP Alg. 1 lines 1-7);
 2. then, on every rank at the same step: per-layer medians averaged over ranks, the collective's cost
    measured and fitted (or priced on a modelled ``network``), the trace built, the plan made on the root,
-   broadcast and checked by hash (:mod:`dpcomm.train.autoplan`);
+   broadcast and checked by hash (:mod:`dpcomm.planner.autoplan`);
 3. ``TRIAL`` (``mgwfbp``/``optimal`` in ``overlap`` mode on P > 1, with ``verify_iters`` > 0): the planned
    plan, ``single`` and DDP's default buckets run round-robin for ``verify_iters`` iterations each and the
    fastest, as the slowest rank saw it, is kept. The planners' cost model assumes communication overlaps
@@ -28,12 +28,13 @@ from torch import nn
 
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
+from dpcomm.planner import autoplan
+from dpcomm.planner.schedule import PlannerSchedule
 from dpcomm.runtime import data_parallel as _runtime_dp
 from dpcomm.runtime.broadcast import check_same_plan, groups_text
 from dpcomm.runtime.driver import PlanHost
 from dpcomm.runtime.records import IterRecord, Phase
-from dpcomm.train import autoplan, replan
-from dpcomm.train.schedule import PlannerSchedule
+from dpcomm.train import replan
 
 __all__ = ["DataParallel", "OnlinePlanner"]
 

@@ -7,7 +7,7 @@ the first plan (``profile_iters`` iterations of the safe ``single`` plan with ev
 all-reduce at a few sizes), the root makes a new plan, and the model (:func:`dpcomm.sim.simulate`, MG-WFBP
 Eq. 6-8) prices the running plan and the new one on the *new* measurements. The job switches only when the
 predicted gain is above :data:`REPLAN_GAIN` of the running plan's predicted ``t_iter``. ``ddp:PLANNER``
-replicas (:mod:`dpcomm.ddp.replica`) make the same decision and rebuild DDP's buckets on a switch.
+replicas (:mod:`dpcomm.train.ddp_plan_replica`) make the same decision and rebuild DDP's buckets on a switch.
 
 Every rank must switch at the same iteration (a plan that differs between ranks pairs unrelated messages):
 the re-plan points are a function of the steady-iteration count alone (:func:`replan_due`), the decision is

@@ -6,7 +6,7 @@ A *replica* is one schedule's model, optimizer and gradient communication on one
 batch for each (interleaved, so schedules compared in one run see the same machine load), saves checkpoints
 from the first replica on rank 0, and at the end asks each replica for its measurements. The loop never looks
 inside a replica: adding a kind (dpcomm's runtime, PyTorch DDP, a parameter server, DDP with a dpcomm plan)
-is one :func:`register_kind` call in a module named in :data:`BUILTIN_KINDS`, not an edit of the loop.
+is one :func:`register_kind` call in a module imported by :func:`_builtin`, not an edit of the loop.
 
 A kind is chosen by the schedule's *name*, the text before the first ``:`` (``ddp``, ``ps:ibatch`` -> ``ps``);
 a name no kind registered goes to the default kind, dpcomm's runtime, whose names are the planners'
@@ -55,7 +55,6 @@ if TYPE_CHECKING:
     from dpcomm.train.config import TrainConfig
 
 __all__ = [
-    "BUILTIN_KINDS",
     "DEFAULT_KIND",
     "Replica",
     "ReplicaContext",
@@ -65,6 +64,7 @@ __all__ = [
     "kinds",
     "make_replica",
     "register_kind",
+    "server_ranks",
 ]
 
 DEFAULT_KIND = "dpcomm"
@@ -84,9 +84,17 @@ class ReplicaContext:
     rank: int
     """This worker's rank, 0..world-1."""
     world: int
-    """World size P."""
+    """Processes in the run: the ``workers`` and, where the kind declares them, ``servers``."""
     state: dict[str, Any] | None
     """The checkpoint being resumed (iteration, model, optimizer, plan, replica), if any."""
+    servers: int = 0
+    """Server ranks (:attr:`ReplicaKind.servers`): the last ``servers`` ranks train nothing; they get no
+    batch (``iteration(None, None)``) and their loss is not counted."""
+
+    @property
+    def workers(self) -> int:
+        """Ranks that train (``world - servers``): ranks ``0..workers-1``."""
+        return self.world - self.servers
 
 
 @runtime_checkable
@@ -162,6 +170,10 @@ class ReplicaKind:
     Must be picklable (a module-level function): the result travels to the workers."""
     summary: str = ""
     """One line for help texts (``ddp``: PyTorch DDP baseline)."""
+    servers: Callable[[Any], int] | None = None
+    """Rank roles: ``servers(parsed)`` is how many ranks beyond the workers this schedule needs that train
+    nothing (a parameter server's dedicated servers); None: none. The loop starts ``workers + servers``
+    processes, servers last (:func:`server_ranks`)."""
 
 
 _KINDS: dict[str, ReplicaKind] = {}
@@ -173,20 +185,12 @@ def register_kind(kind: ReplicaKind) -> ReplicaKind:
     return kind
 
 
-BUILTIN_KINDS = (
-    "dpcomm.train.dp_replica",
-    "dpcomm.ps.replica",
-    "dpcomm.ddp.replica",  # kind ddp: plain ddp (train.ddp_replica's baseline) and ddp:PLANNER
-)
-"""Modules whose import registers a kind. Workers are fresh processes: a kind registered only in the parent
-would be unknown there, so a new kind's module is named here (imported on first use: they import torch)."""
-
-
 def _builtin() -> None:
-    import importlib
-
-    for name in BUILTIN_KINDS:
-        importlib.import_module(name)
+    """Register the built-in kinds. Real imports (no module names in strings), so the layering test sees
+    the edges: ``dpcomm.train`` imports ``dpcomm.ps`` and ``dpcomm.ddp``, never the other way. Workers are
+    fresh processes: a kind registered only in the parent would be unknown there, so a new built-in kind's
+    module is imported here (on first use: they import torch)."""
+    from dpcomm.train import ddp_plan_replica, dp_replica, ps_replica  # noqa: F401 - registers the kinds
 
 
 def kinds() -> dict[str, ReplicaKind]:
@@ -206,6 +210,12 @@ def kind_of(schedule: str) -> ReplicaKind:
 def check_schedule(cfg: TrainConfig, schedule: str) -> Any:
     """The kind's check of ``schedule`` (a one-line UserError, or the parsed schedule)."""
     return kind_of(schedule).check(cfg, schedule)
+
+
+def server_ranks(schedule: str, parsed: Any) -> int:
+    """Ranks beyond the workers that ``schedule`` needs (its kind's :attr:`ReplicaKind.servers`)."""
+    count = kind_of(schedule).servers
+    return int(count(parsed)) if count is not None else 0
 
 
 def make_replica(ctx: ReplicaContext) -> Replica:

@@ -30,9 +30,9 @@ from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.costmodel.fit import fit_line
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
+from dpcomm.planner.schedule import PlannerSchedule
 from dpcomm.timing import slowest, time_calls
 from dpcomm.trace.format import Layer, Trace
-from dpcomm.train.schedule import PlannerSchedule
 
 __all__ = [
     "MEASURED",

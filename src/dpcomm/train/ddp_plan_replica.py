@@ -27,13 +27,13 @@ import torch
 
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
+from dpcomm.planner.schedule import PlannerSchedule
 from dpcomm.runtime.records import Phase
 from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
 from dpcomm.train.ddp_replica import DDPReplica, DDPTimedReplica
 from dpcomm.train.ddp_replica import check as check_baseline
 from dpcomm.train.replan import replan_due
 from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
-from dpcomm.train.schedule import PlannerSchedule
 
 __all__ = ["DDPPlanReplica", "build", "check"]
 
