@@ -240,11 +240,14 @@ def test_lp_optimal_block_beats_a_grid(p, n, net, op):
     f = getattr(lp_mod, op)
     b_star = lp_optimal_block(n, p, net, op)
     best = f(n, p, net, block_bytes=b_star)
-    grid = [n ** (i / 400) for i in range(401)]  # 1 .. n bytes, geometric
+    least = lp_mod.least_block(n)  # the optimum is over blocks that cut n into <= MAX_BLOCKS blocks
+    grid = [max(least, n ** (i / 400)) for i in range(401)]  # least .. n bytes, geometric
     costs = [f(n, p, net, block_bytes=b) for b in grid]
     assert best <= min(costs) * (1 + 1e-12)
     i = costs.index(min(costs))
-    if net.alpha > 0 and 0 < i < len(grid) - 1:  # interior minimum: b* lies between the grid neighbours
+    if (
+        net.alpha > 0 and 0 < i < len(grid) - 1 and grid[i - 1] > least
+    ):  # interior minimum: b* lies between the grid neighbours
         assert grid[i - 1] <= b_star <= grid[i + 1]
 
 
@@ -383,3 +386,12 @@ def test_numpy_numbers_are_accepted():
     for name in ALGORITHMS:
         assert cost("reduce", name, np.int64(8), nbytes=np.int64(1000)) == cost("reduce", name, 8)
         assert allreduce_linear(name, np.int64(8), NET) == allreduce_linear(name, 8, NET)
+
+
+def test_lp_blocks_are_bounded():
+    # alpha -> 0 sends the optimum towards one byte: a 1 GiB message would be 2**30 pipeline stages
+    net = Network(name="a0", alpha=0.0, beta=1e-9)
+    for n in (1.0, 4096.0, float(lp_mod.MAX_BLOCKS), 2.0**30, 1e15):
+        b = lp_optimal_block(n, 8, net, "allreduce")
+        assert b >= lp_mod.least_block(n) and math.ceil(n / b) <= lp_mod.MAX_BLOCKS
+    assert lp_mod.least_block(2.0**30) == 2**30 / lp_mod.MAX_BLOCKS and lp_mod.least_block(100.0) == 1.0

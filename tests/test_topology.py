@@ -36,7 +36,7 @@ def test_bcube_3_2_matches_the_paper_testbed():
 
 
 def test_bcube_16_4_has_65536_servers():
-    t = parse_topology("bcube:16,4")
+    t = BCube(n=16, k=4)  # the formulas answer at once; a spec this large is refused (MAX_SERVERS)
     assert t.servers == 65536 and t.nics_per_server == 4
     assert t.switch_count == 4 * 16**3 == 4 * t.servers // 16  # k*N/n
     assert t.link_count == 4 * 65536
@@ -132,7 +132,7 @@ def test_address_plan():
     with pytest.raises(ValueError):
         plan.owner("10.77.2.1")
     # 65,536 servers need /15 subnets: they don't fit a /16, they do fit 10.0.0.0/8
-    big = parse_topology("bcube:16,4")
+    big = BCube(n=16, k=4)
     with pytest.raises(UserError, match="more than"):
         plan_addresses(big)
     p8 = plan_addresses(big, "10.0.0.0/8")
@@ -205,3 +205,30 @@ def test_bcube_digit_helpers_agree_with_the_switches():
         for level in range(cube.k):
             assert cube.domain(s, level) == cube.members(cube.switch_of(s, level))
             assert cube.digit(s, level) == cube.digits(s)[cube.k - 1 - level]
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "fattree:48",
+        "fattree:1000",
+        "bcube:1000,3",
+        "bcube:2,15",
+        "bcube:3,999999999",
+        "star:100000000",
+        "star:16385",
+    ],
+)
+def test_specs_beyond_max_servers_are_refused_from_their_numbers(spec):
+    with pytest.raises(UserError, match="more than the 16,384"):
+        parse_topology(spec)
+
+
+def test_max_servers_admits_bml_s_largest_study():
+    from dpcomm.topology import MAX_SERVERS
+
+    assert MAX_SERVERS >= 4096
+    for spec in ("star:16384", "fattree:40", "bcube:64,2", "bcube:4,7", "bcube:2,14"):
+        assert parse_topology(spec).servers <= MAX_SERVERS
+    with pytest.raises(UserError, match="more than 9 digits"):
+        parse_topology("star:" + "9" * 5000)

@@ -7,6 +7,12 @@ benchmark all read the same table: ``entry("ring").factory`` builds it, ``entry(
 A name may have only formulas (``binary_tree``, ``recursive_doubling``: cost-only) or only an
 implementation (``auto``, ``noop``: nothing to price). This module imports neither torch nor the packages
 that fill it, so the cost model stays importable without torch.
+
+One name per thing: where two names are established for one algorithm, the second is an *alias*
+(:data:`ALIASES`): ``bml`` (the BML paper's name, ``dpcomm netsim``'s) is ``bcube`` (gloo's name, the
+implementation's). :func:`entry` and :func:`resolve` accept either; listings show the canonical name and
+:func:`describe` mentions its aliases. ``dpcomm bench``, ``netsim``, ``train --collective``,
+``plan``/``simulate --algo``, :func:`dpcomm.ddp.collective_hook` and the cost model all resolve names here.
 """
 
 from __future__ import annotations
@@ -15,7 +21,18 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CostTable", "Entry", "add_cost", "add_implementation", "entry", "implemented"]
+__all__ = [
+    "ALIASES",
+    "CostTable",
+    "Entry",
+    "add_cost",
+    "add_implementation",
+    "aliases_of",
+    "describe",
+    "entry",
+    "implemented",
+    "resolve",
+]
 
 
 @dataclass(slots=True, kw_only=True)
@@ -34,6 +51,9 @@ class Entry:
 
 
 _ENTRIES: dict[str, Entry] = {}
+
+ALIASES: dict[str, str] = {"bml": "bcube"}
+"""Second names of one algorithm -> its canonical name (``bml``: BML sec. 3's name for BCube's allreduce)."""
 
 
 def _get(name: str) -> Entry:
@@ -58,9 +78,30 @@ def add_cost(name: str, cost: Any) -> None:
     e.cost = cost
 
 
+def resolve(name: str) -> str | None:
+    """The canonical name of ``name`` (itself, or what the alias stands for); None: no such algorithm."""
+    name = ALIASES.get(name, name)
+    return name if name in _ENTRIES else None
+
+
 def entry(name: str) -> Entry | None:
-    """What dpcomm has under ``name``, or None."""
-    return _ENTRIES.get(name)
+    """What dpcomm has under ``name`` (a canonical name or an alias), or None."""
+    canonical = resolve(name)
+    return None if canonical is None else _ENTRIES[canonical]
+
+
+def aliases_of(name: str) -> list[str]:
+    """The aliases of canonical ``name`` (``aliases_of("bcube") == ["bml"]``)."""
+    return [a for a, c in ALIASES.items() if c == name]
+
+
+def describe(names: list[str] | tuple[str, ...]) -> str:
+    """``"ring, bcube (alias bml), ..."``: a list of canonical names for a message or ``--help``."""
+    out = []
+    for n in names:
+        more = aliases_of(n)
+        out.append(f"{n} (alias {', '.join(more)})" if more else n)
+    return ", ".join(out)
 
 
 def implemented() -> list[str]:
@@ -75,7 +116,7 @@ class CostTable(Mapping[str, Any]):
         return [e.name for e in sorted(_ENTRIES.values(), key=lambda e: e.cost_order) if e.cost is not None]
 
     def __getitem__(self, name: str) -> Any:
-        e = _ENTRIES.get(name)
+        e = entry(name)  # an alias finds its algorithm's formulas; iteration lists canonical names only
         if e is None or e.cost is None:
             raise KeyError(name)
         return e.cost

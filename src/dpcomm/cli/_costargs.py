@@ -10,9 +10,17 @@ from collections.abc import Callable
 from dpcomm.costmodel import ALGORITHMS, LinearCost, resolve_network
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
+from dpcomm.registry import describe, resolve
 from dpcomm.trace import Trace, find_trace, load_trace
 
-__all__ = ["add_cost_arguments", "cost_for", "load_trace_arg", "parse_linear_cost", "parse_nodes"]
+__all__ = [
+    "add_cost_arguments",
+    "cost_algorithm",
+    "cost_for",
+    "load_trace_arg",
+    "parse_linear_cost",
+    "parse_nodes",
+]
 
 
 def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
@@ -28,8 +36,8 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--algo",
         default="ring",
-        choices=sorted(ALGORITHMS),
-        help="all-reduce algorithm costed (default ring)",
+        type=cost_algorithm,
+        help=f"all-reduce algorithm costed: {describe(list(ALGORITHMS))} (default ring)",
     )
     parser.add_argument(
         "--linear-cost",
@@ -40,6 +48,16 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         "--update-s", type=float, default=0.0, metavar="S", help="model-update time after the last all-reduce"
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def cost_algorithm(text: str) -> str:
+    """``--algo``'s reader: a priced algorithm's canonical name (an alias such as ``bml`` gives ``bcube``)."""
+    canonical = resolve(text.strip())
+    if canonical is None or canonical not in ALGORITHMS:
+        raise argparse.ArgumentTypeError(
+            f"unknown algorithm {text!r} (choose from {describe(list(ALGORITHMS))})"
+        )
+    return canonical
 
 
 def load_trace_arg(spec: str) -> Trace:

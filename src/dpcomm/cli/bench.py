@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
     if args.fit:
         from dpcomm.utils.io import check_output_path
 
-        check_output_path(args.fit)  # a folder or an unwritable place: one line before any worker starts
+        # a folder, a missing folder or an unwritable place: one line before any worker starts
+        check_output_path(args.fit, make_folders=False)
     cfg = config_from_args(args).resolved()
     if args.fit:
         from dpcomm.costmodel.collective import ALGORITHMS

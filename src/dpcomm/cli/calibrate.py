@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.utils.io import check_output_path
     from dpcomm.utils.sizes import parse_sizes
 
-    check_output_path(args.output)
+    check_output_path(args.output, make_folders=False)
     sizes = parse_sizes(args.sizes) if args.sizes else DEFAULT_SIZES
     opts = CalibrateOptions(
         nproc=_int("--nproc", args.nproc),

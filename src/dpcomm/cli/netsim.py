@@ -5,7 +5,14 @@ Example: ``dpcomm netsim --topology fattree:16 --algorithms ring,be,ps --sizes 1
 ``leafspine:L,H,R`` (R: oversubscription). Every server runs one rank. Sizes are read as ``dpcomm bench``
 reads them (K/M/G are powers of 1024) and are float32 bytes. ``--mtu 0`` prices an ideal network (no
 headers, no ACKs); the default 1500 gives TCP's 95.6% / 93.6% ceilings. ``--plot`` draws each algorithm's
-link utilisation at the largest size.
+link utilisation at the largest size. Algorithm names are the registry's (``dpcomm bench``'s): ``bml`` and
+``bcube`` are one algorithm, ``native`` is scheduled as ring, ``ps-dedicated[:S]`` is ``ps`` on S
+dedicated servers.
+
+Limits, checked before anything is built: at most 16,384 servers (``dpcomm.topology.MAX_SERVERS``),
+sizes of 4 B to 1 PiB, 20 M flows in one step and 400 M over one allreduce
+(``dpcomm.sim.network.algorithms``), LP at most 65,536 blocks (a smaller ``--block-bytes`` is raised),
+``--alpha-us`` up to 1 s, ``--mtu`` up to 65,535.
 """
 
 from __future__ import annotations
@@ -19,9 +26,10 @@ import time
 from dpcomm.errors import UserError
 
 COMMAND = "netsim"
-HELP = "flow-level simulation of ring/be/mst/lp/ps/bml allreduce on star, fattree, bcube, leafspine"
+HELP = "flow-level simulation of ring/be/mst/lp/ps/bcube (bml) allreduce on star, fattree, bcube, leafspine"
 
-_MAX_FLOWS = 20_000_000  # flows in one step: a 4,096-server parameter server is 16.8 M
+_MAX_ALPHA_US = 1e6  # a start-up of 1 s: beyond any network
+_MAX_MTU = 65_535  # IPv4's largest packet
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -29,7 +37,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--topology", required=True, metavar="T", help="star:N, fattree:k, bcube:n,k, leafspine:L,H,R"
     )
     parser.add_argument(
-        "--algorithms", default="ring,be,mst,lp,ps", metavar="A,A,..", help="default ring,be,mst,lp,ps"
+        "--algorithms",
+        default="ring,be,mst,lp,ps",
+        metavar="A,A,..",
+        help="ring, be, mst, lp, ps, ps-dedicated[:S], bcube (alias bml), native (default ring,be,mst,lp,ps)",
     )
     parser.add_argument("--sizes", default="1M,16M,64M", help="bytes, K/M/G suffixes (default 1M,16M,64M)")
     parser.add_argument("--rate", default="10gbit", help="server link rate per direction (default 10gbit)")
@@ -37,15 +48,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--alpha-us", default="45.26", metavar="US", help="start-up per message, us (default 45.26)"
     )
     parser.add_argument("--mtu", default="1500", help="MTU for header/ACK overhead; 0: ideal (default 1500)")
-    parser.add_argument("--block-bytes", metavar="B", help="LP block (default: the cost model's optimum)")
+    parser.add_argument(
+        "--block-bytes", metavar="B", help="LP block, K/M suffixes (default: the cost model's optimum)"
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
     parser.add_argument("--plot", metavar="PNG", help="write link utilisation per algorithm (largest size)")
 
 
-def _number(flag: str, text: str, kind=float) -> float:
-    if not re.fullmatch(r"\s*\d+(\.\d+)?\s*", str(text)) or (kind is int and "." in str(text)):
-        raise UserError(f"{flag} must be a number >= 0, got {text!r}")
-    return kind(text)
+def _number(flag: str, text: str, kind=float, most: float = _MAX_ALPHA_US) -> float:
+    shown = str(text) if len(str(text)) <= 40 else f"{str(text)[:37]}..."
+    if not re.fullmatch(r"\s*\d{1,12}(\.\d{1,12})?\s*", str(text)) or (kind is int and "." in str(text)):
+        raise UserError(f"{flag} must be a number from 0 to {most:g}, got {shown!r}")
+    value = kind(text)
+    if value > most:
+        raise UserError(f"{flag} must be a number from 0 to {most:g}, got {shown!r}")
+    return value
 
 
 def flow_cost_for(args: argparse.Namespace, most_nodes: int):
@@ -59,7 +76,7 @@ def flow_cost_for(args: argparse.Namespace, most_nodes: int):
     if args.linear_cost:
         raise UserError("--linear-cost and --topology are two different costs: give one")
     fabric = make_fabric(
-        args.topology, parse_rate(args.rate), Goodput(mtu=int(_number("--mtu", args.mtu, int)))
+        args.topology, parse_rate(args.rate), Goodput(mtu=int(_number("--mtu", args.mtu, int, _MAX_MTU)))
     )
     if most_nodes > fabric.servers:
         raise UserError(
@@ -70,29 +87,29 @@ def flow_cost_for(args: argparse.Namespace, most_nodes: int):
 
 def run(args: argparse.Namespace) -> int:
     from dpcomm.sim.network import FlowModel, Goodput, make_fabric, simulate_allreduce
-    from dpcomm.sim.network.algorithms import parse_algorithm
+    from dpcomm.sim.network.algorithms import MAX_BYTES, check_allreduce, parse_algorithm
     from dpcomm.testbed.config import parse_rate
     from dpcomm.utils.io import check_figure_path
-    from dpcomm.utils.sizes import parse_sizes
+    from dpcomm.utils.sizes import parse_size, parse_sizes
 
     if args.plot is not None:
-        check_figure_path(args.plot)  # before the simulation, not after it
+        check_figure_path(args.plot, make_folders=False)  # before the simulation, not after it
     rate = parse_rate(args.rate)
-    mtu = int(_number("--mtu", args.mtu, int))
+    mtu = int(_number("--mtu", args.mtu, int, _MAX_MTU))
     alpha = _number("--alpha-us", args.alpha_us) * 1e-6
-    block = None if args.block_bytes is None else int(_number("--block-bytes", args.block_bytes, int))
-    if block is not None and block < 1:
-        raise UserError("--block-bytes must be >= 1")
-    sizes = parse_sizes(args.sizes, what="--sizes", minimum=4)  # at least one float32
+    block = None
+    if args.block_bytes is not None:
+        block = parse_size(args.block_bytes, what="--block-bytes", minimum=1, maximum=MAX_BYTES)
+    sizes = parse_sizes(args.sizes, what="--sizes", minimum=4, maximum=MAX_BYTES)  # at least one float32
     algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
     if not algos:
         raise UserError("--algorithms: give at least one")
     for a in algos:
         parse_algorithm(a)
-    fabric = make_fabric(args.topology, rate, Goodput(mtu=mtu))
-    p = fabric.servers
-    if any(parse_algorithm(a)[0] == "ps" for a in algos) and p * (p - 1) > _MAX_FLOWS:
-        raise UserError(f"ps on {p} servers is {p * (p - 1):,} flows per step, more than {_MAX_FLOWS:,}")
+    fabric = make_fabric(args.topology, rate, Goodput(mtu=mtu))  # at most MAX_SERVERS, checked first
+    for a in algos:  # every case's flows are bounded before the first is simulated
+        for s in sizes:
+            check_allreduce(a, fabric, s, alpha, block)
     from rich.progress import Progress
 
     model = FlowModel(fabric, alpha_s=alpha)

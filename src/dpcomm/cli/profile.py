@@ -67,7 +67,7 @@ def run(args: argparse.Namespace) -> int:
     from dpcomm.utils.io import check_output_path
 
     if args.output is not None:
-        check_output_path(args.output)
+        check_output_path(args.output, make_folders=False)
     if args.from_torch_profiler:
         trace = _from_torch_profiler(args)
         _write(trace, args)

@@ -62,9 +62,9 @@ def run(args: argparse.Namespace) -> int:
 
     for fig in (args.plot, args.timeline):
         if fig is not None:
-            check_figure_path(fig)
+            check_figure_path(fig, make_folders=False)
     if args.chrome_trace is not None:
-        check_output_path(args.chrome_trace)
+        check_output_path(args.chrome_trace, make_folders=False)
     nodes_list = parse_nodes(args.nodes)
     named = [s.strip() for s in str(args.schedules).split(",") if s.strip()]
     ps_schedules = [s for s in named if is_ps_schedule(s)]

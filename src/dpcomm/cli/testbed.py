@@ -77,6 +77,17 @@ def _strip(cmd: list[str]) -> list[str]:
     return cmd[1:] if cmd and cmd[0] == "--" else cmd
 
 
+def _check_out_dir(text: str) -> None:
+    """``--out-dir``: an existing folder, or a new one in a folder that exists (never a tree of new ones)."""
+    from pathlib import Path
+
+    p = Path(text)
+    if p.exists() and not p.is_dir():
+        raise UserError(f"--out-dir {text}: is not a folder")
+    if not p.exists() and not p.absolute().parent.is_dir():
+        raise UserError(f"--out-dir {text}: no folder {p.absolute().parent} (create it first)")
+
+
 def run(args: argparse.Namespace) -> int:
     from dpcomm.testbed import build, status
     from dpcomm.testbed import run as tbrun
@@ -131,6 +142,8 @@ def run(args: argparse.Namespace) -> int:
         if not cmd:
             raise UserError("nothing to launch: give the command after --, e.g. -- dpcomm train ...")
         _check_dpcomm_command(cmd)
+        if args.out_dir is not None:  # the folder itself may be new, the one it goes in must exist
+            _check_out_dir(args.out_dir)
         res = tbrun.launch_workers(
             state, cmd, master_port=args.master_port, timeout_s=args.timeout, out_dir=args.out_dir
         )

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpcomm.collectives.base import Collective, get, names, register
+from dpcomm.collectives.base import Collective, get, names, register, resolve
 from dpcomm.costmodel import Network, resolve_network
 from dpcomm.costmodel.collective import ALGORITHMS, collective_cost
 from dpcomm.errors import UserError
@@ -88,7 +88,7 @@ class Auto:
 
     def __init__(self, *, network: str | Network | None = None, candidates: tuple[str, ...] | None = None):
         self.net = _network(network)
-        self.candidates = tuple(candidates) if candidates else None
+        self.candidates = tuple(resolve(c) for c in candidates) if candidates else None  # bml -> bcube
         self._algos: dict[str, Collective] = {}
         self._best: dict[tuple[str, int, int], str] = {}  # (op, bytes, ranks) -> choice: priced once
         self.last: str | None = None

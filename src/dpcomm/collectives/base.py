@@ -21,9 +21,10 @@ import torch
 
 from dpcomm.errors import UserError
 from dpcomm.ops import OPS
-from dpcomm.registry import add_implementation, entry, implemented
+from dpcomm.registry import add_implementation, describe, entry, implemented
+from dpcomm.registry import resolve as _resolve
 
-__all__ = ["Collective", "OPS", "register", "get", "names"]
+__all__ = ["Collective", "OPS", "register", "get", "names", "resolve"]
 
 
 class Collective(Protocol):
@@ -53,15 +54,26 @@ def _load_all() -> None:
 
 
 def names() -> list[str]:
-    """Every algorithm with an implementation, in registration order."""
+    """Every algorithm with an implementation, in registration order, by canonical name (an alias such as
+    ``bml`` for ``bcube`` is accepted by :func:`resolve` and :func:`get` but not listed here; see
+    :data:`dpcomm.registry.ALIASES`)."""
     _load_all()
     return implemented()
 
 
-def get(name: str, **options: Any) -> Collective:
-    """Build the algorithm registered as ``name``; an unknown name is a :class:`UserError`."""
+def resolve(name: str, *, what: str | None = None) -> str:
+    """The canonical name of implemented algorithm ``name`` or of its alias (``"bml"`` -> ``"bcube"``); an
+    unknown name is a one-line :class:`UserError` listing the choices, prefixed ``what: `` (a flag) if
+    given."""
     _load_all()
-    e = entry(name)
-    if e is None or e.factory is None:
-        raise UserError(f"unknown collective algorithm '{name}' (choose from {', '.join(names())})")
-    return e.factory(**options)
+    canonical = _resolve(str(name).strip())
+    if canonical is None or entry(canonical).factory is None:
+        head = f"{what}: unknown algorithm" if what else "unknown collective algorithm"
+        raise UserError(f"{head} '{name}' (choose from {describe(names())})")
+    return canonical
+
+
+def get(name: str, **options: Any) -> Collective:
+    """Build the algorithm registered as ``name`` (or an alias of it); an unknown name is a
+    :class:`UserError`."""
+    return entry(resolve(name)).factory(**options)

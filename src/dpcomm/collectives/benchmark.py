@@ -97,16 +97,14 @@ class BenchConfig:
     """Filled by :meth:`resolved`: what was left out and why."""
 
     def __post_init__(self) -> None:
-        from dpcomm.collectives.base import names
+        from dpcomm.collectives.base import resolve
         from dpcomm.launch import check_launch
 
         check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port, master_addr=self.master_addr)
         if not self.algos:
             raise UserError("--algos: give at least one algorithm")
-        known = names()
-        for a in self.algos:
-            if a not in known:
-                raise UserError(f"--algos: unknown algorithm '{a}' (choose from {', '.join(known)})")
+        canonical = tuple(dict.fromkeys(resolve(a, what="--algos") for a in self.algos))
+        object.__setattr__(self, "algos", canonical)  # bml -> bcube: rows name the canonical algorithm
         if not self.ops:
             raise UserError("--ops: give at least one op")
         for op in self.ops:

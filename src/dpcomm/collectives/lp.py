@@ -64,7 +64,7 @@ import torch
 from dpcomm.collectives._p2p import P2P, Pending, begin, block_bounds, reduce_into, scratch
 from dpcomm.collectives.base import register
 from dpcomm.collectives.schedule import Step
-from dpcomm.costmodel.lp import lp_optimal_block
+from dpcomm.costmodel.lp import least_block, lp_optimal_block
 from dpcomm.costmodel.network import Network, resolve_network
 
 __all__ = ["LinearPipeline", "steps"]
@@ -138,9 +138,10 @@ class LinearPipeline:
             self.network = resolve_network(self.network)
 
     def block_size(self, nbytes: int, p: int, op: str) -> int:
-        """Block ``b`` in bytes used for a message of ``nbytes`` on ``p`` ranks."""
+        """Block ``b`` in bytes used for a message of ``nbytes`` on ``p`` ranks: ``block_bytes`` or the
+        optimum, raised where needed so the message is at most ``costmodel.lp.MAX_BLOCKS`` blocks."""
         if self.block_bytes is not None:
-            return int(self.block_bytes)
+            return max(int(self.block_bytes), int(least_block(nbytes)))
         assert isinstance(self.network, Network)
         return max(1, int(lp_optimal_block(max(nbytes, 1), p, self.network, op)))
 

@@ -5,7 +5,9 @@ by ``algo``; ``allreduce_linear`` is MG-WFBP Eq. 9's ``T_ar(M) = a + b M`` for a
 ``allreduce_cost`` is what a planner uses: the network's measured table for that node count if it has one,
 else the linear form. The names match :mod:`dpcomm.collectives`' registry; ``native`` (torch.distributed's
 own collective) is costed as ``ring`` for allreduce and ``mst`` (binomial tree) for broadcast and reduce;
-``binary_tree`` and ``recursive_doubling`` are cost-only.
+``binary_tree`` and ``recursive_doubling`` are cost-only. An alias of :data:`dpcomm.registry.ALIASES`
+(``bml`` for ``bcube``) prices as its algorithm: ``ALGORITHMS["bml"] is ALGORITHMS["bcube"]``, though only
+canonical names are listed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from dpcomm.costmodel.base import CommCost, LinearCost, MeasuredCost
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.ops import OPS
-from dpcomm.registry import CostTable, add_cost
+from dpcomm.registry import CostTable, add_cost, describe
 
 __all__ = ["ALGORITHMS", "Algorithm", "allreduce_cost", "allreduce_linear", "collective_cost"]
 
@@ -132,7 +134,7 @@ implementations)."""
 
 def _lookup(algo: str, opts: dict) -> Algorithm:
     if algo not in ALGORITHMS:
-        raise UserError(f"unknown algorithm '{algo}' (choose from {', '.join(ALGORITHMS)})")
+        raise UserError(f"unknown algorithm '{algo}' (choose from {describe(list(ALGORITHMS))})")
     alg = ALGORITHMS[algo]
     extra = sorted(set(opts) - set(alg.options))
     if extra:

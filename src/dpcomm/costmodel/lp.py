@@ -19,7 +19,11 @@ Then ``T(b*) = (p-1) alpha + n c + 2 sqrt((p-1) n alpha c)`` for broadcast and r
 ``2 (p-1) alpha + n (2 beta + gamma) + 2 sqrt(2 (p-1) n alpha (2 beta + gamma))`` for allreduce; divided
 by ``n`` these tend to ``c`` and ``2 beta + gamma`` as ``n -> inf``, invariant in ``p`` (the paper's remark
 after Theorem 3.1). ``b`` is clamped to
-``[1, n]`` bytes (a block holds at least a byte and at most the message).
+``[n / MAX_BLOCKS, n]`` bytes (a block holds at most the message, and a message is cut into at most
+:data:`MAX_BLOCKS` blocks: with ``alpha -> 0`` the optimum tends to one byte, and a 1 GiB pipeline of
+byte-sized blocks would run for hours in the collective and the flow model alike). A ``block_bytes`` given
+to the formulas is priced as given (Theorem 3.1's ratios hold for any ``n/b``); the collective and the flow
+model raise it to :func:`least_block` (``n / MAX_BLOCKS``) before they cut a message.
 """
 
 from __future__ import annotations
@@ -30,7 +34,26 @@ from dpcomm.costmodel._steps import check, trivial
 from dpcomm.costmodel.network import Network
 from dpcomm.ops import OPS
 
-__all__ = ["allreduce", "allreduce_ab", "broadcast", "lp_optimal_block", "reduce"]
+__all__ = [
+    "MAX_BLOCKS",
+    "allreduce",
+    "allreduce_ab",
+    "broadcast",
+    "least_block",
+    "lp_optimal_block",
+    "reduce",
+]
+
+MAX_BLOCKS = 65_536
+"""Most pipeline blocks in one LP message (65,536 blocks of the paper's ~64 KB are 4 GiB)."""
+
+
+def least_block(nbytes: float) -> float:
+    """The smallest block (bytes) that cuts ``nbytes`` into at most :data:`MAX_BLOCKS` blocks: 1, or a
+    multiple of 8 bytes, so whole elements of any dtype up to 8 bytes still make at most that many."""
+    if nbytes <= MAX_BLOCKS:
+        return 1.0
+    return float(math.ceil(nbytes / (8 * MAX_BLOCKS)) * 8)
 
 
 def lp_optimal_block(nbytes: float, nodes: int, net: Network, op: str = "allreduce") -> float:
@@ -44,7 +67,7 @@ def lp_optimal_block(nbytes: float, nodes: int, net: Network, op: str = "allredu
     if c == 0:  # free bandwidth: fewest steps wins, one block
         return float(nbytes)
     b = math.sqrt(nbytes * net.alpha / ((nodes - 1) * c))
-    return min(max(b, 1.0), float(nbytes))
+    return min(max(b, least_block(nbytes)), float(nbytes))
 
 
 def _block(nbytes: float, nodes: int, net: Network, op: str, block_bytes: float | None) -> float:

@@ -84,7 +84,9 @@ __all__ = [
 ]
 
 EMULATED_KINDS = ("star", "bcube")
-_RATE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
+_RATE = re.compile(r"^\s*([0-9]{1,15}(?:\.[0-9]{1,15})?)\s*(bit|kbit|mbit|gbit|tbit)\s*$", re.IGNORECASE)
+MAX_RATE = 10**13
+"""Fastest link rate read, bits/s (10 tbit: far above any NIC; tc and the flow model need a finite one)."""
 _UNIT = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _CC = re.compile(r"[a-z0-9_]{1,16}")
 HOST_QUEUES = ("fifo", "fair")
@@ -93,13 +95,19 @@ _UNLIMITED = "100gbit"
 
 
 def parse_rate(text: str) -> int:
-    """``"500mbit"`` -> 500_000_000 bits/s (tc's bit units; tc's ``bps`` is *bytes*/s: refused)."""
+    """``"500mbit"`` -> 500_000_000 bits/s (tc's bit units; tc's ``bps`` is *bytes*/s: refused), from 8kbit
+    to :data:`MAX_RATE`; a negative or malformed rate is a one-line :class:`UserError`."""
     m = _RATE.match(text or "")
+    shown = text if len(text or "") <= 60 else f"{text[:57]}..."
     if not m:
-        raise UserError(f"bad rate '{text}' (expected e.g. 100mbit, 1.5gbit; units bit, kbit, mbit, gbit)")
+        raise UserError(
+            f"bad rate '{shown}' (expected e.g. 100mbit, 1.5gbit; units bit, kbit, mbit, gbit, tbit; > 0)"
+        )
     bits = int(float(m.group(1)) * _UNIT[m.group(2).lower()])
     if bits < 8_000:
         raise UserError(f"rate '{text}' is too low (at least 8kbit)")
+    if bits > MAX_RATE:
+        raise UserError(f"rate '{text}' is too high (at most {MAX_RATE // 10**12}tbit)")
     return bits
 
 

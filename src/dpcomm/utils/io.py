@@ -11,6 +11,10 @@ What a write does depends on what the path names now:
   as ``>`` in a shell would (renaming over a device node would replace it with a regular file);
 - a folder: a one-line :class:`UserError`. :func:`check_output_path` says the same before any work starts,
   so a command fails at once rather than after a long run.
+
+A command-line output path (``--plot``, ``--chrome-trace``, ``--fit``, ``-o`` ...) must name a file in a
+folder that exists: the commands check it with ``make_folders=False``, so ``--plot /no/such/dir/x.png`` is a
+one-line error, not a tree of new folders (a typo in a folder name would otherwise scatter files).
 """
 
 from __future__ import annotations
@@ -53,10 +57,11 @@ def _is_special(st: os.stat_result | None) -> bool:
     )
 
 
-def check_output_path(path: str | os.PathLike) -> Path:
+def check_output_path(path: str | os.PathLike, *, make_folders: bool = True) -> Path:
     """Refuse, in one line, an output path that no write could use: empty, a folder, a name ending in
-    ``/``, a file in a folder that is a file, or one we may not write. Commands call it on every output
-    flag before they start work. Returns the path."""
+    ``/``, a file in a folder that is a file, or one we may not write; with ``make_folders=False`` (the
+    command line's rule) also a file whose folder does not exist. Commands call it on every output flag
+    before they start work. Returns the path."""
     text = os.fspath(path)
     if not str(text).strip():
         raise UserError("an output path is empty")
@@ -74,6 +79,8 @@ def check_output_path(path: str | os.PathLike) -> Path:
         if _is_special(st):
             return p
     folder = _target(p).parent
+    if not make_folders and not folder.exists():
+        raise UserError(f"{text}: no folder {folder} (create it first)")
     while not folder.exists() and folder != folder.parent:
         folder = folder.parent  # the nearest folder that exists; the write creates the ones below it
     if not folder.is_dir():
@@ -83,9 +90,9 @@ def check_output_path(path: str | os.PathLike) -> Path:
     return p
 
 
-def check_figure_path(path: str | os.PathLike) -> Path:
+def check_figure_path(path: str | os.PathLike, *, make_folders: bool = True) -> Path:
     """:func:`check_output_path`, and the suffix must be a format matplotlib writes (none: PNG)."""
-    p = check_output_path(path)
+    p = check_output_path(path, make_folders=make_folders)
     fmt = p.suffix.lstrip(".").lower()
     if fmt:
         from matplotlib.figure import Figure

@@ -5,6 +5,10 @@ Horovod print sizes. ``K``/``KB``/``KiB`` = 2**10, ``M``/``MB``/``MiB`` = 2**20,
 bytes; no suffix or ``B`` is bytes; case does not matter. ``MiB`` is accepted as the explicit spelling;
 ``MB`` is *not* 10**6 (there is no decimal unit: write the bytes, e.g. ``16000000``). A decimal number is
 allowed and truncated to whole bytes (``1.5KiB`` = 1536, ``12.5MB`` = 13,107,200).
+
+Limit: a size is at most :data:`MAX_SIZE` bytes (``2**63 - 1``, what an int64 byte count holds), or the
+smaller ``maximum`` a caller states (``dpcomm netsim``: 1 PiB); more is a one-line error, never a number
+that overflows later.
 """
 
 from __future__ import annotations
@@ -14,36 +18,50 @@ import re
 
 from dpcomm.errors import UserError
 
-__all__ = ["SIZE_UNITS", "parse_size", "parse_sizes"]
+__all__ = ["MAX_SIZE", "SIZE_UNITS", "parse_size", "parse_sizes"]
+
+MAX_SIZE = 2**63 - 1
+"""Largest size in bytes anything reads: an int64 byte count (numpy, torch and the simulators use int64)."""
 
 SIZE_UNITS: dict[str, int] = {"": 1, "b": 1}
 """Lower-case suffix -> bytes."""
 for _i, _p in enumerate("kmg", start=1):
     SIZE_UNITS |= {_p: 2 ** (10 * _i), f"{_p}b": 2 ** (10 * _i), f"{_p}ib": 2 ** (10 * _i)}
 
-_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([a-zA-Z]*)\s*$")
+_SIZE = re.compile(r"^\s*([0-9]{1,40}(?:\.[0-9]{0,40})?|\.[0-9]{1,40})\s*([a-zA-Z]*)\s*$")
 _EXAMPLES = "e.g. 4096, 64K, 16MB, 1.5MiB; K, M, G are 2**10, 2**20, 2**30"
 
 
-def parse_size(text: str | int, *, what: str = "size", minimum: int = 0) -> int:
-    """``"16MB"`` -> 16777216 bytes. A bad size, or one below ``minimum`` bytes, is a one-line
-    :class:`UserError` that starts with ``what`` (e.g. ``"--sizes"``, ``"bucket size"``)."""
+def parse_size(text: str | int, *, what: str = "size", minimum: int = 0, maximum: int = MAX_SIZE) -> int:
+    """``"16MB"`` -> 16777216 bytes. A bad size, or one below ``minimum`` or above ``maximum`` bytes
+    (at most :data:`MAX_SIZE`), is a one-line :class:`UserError` that starts with ``what`` (e.g.
+    ``"--sizes"``, ``"bucket size"``)."""
+    shown = str(text) if len(str(text)) <= 60 else f"{str(text)[:57]}..."
     m = _SIZE.match(str(text))
     unit = m.group(2).lower() if m else None
     if not m or unit not in SIZE_UNITS:
-        raise UserError(f"{what}: cannot read {str(text)!r} as a size in bytes ({_EXAMPLES})")
-    value = float(m.group(1)) * SIZE_UNITS[unit]
-    if not math.isfinite(value) or value < max(minimum, 0):
-        raise UserError(f"{what}: {str(text)!r} is below {minimum} byte{'s' * (minimum != 1)}")
+        raise UserError(f"{what}: cannot read {shown!r} as a size in bytes ({_EXAMPLES})")
+    number = m.group(1)
+    # whole numbers exactly (a float would round 2**53 + 1); a decimal through float, then truncated
+    value = int(number) * SIZE_UNITS[unit] if number.isdigit() else float(number) * SIZE_UNITS[unit]
+    top = min(maximum, MAX_SIZE)
+    if not math.isfinite(value) or value > top:
+        raise UserError(f"{what}: {shown!r} is more than {top:,} bytes, the most allowed here")
+    if value < max(minimum, 0):
+        raise UserError(f"{what}: {shown!r} is below {minimum} byte{'s' * (minimum != 1)}")
     return int(value)
 
 
 def parse_sizes(
-    text: str | list[str] | tuple[str, ...], *, what: str = "--sizes", minimum: int = 0
+    text: str | list[str] | tuple[str, ...],
+    *,
+    what: str = "--sizes",
+    minimum: int = 0,
+    maximum: int = MAX_SIZE,
 ) -> tuple[int, ...]:
     """``"4,1K,64K,16MB"`` (or a list of such strings) -> bytes, duplicates dropped, order kept."""
     parts = [text] if isinstance(text, str) else list(text)
     items = [s for part in parts for s in str(part).split(",") if s.strip()]
     if not items:
         raise UserError(f"{what}: give at least one size")
-    return tuple(dict.fromkeys(parse_size(s, what=what, minimum=minimum) for s in items))
+    return tuple(dict.fromkeys(parse_size(s, what=what, minimum=minimum, maximum=maximum) for s in items))

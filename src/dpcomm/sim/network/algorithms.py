@@ -1,14 +1,22 @@
 """Which schedule each algorithm name means on a fabric, and one call that prices an allreduce.
 
-``ring``, ``be``, ``mst``, ``lp``, ``ps``: the ``steps()`` of :mod:`dpcomm.collectives` (the messages the
-real algorithms send, rank ``i`` on server ``i``). ``ps-dedicated[:S]``: the parameter server on ``S``
-dedicated servers (the last ``S`` servers; default half) and ``P - S`` workers (BML sec. 2's "two
-clusters"). ``bml``: BML on BCube (Algorithm 1), only on a ``bcube:n,k`` fabric: step ``w`` of the
-aggregation (broadcast) holds the messages of all ``k`` threads, thread ``t`` on level ``(w + t) mod k``
-(``(k - 1 - w + t) mod k``), each message ``CalcGset``'s run of pieces (:func:`bml_steps`, the vectorised
-form of :func:`dpcomm.collectives.bcube.transfers`, which a test compares it with).
+Names come from :mod:`dpcomm.registry`, the one table ``bench``, ``train --collective``, the DDP hooks and
+the cost model read: a name or an alias (``bml`` = ``bcube``) resolves there, and :data:`SCHEDULES` says
+which registered algorithms have a flow schedule. ``ring``, ``be``, ``mst``, ``lp``, ``ps``: the
+``steps()`` of :mod:`dpcomm.collectives` (the messages the real algorithms send, rank ``i`` on server
+``i``). ``native`` (torch.distributed's own allreduce) is scheduled as ``ring``, as the cost model prices
+it. ``bcube`` (alias ``bml``): BML on BCube (Algorithm 1), only on a ``bcube:n,k`` fabric: step ``w`` of
+the aggregation (broadcast) holds the messages of all ``k`` threads, thread ``t`` on level ``(w + t) mod
+k`` (``(k - 1 - w + t) mod k``), each message ``CalcGset``'s run of pieces (:func:`bml_steps`, the
+vectorised form of :func:`dpcomm.collectives.bcube.transfers`, which a test compares it with).
+``ps-dedicated[:S]`` is not another algorithm but a flow-schedule option of the registry's ``ps``: the
+parameter server on ``S`` dedicated servers (the last ``S`` servers; default half) and ``P - S`` workers
+(BML sec. 2's "two clusters"). ``auto``, ``noop`` and the cost-only formulas have no flow schedule.
 
-Sizes are bytes of float32 (the element count is ``S // 4``); busbw is nccl-tests' ``2 (P-1)/P * S / t``.
+Sizes are bytes of float32 (the element count is ``S // 4``), at most :data:`MAX_BYTES`; busbw is
+nccl-tests' ``2 (P-1)/P * S / t``. The work a schedule may hand the flow model is bounded before it is
+built (:func:`check_work`): at most :data:`MAX_FLOWS` flows in one step and :data:`MAX_FLOW_STEPS` flows
+over all steps.
 """
 
 from __future__ import annotations
@@ -17,6 +25,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import dpcomm.costmodel.collective  # noqa: F401 - fills the registry's cost formulas (ALGORITHMS is checked)
+from dpcomm import registry
 from dpcomm.collectives import be, lp, mst, ps, ring
 from dpcomm.collectives.schedule import Step
 from dpcomm.costmodel.network import Network
@@ -25,25 +35,96 @@ from dpcomm.sim.network.engine import FlowModel, FlowRun
 from dpcomm.sim.network.fabric import Fabric
 from dpcomm.topology import BCube
 
-__all__ = ["ALGORITHMS", "NetsimRow", "bml_steps", "parse_algorithm", "schedule", "simulate_allreduce"]
+__all__ = [
+    "ALGORITHMS",
+    "MAX_BYTES",
+    "MAX_FLOWS",
+    "MAX_FLOW_STEPS",
+    "SCHEDULES",
+    "NetsimRow",
+    "bml_steps",
+    "check_allreduce",
+    "check_work",
+    "parse_algorithm",
+    "schedule",
+    "simulate_allreduce",
+]
 
-ALGORITHMS = ("ring", "be", "mst", "lp", "ps", "ps-dedicated", "bml")
 ELEM = 4  # bytes per element (float32)
-_MODULES = {"ring": ring, "be": be, "mst": mst, "ps": ps}
+MAX_BYTES = 1 << 50
+"""Largest allreduce the flow model prices: 1 PiB (beyond it byte counts near int64's range, 8 EiB)."""
+MAX_FLOWS = 20_000_000
+"""Most flows in one step (a 4,096-server parameter server's step is 16.8 M): about 1 GB of routes."""
+MAX_FLOW_STEPS = 400_000_000
+"""Most flows over a whole schedule (steps x flows per step; a ring on 16,384 servers is 537 M): what
+bounds the time and memory of one simulated allreduce."""
+
+_MODULES = {"ring": ring, "be": be, "mst": mst, "ps": ps, "native": ring}
+SCHEDULES = ("ring", "be", "mst", "lp", "ps", "bcube", "native")
+"""Registered algorithms (canonical names of :mod:`dpcomm.registry`) that have a flow schedule."""
+_VARIANTS = {"ps-dedicated": "ps"}  # flow-schedule options of a registered algorithm, and which one
+ALGORITHMS = (*SCHEDULES[:-1], "ps-dedicated", *SCHEDULES[-1:])
+"""The names ``dpcomm netsim --algorithms`` lists (aliases such as ``bml`` are accepted too)."""
+
+for _name in (*SCHEDULES, *_VARIANTS.values()):  # one table: every schedule is a registry algorithm
+    if registry.entry(_name) is None or registry.resolve(_name) != _name:
+        raise RuntimeError(f"flow schedule '{_name}' is not a canonical name in dpcomm.registry")
+
+
+def _choices() -> str:
+    return registry.describe(list(ALGORITHMS))
 
 
 def parse_algorithm(text: str) -> tuple[str, int | None]:
-    """``"ps-dedicated:4"`` -> ``("ps-dedicated", 4)``; an unknown name is a one-line :class:`UserError`."""
-    name, _, arg = text.strip().partition(":")
-    if name not in ALGORITHMS:
-        raise UserError(f"unknown algorithm '{name}' for netsim (choose from {', '.join(ALGORITHMS)})")
+    """``"ps-dedicated:4"`` -> ``("ps-dedicated", 4)``, ``"bml"`` -> ``("bcube", None)``: the canonical name
+    (through :mod:`dpcomm.registry`) and the option; an unknown name is a one-line :class:`UserError`."""
+    name, _, arg = str(text).strip().partition(":")
+    name = name.strip()
+    canonical = name if name in _VARIANTS else registry.resolve(name)
+    if canonical is None:
+        raise UserError(f"unknown algorithm '{name}' for netsim (choose from {_choices()})")
+    if canonical not in ALGORITHMS:
+        raise UserError(f"algorithm '{name}' has no flow schedule (choose from {_choices()})")
     if not arg:
-        return name, None
-    if name != "ps-dedicated" or not arg.isdigit() or int(arg) < 1:
+        return canonical, None
+    if canonical != "ps-dedicated" or not arg.isdigit() or int(arg) < 1:
         raise UserError(
             f"bad algorithm '{text}' (only ps-dedicated takes an argument: ps-dedicated:S, S >= 1)"
         )
-    return name, int(arg)
+    return canonical, int(arg)
+
+
+def _flows_per_step(name: str, p: int, arg: int | None, blocks: int, cube: BCube | None) -> tuple[int, int]:
+    """``(most flows in one step, steps)`` of ``name``'s allreduce on ``p`` ranks (upper bounds), before
+    any of it is built; ``blocks``: LP's block count."""
+    if name in ("ring", "native"):
+        return p, 2 * (p - 1)
+    if name in ("be", "mst"):
+        return p, 4 * max(1, (p - 1).bit_length()) + 4
+    if name == "lp":
+        return 2 * p, blocks + 2 * p
+    if name == "ps":
+        return p * (p - 1), 2
+    if name == "ps-dedicated":
+        servers = arg if arg is not None else max(1, p // 2)
+        return max(0, p - servers) * servers, 2
+    n, k = (cube.n, cube.k) if cube is not None else (2, 1)
+    return k * p * (n - 1), 2 * k  # bcube: every server's k threads send to its n - 1 neighbours
+
+
+def check_work(algo: str, p: int, *, blocks: int = 1, cube: BCube | None = None) -> None:
+    """Refuse, in one line and before anything is built, an allreduce on ``p`` ranks whose flows exceed
+    :data:`MAX_FLOWS` in a step or :data:`MAX_FLOW_STEPS` in all (``blocks``: LP's pipeline blocks;
+    ``cube``: the BCube that ``bcube`` runs on)."""
+    name, arg = parse_algorithm(algo)
+    per_step, steps = _flows_per_step(name, p, arg, blocks, cube)
+    if per_step > MAX_FLOWS:
+        raise UserError(f"{algo} on {p} servers is {per_step:,} flows in one step, more than {MAX_FLOWS:,}")
+    if per_step * steps > MAX_FLOW_STEPS:
+        raise UserError(
+            f"{algo} on {p} servers is {per_step * steps:,} flows over {steps:,} steps, "
+            f"more than {MAX_FLOW_STEPS:,}"
+        )
 
 
 def bml_steps(cube: BCube, numel: int, elem_size: int = ELEM) -> list[Step]:
@@ -94,6 +175,43 @@ def bml_steps(cube: BCube, numel: int, elem_size: int = ELEM) -> list[Step]:
     return out
 
 
+def check_allreduce(
+    algo: str,
+    fabric: Fabric,
+    nbytes: int,
+    alpha_s: float,
+    block_bytes: int | None = None,
+    ranks: int | None = None,
+) -> int | None:
+    """Every check :func:`schedule` makes, without building anything: the name, the ranks, the size (at
+    most :data:`MAX_BYTES`) and the work (:func:`check_work`). Returns LP's block in bytes (else None)."""
+    name, arg = parse_algorithm(algo)
+    p, numel = fabric.servers if ranks is None else ranks, int(nbytes) // ELEM
+    if not 1 <= p <= fabric.servers:
+        raise UserError(f"{p} ranks do not fit on the {fabric.servers} servers of {fabric.topology.spec}")
+    if name == "ps-dedicated" and (arg if arg is not None else max(1, p // 2)) >= p:
+        servers = arg if arg is not None else max(1, p // 2)
+        raise UserError(f"ps-dedicated:{servers} needs fewer servers than the {p} in {fabric.topology.spec}")
+    if name == "bcube" and not isinstance(fabric.topology, BCube):
+        raise UserError(f"{algo} (BML) runs on a bcube:n,k topology, not {fabric.topology.spec}")
+    if name == "bcube" and p != fabric.servers:
+        raise UserError(
+            f"{algo} (BML) needs one rank per server of {fabric.topology.spec} ({fabric.servers}), not {p}"
+        )
+    if not 0 <= nbytes <= MAX_BYTES:
+        raise UserError(f"an allreduce of {nbytes:,} bytes is beyond the flow model's {MAX_BYTES:,} (1 PiB)")
+    cube = fabric.topology if isinstance(fabric.topology, BCube) else None
+    blocks = 1
+    if name == "lp":  # LP's own default block: the cost model's optimum on this link (<= lp.MAX_BLOCKS)
+        beta = 8 / (fabric.rate_bps * fabric.goodput.one_way)  # as the testbed tells lp (link_network)
+        net = Network(name=f"{fabric.topology.spec}@{fabric.rate_bps:g}", alpha=alpha_s, beta=beta)
+        pipe = lp.LinearPipeline(network=net, block_bytes=block_bytes)
+        block_bytes = pipe.block_size(int(nbytes), p, "allreduce")
+        blocks = max(1, -(-numel // max(1, block_bytes // ELEM)))  # as lp.steps cuts them
+    check_work(algo, p, blocks=blocks, cube=cube)
+    return block_bytes if name == "lp" else None
+
+
 def schedule(
     algo: str,
     fabric: Fabric,
@@ -103,33 +221,20 @@ def schedule(
     ranks: int | None = None,
 ) -> list[Step]:
     """The steps of ``algo``'s allreduce of ``nbytes`` bytes on ``ranks`` ranks (default: every server of
-    ``fabric``), rank ``i`` on server ``i`` (a partly filled topology fills its first edge switches first)."""
+    ``fabric``), rank ``i`` on server ``i`` (a partly filled topology fills its first edge switches first).
+    :func:`check_allreduce` first: nothing is built beyond the stated limits."""
+    block_bytes = check_allreduce(algo, fabric, nbytes, alpha_s, block_bytes, ranks)
     name, arg = parse_algorithm(algo)
-    p, numel = fabric.servers if ranks is None else ranks, nbytes // ELEM
-    if not 1 <= p <= fabric.servers:
-        raise UserError(f"{p} ranks do not fit on the {fabric.servers} servers of {fabric.topology.spec}")
+    p, numel = fabric.servers if ranks is None else ranks, int(nbytes) // ELEM
+    cube = fabric.topology if isinstance(fabric.topology, BCube) else None
     if name in _MODULES:
         return _MODULES[name].steps(p, numel, ELEM)
     if name == "lp":
-        if block_bytes is None:  # LP's own default: the cost model's optimum on this link
-            beta = 8 / (fabric.rate_bps * fabric.goodput.one_way)  # as the testbed tells lp (link_network)
-            net = Network(name=f"{fabric.topology.spec}@{fabric.rate_bps:g}", alpha=alpha_s, beta=beta)
-            block_bytes = lp.LinearPipeline(network=net).block_size(nbytes, p, "allreduce")
         return lp.steps(p, numel, ELEM, block_bytes=block_bytes)
     if name == "ps-dedicated":
         servers = arg if arg is not None else max(1, p // 2)
-        if servers >= p:
-            raise UserError(
-                f"ps-dedicated:{servers} needs fewer servers than the {p} in {fabric.topology.spec}"
-            )
         return ps.dedicated_steps(p - servers, servers, numel, ELEM)
-    if not isinstance(fabric.topology, BCube):
-        raise UserError(f"bml runs on a bcube:n,k topology, not {fabric.topology.spec}")
-    if p != fabric.servers:
-        raise UserError(
-            f"bml needs one rank per server of {fabric.topology.spec} ({fabric.servers}), not {p}"
-        )
-    return bml_steps(fabric.topology, numel, ELEM)
+    return bml_steps(cube, numel, ELEM)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -16,6 +16,9 @@ in wire bytes per second, and a vectorised ``routes(src, dst)`` that gives each 
   spines, every leaf cabled once to every spine at ``rate / R``: ``R`` is the oversubscription ratio (1:
   non-blocking). Routed by destination (spine ``dst mod H``).
 
+Every topology has at most :data:`dpcomm.topology.MAX_SERVERS` (16,384) servers, checked from the spec's
+numbers before any link is built.
+
 Overhead (:class:`Goodput`): a flow of ``x`` payload bytes/s puts ``x * fwd`` wire bytes/s on its links and
 ``x * ack`` on the reverse links (TCP ACKs). With MTU 1500 and an ACK per two segments (RFC 5681 sec. 4.2)
 that is ``1514/1448`` and ``66/2896``: a lone flow reaches 95.6% of the rate, a flow that shares its links
@@ -30,7 +33,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dpcomm.errors import UserError
-from dpcomm.topology import BCube, FatTree, Star, Topology, parse_topology
+from dpcomm.topology import BCube, FatTree, Star, Topology, check_servers, parse_topology
 
 __all__ = ["Fabric", "Goodput", "LeafSpine", "make_fabric", "parse_fabric_topology"]
 
@@ -100,7 +103,9 @@ class LeafSpine:
         return self.leaves + self.per_leaf
 
 
-_LEAFSPINE = re.compile(r"^\s*leafspine\s*:\s*(\d+)\s*,\s*(\d+)\s*(?:,\s*(\d+(?:\.\d+)?)\s*)?$")
+_LEAFSPINE = re.compile(
+    r"^\s*leafspine\s*:\s*(\d{1,9})\s*,\s*(\d{1,9})\s*(?:,\s*(\d{1,9}(?:\.\d{1,9})?)\s*)?$"
+)
 
 
 def parse_fabric_topology(spec: str) -> Topology | LeafSpine:
@@ -108,12 +113,14 @@ def parse_fabric_topology(spec: str) -> Topology | LeafSpine:
     ``leafspine:L,H[,R]``; anything else is a one-line :class:`UserError`."""
     m = _LEAFSPINE.match(spec or "")
     if m:
+        check_servers(int(m.group(1)) * int(m.group(2)), spec.strip())
         try:
             return LeafSpine(leaves=int(m.group(1)), per_leaf=int(m.group(2)), ratio=float(m.group(3) or 1))
         except ValueError as exc:
             raise UserError(f"bad topology '{spec}': {exc}") from None
     if (spec or "").strip().startswith("leafspine"):
-        raise UserError(f"bad topology '{spec}' (expected leafspine:L,H[,R])")
+        shown = spec if len(spec) <= 60 else f"{spec[:57]}..."
+        raise UserError(f"bad topology '{shown}' (expected leafspine:L,H[,R], numbers of at most 9 digits)")
     try:
         return parse_topology(spec)
     except UserError as exc:
@@ -255,6 +262,7 @@ def _leafspine(t: LeafSpine, c: float) -> tuple:
 def make_fabric(spec: str | Topology | LeafSpine, rate_bps: float, goodput: Goodput | None = None) -> Fabric:
     """The :class:`Fabric` of a topology (spec or object) with server links of ``rate_bps`` bits/s."""
     topo = parse_fabric_topology(spec) if isinstance(spec, str) else spec
+    check_servers(topo.servers, topo.spec)  # before any link is built (also for a topology object)
     if not rate_bps > 0:
         raise UserError(f"the link rate must be > 0 bit/s, got {rate_bps}")
     c = rate_bps / 8  # wire bytes/s

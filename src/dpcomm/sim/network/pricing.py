@@ -23,21 +23,18 @@ import numpy as np
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.sim.network.algorithms import ALGORITHMS, ELEM, simulate_allreduce
+from dpcomm.sim.network.algorithms import ELEM, parse_algorithm, simulate_allreduce
 from dpcomm.sim.network.engine import FlowModel
 from dpcomm.sim.network.fabric import Fabric
 
 __all__ = ["FlowCost", "flow_cost_factory", "flow_algorithm"]
 
-_ALIASES = {"native": "ring", "bcube": "bml"}  # the cost model's names for the same schedules
-
 
 def flow_algorithm(algo: str) -> str:
-    """The flow schedule of a cost-model algorithm name (``native`` is costed as ring, ``bcube`` is BML)."""
-    name = _ALIASES.get(algo, algo)
-    if name.partition(":")[0] not in ALGORITHMS:
-        raise UserError(f"algorithm '{algo}' has no flow schedule (choose from {', '.join(ALGORITHMS)})")
-    return name
+    """``algo`` checked to have a flow schedule (a name or alias of :mod:`dpcomm.registry`: ``native`` is
+    scheduled as ring, ``bcube``/``bml`` is BML); a one-line :class:`UserError` otherwise."""
+    parse_algorithm(algo)
+    return algo
 
 
 @dataclass(slots=True, kw_only=True)
