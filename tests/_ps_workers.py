@@ -16,10 +16,13 @@ import torch.distributed as dist
 
 from dpcomm.launch import init_worker
 from dpcomm.models import get_model, input_shape
-from dpcomm.ps.node import Layout, PsServer, PsWorker
+from dpcomm.ps.layout import Layout
+from dpcomm.ps.server import PsServer
+from dpcomm.ps.worker import PsWorker
 from dpcomm.ps.rank import PsRank
 from dpcomm.ps.spec import PsSpec
 from dpcomm.runtime.data import TrainData, derive_seed
+from dpcomm.train.setup import params_sha256
 from dpcomm.utils.groups import group_timeout
 
 LR, MOMENTUM, WD = 0.05, 0.9, 1e-4
@@ -83,7 +86,7 @@ def _run(spec, rank, workers, iters, batch, group, lanes, start=0, state=None, c
     asked = [r["pulls_in_unix"] is not None for r in ps.records[1:]]
     planned = {"time_s": ps.pull_plan.time_s, **ps.pull_plan.meta}  # rank 0's inputs and the fitted d
     order = [(r["pulls_posted_unix"], r["pulls_sending_unix"], r["pulls_sent_unix"]) for r in ps.records]
-    return flat, ps.params_sha256(), saved, ps.pull_plan.to_dict(), asked, planned, order
+    return flat, params_sha256(model), saved, ps.pull_plan.to_dict(), asked, planned, order
 
 
 def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[dict[str, Any]]:

@@ -19,6 +19,11 @@ Rules (each a test; a failure names the module and the import):
 4. **Lower layers do not reach up**: cost models, topologies, timelines, plans and the small shared modules
    import no CLI, training layer, runtime, simulator, planner or testbed.
 
+Imports by name count too: ``importlib.import_module("dpcomm.x")`` (or ``__import__``) with a constant name
+is an edge to ``dpcomm.x``; where the name is computed, every string constant of the module that names a
+dpcomm module is taken as imported (lazily). A registry that imports its plug-ins by string hides a cycle
+from ``import`` statements, not from this test (``test_a_string_import_cycle_is_found``).
+
 Known violations in modules this change does not own are listed in ``KNOWN`` and marked ``xfail`` with the
 reason; delete an entry once its module is fixed (the test then runs and guards it).
 """
@@ -70,10 +75,17 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports(module: str) -> list[tuple[str, bool]]:
-    """``(imported module, at import time?)`` for every dpcomm import of ``module``."""
-    tree = ast.parse(MODULES[module].read_text(), filename=str(MODULES[module]))
+_BY_NAME = ("import_module", "__import__")
+
+
+def _imports(module: str, source: str | None = None, modules: dict | None = None) -> list[tuple[str, bool]]:
+    """``(imported module, at import time?)`` for every dpcomm import of ``module`` (its ``source``; default:
+    the file), statements and imports by name (module docstring)."""
+    modules = MODULES if modules is None else modules
+    text = source if source is not None else MODULES[module].read_text()
+    tree = ast.parse(text, filename=module)
     found: list[tuple[str, bool]] = []
+    computed = [False]  # an import_module(...) whose name is not a constant
 
     def visit(node: ast.AST, eager: bool) -> None:
         for child in ast.iter_child_nodes(node):
@@ -94,12 +106,30 @@ def _imports(module: str) -> list[tuple[str, bool]]:
             target = _resolve(module, child)
             for a in child.names:
                 sub = f"{target}.{a.name}"
-                found.append((sub if sub in MODULES else target, eager))
+                found.append((sub if sub in modules else target, eager))
+        elif isinstance(child, ast.Call) and _called(child) in _BY_NAME and child.args:
+            name = child.args[0]
+            if isinstance(name, ast.Constant) and isinstance(name.value, str):
+                found.append((name.value, eager))
+            else:
+                computed[0] = True
+            visit(child, eager)
         else:
             visit(child, eager)
 
     visit(tree, True)
+    if computed[0]:  # a name made at run time: any module named in a string here may be the one
+        found.extend(
+            (n.value, False)
+            for n in ast.walk(tree)
+            if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in modules
+        )
     return [(m, eager) for m, eager in found if m == ROOT or m.startswith(ROOT + ".")]
+
+
+def _called(call: ast.Call) -> str:
+    f = call.func
+    return f.attr if isinstance(f, ast.Attribute) else f.id if isinstance(f, ast.Name) else ""
 
 
 def _package(module: str) -> str:
@@ -185,14 +215,40 @@ def test_no_cycle_between_packages_at_import_time():
     assert _cycles(packages) == [], "packages that import each other at import time"
 
 
-def _all_package_edges() -> dict[str, set[str]]:
-    """Package -> packages it imports, counting imports inside functions too (they run sooner or later)."""
+def _all_package_edges(sources: dict[str, str] | None = None) -> dict[str, set[str]]:
+    """Package -> packages it imports, counting imports inside functions too (they run sooner or later);
+    ``sources``: module -> text of a made-up tree (default: this one)."""
+    modules = MODULES if sources is None else dict.fromkeys(sources, Path())
     out: dict[str, set[str]] = {}
-    for m in MODULES:
+    for m in modules:
+        text = None if sources is None else sources[m]
         out.setdefault(_package(m), set()).update(
-            _package(t) for t, _ in _imports(m) if _package(t) != _package(m) and _package(t) != ROOT
+            _package(t)
+            for t, _ in _imports(m, text, modules)
+            if _package(t) != _package(m) and _package(t) != ROOT
         )
     return out
+
+
+@pytest.mark.parametrize(
+    "registry",
+    [
+        'import importlib\n\ndef load():\n    importlib.import_module("dpcomm.plugins.kind")\n',
+        'from importlib import import_module\nKINDS = ("dpcomm.plugins.kind",)\n\n'
+        "def load():\n    for name in KINDS:\n        import_module(name)\n",
+        'def load():\n    __import__("dpcomm.plugins.kind")\n',
+    ],
+    ids=["constant", "names in a tuple", "__import__"],
+)
+def test_a_string_import_cycle_is_found(registry):
+    # a registry that imports its plug-in by name, and the plug-in that imports the registry to register
+    tree = {
+        "dpcomm.core.registry": registry,
+        "dpcomm.plugins.kind": "from dpcomm.core.registry import register\n",
+    }
+    assert _cycles(_all_package_edges(tree)) == [["dpcomm.core", "dpcomm.plugins"]]
+    tree["dpcomm.plugins.kind"] = "X = 1\n"  # the plug-in no longer imports back: no cycle
+    assert _cycles(_all_package_edges(tree)) == []
 
 
 def test_no_cycle_between_packages_even_through_lazy_imports():

@@ -162,21 +162,29 @@ def test_request_mode_takes_the_next_pushes_once_every_pull_is_answered():
         assert torch.equal(p, two_steps)
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("pulls", ["send", "request"])
-def test_killed_worker_fails_the_others_in_one_line(monkeypatch, pulls):
-    from dpcomm.ps.runner import PsTrainConfig, train_ps
-    from dpcomm.ps.spec import PsSpec
+def _dedicated(pulls: str, timeout: float):
+    from dpcomm.train import TrainConfig
 
-    monkeypatch.setenv("DPCOMM_TEST_KILL", "1:2")
+    return TrainConfig(model="lenet5", nproc=2, data="digits", iters=6, batch_size=8, timeout_s=timeout,
+                       schedule=f"ps:layer,servers=1,pulls={pulls}", progress=False)  # fmt: skip
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("victim", "pulls"), [(1, "send"), (2, "request")])
+def test_killed_worker_or_server_fails_the_others_in_one_line(monkeypatch, victim, pulls):
+    # rank 2 is the dedicated server (after the two workers): it is named as one
+    from dpcomm.train import train
+
+    monkeypatch.setenv("DPCOMM_TEST_KILL", f"{victim}:2")
     timeout = 5.0
     t0 = time.monotonic()
     with pytest.raises(WorkerFailure) as exc:
-        spec = PsSpec(pull="layer", servers=1, pulls=pulls)
-        train_ps(PsTrainConfig(spec=spec, workers=2, iters=6, timeout_s=timeout))
+        train(_dedicated(pulls, timeout))
     elapsed = time.monotonic() - t0
     msg = str(exc.value)
     assert "\n" not in msg and "rank" in msg
+    role = "worker" if victim == 1 else "server"
+    assert f"{role} rank {victim} failed" in msg, msg  # the rank that died first, by its role
     assert elapsed < 60 + timeout  # start-up of 3 processes, then at most one timeout
 
 
@@ -184,15 +192,13 @@ def test_killed_worker_fails_the_others_in_one_line(monkeypatch, pulls):
 def test_a_stalled_worker_fails_the_others_within_the_timeout(monkeypatch):
     """Alive but silent: no connection closes, so only the lanes' own timeout (the run's, not
     torch's 30-minute default for new groups) ends the wait on the requests and pushes it owes."""
-    from dpcomm.ps.runner import PsTrainConfig, train_ps
-    from dpcomm.ps.spec import PsSpec
+    from dpcomm.train import train
 
     monkeypatch.setenv("DPCOMM_TEST_STALL", "1:2")
     timeout = 5.0
     t0 = time.monotonic()
     with pytest.raises(WorkerFailure) as exc:
-        spec = PsSpec(pull="layer", servers=1, pulls="request")
-        train_ps(PsTrainConfig(spec=spec, workers=2, iters=6, timeout_s=timeout))
+        train(_dedicated("request", timeout))
     msg = str(exc.value)
     assert "\n" not in msg and "from rank 1" in msg and "timed out" in msg.lower(), msg
     assert time.monotonic() - t0 < 60 + 3 * timeout

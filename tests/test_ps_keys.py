@@ -12,7 +12,7 @@ from dpcomm.errors import UserError
 from dpcomm.planner import make_plan
 from dpcomm.planner.pull import plan_pulls
 from dpcomm.ps.keys import assign_keys, server_loads
-from dpcomm.ps.node import Layout
+from dpcomm.ps.layout import Layout
 from dpcomm.ps.spec import PROBES, PsSpec, parse_ps_schedule, parse_sparsify
 from dpcomm.sim.ps import PsCost, ps_inputs, ps_sweep, simulate_ps
 from tests._sim_ref import make_trace
@@ -176,3 +176,20 @@ def test_layer_medians_add_up_to_the_median_forward():
     assert layer_medians([[0.0, 0.0]]) == [0.0, 0.0]
     one = [[3.0, 1.0], [2.0, 2.0], [5.0, 1.0]]  # totals 4, 4, 6; medians 3 and 1: already 4
     assert layer_medians(one) == pytest.approx([3.0, 1.0])
+
+
+def test_message_tag_families_never_overlap_and_fit_a_c_int():
+    from dpcomm.ps import tags
+
+    ranges = sorted(tags.RANGES.items(), key=lambda kv: kv[1].start)
+    for (a, ra), (b, rb) in zip(ranges, ranges[1:], strict=False):
+        assert ra.stop <= rb.start, f"tags of {a} {ra} run into {b} {rb}"
+    assert ranges[0][1].start > 0 and ranges[-1][1].stop < 2**31
+    last = tags.MAX_UNITS - 1
+    for k in (0, last):  # every function lands inside its own family's range
+        assert tags.push(k, 0) in tags.RANGES["push"] and tags.push(k, 1) in tags.RANGES["push"]
+        assert tags.pull(tags.PULL, k) in tags.RANGES["pull"]
+        assert tags.request(tags.PULL, k) in tags.RANGES["pull request"]
+        assert tags.pull(tags.PROBE, k) in tags.RANGES["probe"]
+        assert tags.request(tags.PROBE, k) in tags.RANGES["probe request"]
+    assert len({tags.push(g, p) for g in range(50) for p in (0, 1)}) == 100  # no two messages share one

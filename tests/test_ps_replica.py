@@ -13,13 +13,15 @@ from dpcomm.ps.spec import PsSpec  # noqa: E402
 
 def test_ps_kind_is_registered_and_checks_its_schedule():
     kinds = replica.kinds()
-    assert "ps" in kinds, "add 'dpcomm.ps.replica' to dpcomm.train.replica.BUILTIN_KINDS"
+    assert "ps" in kinds
     assert replica.kind_of("ps:ibatch").name == "ps"
     from dpcomm.train.config import TrainConfig
 
     cfg = TrainConfig(model="lenet5", nproc=3, data="digits", iters=4, batch_size=8)
     assert replica.check_schedule(cfg, "ps:optimal,sparsify=topk:0.1") == PsSpec(pull="optimal", sparsify=0.1)
-    for bad in ("ps:greedy", "ps:all,servers=2", "ps:all,sparsify=topk:2"):
+    assert replica.server_ranks("ps:all,servers=2", replica.check_schedule(cfg, "ps:all,servers=2")) == 2
+    assert replica.server_ranks("mgwfbp", replica.check_schedule(cfg, "mgwfbp")) == 0
+    for bad in ("ps:greedy", "ps:all,servers=0", "ps:all,sparsify=topk:2"):
         with pytest.raises(UserError):
             replica.check_schedule(cfg, bad)
 

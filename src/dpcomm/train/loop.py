@@ -102,7 +102,8 @@ def _role(rank: int, workers: int) -> str:
 
 def _named(exc: Any, workers: int) -> Any:
     """The launcher's failure with each rank named by its role (``server rank 3``, not ``worker rank 3``)."""
-    first = min(exc.failures)
+    # the cause first: a rank that died by itself, not one that stopped because a peer did (_worker's line)
+    first = min(exc.failures, key=lambda r: (" stopped" in exc.failures[r], r))
     more = f" (and {len(exc.failures) - 1} more)" if len(exc.failures) > 1 else ""
     exc.args = (f"{_role(first, workers)} rank {first} failed: {exc.failures[first]}{more}",)
     return exc
