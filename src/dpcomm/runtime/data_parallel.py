@@ -21,9 +21,9 @@ This class runs a :class:`~dpcomm.plan.Plan` it is given, or the plans a *driver
 :class:`dpcomm.train.online.DataParallel`, which plans a planner name on the workers themselves (profile,
 trace, plan on the root, timed trial). Timing spans are :mod:`dpcomm.runtime.spans`, the state broadcast
 and the plan check :mod:`dpcomm.runtime.broadcast`, the buckets, communication thread and mode jobs
-:mod:`dpcomm.runtime.grad_sync`, the layer order :mod:`dpcomm.runtime.layer_order`. (This module is longer
-than most, about 430 lines, because it is one ``nn.Module`` whose public methods and autograd hooks share
-the state of the iteration in progress.)
+:mod:`dpcomm.runtime.grad_sync`, the layer order :mod:`dpcomm.runtime.layer_order`, and the hooks and the
+per-iteration bookkeeping (taking up a plan, closing an iteration into its record) the base class,
+:mod:`dpcomm.runtime.dp_hooks`; this module is the public surface (the user's and a driver's).
 
 Edge cases: a parameter without a gradient in an iteration is an error naming it (``allow_unused=True``:
 a zero gradient); a shared (tied) parameter is one slot, in the first layer that uses it; ``no_sync()``
@@ -54,12 +54,13 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.runtime import bsp
-from dpcomm.runtime.broadcast import StateBroadcast, check_same_plan, groups_text
+from dpcomm.runtime.broadcast import StateBroadcast
+from dpcomm.runtime.dp_hooks import DataParallelHooks
 from dpcomm.runtime.driver import PlanDriver
 from dpcomm.runtime.grad_sync import GradSync
 from dpcomm.runtime.layer_order import LayerOrder
 from dpcomm.runtime.records import IterRecord, Phase, Span
-from dpcomm.runtime.spans import IterTimes, Timeline, layer_times
+from dpcomm.runtime.spans import IterTimes, Timeline
 
 __all__ = ["DataParallel"]
 
@@ -81,7 +82,7 @@ def _tensors(out: Any) -> Iterator[torch.Tensor]:
             yield from _tensors(o)
 
 
-class DataParallel(nn.Module):
+class DataParallel(DataParallelHooks):
     """Data-parallel wrapper running a :class:`Plan` (or a driver's plans) with a registered collective.
 
     Args:
@@ -363,77 +364,3 @@ class DataParallel(nn.Module):
         _log.info(line)
         if self._user_log is not None:
             self._user_log(line)
-
-    # ----------------------------------------------------------------- hooks
-
-    def _on_layer_call(self, owner: int) -> None:
-        self._it.pre.setdefault(owner, time.perf_counter())
-        if self._prefetch is not None:
-            self._prefetch.before_layer(self._layers.layer_of_owner[owner], self._sync_grads.wait)
-
-    def _on_backward_start(self, grad: torch.Tensor) -> None:
-        if self._it.bwd_start is None:
-            self._it.bwd_start = time.perf_counter()
-
-    def _on_grad(self, p: nn.Parameter) -> None:
-        now = time.perf_counter()
-        it = self._it
-        it.bwd_last = now
-        if it.bwd_start is None:
-            it.bwd_start = it.fwd_end
-        if not self._sync or self._sync_grads.buckets is None:
-            return
-        it.ready[self._sync_grads.ready(p)] = now
-        self._pending = True
-
-    # ----------------------------------------------------------------- internals
-
-    def _adopt_layer_order(self) -> None:
-        """After the first forward: learnable layers in call order, their parameters, the first plan."""
-        self._layers.adopt(self._it.pre)
-        L = len(self._layers.layers)
-        if self._driver is not None:  # e.g. one all-reduce after backward while profiling (MG-WFBP Alg. 1)
-            self._use(*self._driver.begin(self))
-            return
-        if self.plan.num_layers != L:
-            raise UserError(
-                f"plan '{self.plan.schedule}' has {self.plan.num_layers} layers but the module has {L} "
-                "learnable layers"
-            )
-        check_same_plan(self.plan, self.process_group)
-        self.emit(f"plan {self.plan.schedule}: {len(self.plan.groups)} group(s) {groups_text(self.plan)}")
-        self._use(self.plan, Phase.STEADY)
-
-    def _use(self, plan: Plan, phase: Phase) -> None:
-        """Run ``plan`` from the next iteration on (new buckets only where its groups differ)."""
-        self.phase, self._running = phase, plan
-        if phase is Phase.STEADY:  # while a driver re-plans, the plan kept last stays the one to save
-            self.plan = plan
-        if phase is Phase.PROFILE and self._layers.known:  # profiling again (re-planning): time each layer
-            self._layers.add_hooks()
-        self._sync_grads.use(plan, self._layers.params_per_layer, self._names, self.reduce_dtype)
-
-    def _drop_pre_hooks_if_unused(self) -> None:
-        """Pre-hooks serve layer ordering, profiling and lp-alg1; once done, modules run hook-free."""
-        if self.phase is Phase.STEADY and self._layers.known and self.mode != "lp-alg1":
-            self._layers.drop_hooks()
-
-    def _close_backward(self) -> None:
-        """Fold the last backward's span into the iteration (called at the next forward or at step)."""
-        it = self._it
-        closed = self._timeline.close_backward(it)
-        if closed and self.phase is Phase.PROFILE and it.ready and self._layers.known:
-            pre = self._layers.by_layer(it.pre)
-            ready = [it.ready.get(layer) for layer in range(len(pre))]
-            self._driver.layer_times(*layer_times(pre, it.fwd_end, ready, it.bwd_start))
-        it.bwd_start = it.bwd_last = None
-        it.ready = {}
-
-    def _finish_iteration(self, t_step: float) -> None:
-        self._synced = False
-        jobs = self._sync_grads.comm.take_finished()
-        self.records.append(
-            self._timeline.finish(self._it, self._steps, t_step, jobs, self.phase, self._running.schedule)
-        )
-        self._steps += 1
-        self._it = IterTimes()
