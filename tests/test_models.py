@@ -1,7 +1,7 @@
 """The model zoo: parameter counts pinned to the published figures, learnable-layer counts, forward shapes.
 
-The big models are built on the ``meta`` device (shapes only: no memory, no compute); only LeNet-5 and
-ResNet-20 run a real forward. Budget: ~5 s.
+The big models are built on the ``meta`` device (shapes only: no memory, no compute); only the small ones
+(LeNet-5, ResNet-20, the tiny transformers) run a real forward. Budget: ~6 s.
 """
 
 import pytest
@@ -11,19 +11,25 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.models import (
     count_params,
+    describe_input,
     example_input,
     get_model,
     input_shape,
+    input_vocab,
     learnable_layers,
     model_names,
     num_classes,
+    per_token_targets,
 )
 from dpcomm.models.googlenet import GoogLeNet
 from dpcomm.models.inception import InceptionV3
 
 # name: (published parameter count, learnable layers). Sources: torchvision's model table (alexnet, vgg19,
 # resnet50, inception_v3 with its aux head), BML (LeNet-5 3.27 M: 832 + 51,264 + 3,212,288 + 10,250),
-# He et al. Table 6 (ResNet-20 0.27 M), VGG-19 with a 4096x21841 last layer (~229 M).
+# He et al. Table 6 (ResNet-20 0.27 M), VGG-19 with a 4096x21841 last layer (~229 M); Hugging Face's
+# GPT2Model (124,439,808: nanoGPT's "124.44M" with positions), BertModel with pooler for bert-base-uncased
+# (109,482,240) and google/bert_uncased_L-2_H-128_A-2 (BERT-Tiny, 4,385,920), torchvision's vit_b_16
+# (86,567,656), TinyLlama-1.1B's LlamaForCausalLM (1,100,048,384). The tiny transformers are ours.
 PUBLISHED = {
     "lenet5": (3_274_634, 4),
     "alexnet": (61_100_840, 8),
@@ -33,7 +39,29 @@ PUBLISHED = {
     "inception-v3": (27_161_264, 94 * 2 + 1 + 5),
     "resnet50": (25_557_032, 53 * 2 + 1),
     "resnet20": (269_722, 19 * 2 + 1),
+    "gpt2": (
+        124_439_808,
+        2 + 12 * 6 + 1,
+    ),  # wte (owns the tied lm_head), wpe; ln, qkv, proj, ln, fc, proj; ln_f
+    "bert-base": (
+        109_482_240,
+        4 + 12 * 8 + 1,
+    ),  # 3 embeddings + LayerNorm; q, k, v, o, ln, fc, fc, ln; pooler
+    "vit-b16": (
+        86_567_656,
+        2 + 12 * 6 + 2,
+    ),  # class token + positions, patch conv; as GPT-2's blocks; ln, head
+    "tinyllama-1.1b": (
+        1_100_048_384,
+        1 + 22 * 9 + 2,
+    ),  # embedding; 2 norms, wq, wk, wv, wo, w1, w3, w2; norm, out
+    "gpt2-tiny": (834_304, 2 + 4 * 6 + 1),
+    "llama-tiny": (803_968, 1 + 4 * 9 + 2),
+    "bert-tiny": (4_385_920, 4 + 2 * 8 + 1),
+    "vit-cifar": (809_354, 2 + 4 * 6 + 2),
 }
+DECODERS = ("gpt2", "tinyllama-1.1b", "gpt2-tiny", "llama-tiny")  # (B, T) tokens in, (B, T, vocab) logits out
+TOKEN_MODELS = (*DECODERS, "bert-base", "bert-tiny")
 
 
 def test_zoo_lists_exactly_the_pinned_models():
@@ -57,6 +85,8 @@ def test_headline_figures_of_the_papers():
     assert round(count_params("resnet50") / 1e6, 2) == 25.56
     assert round(count_params("vgg19-22k") / 1e6) == 229
     assert round(count_params("alexnet") / 1e6) == 61
+    assert round(count_params("gpt2") / 1e6) == 124 and round(count_params("tinyllama-1.1b") / 1e9, 1) == 1.1
+    assert round(count_params("bert-base") / 1e6) == 109 and round(count_params("vit-b16") / 1e6, 1) == 86.6
 
 
 def test_without_auxiliary_heads_matches_torchvision_inference_counts():
@@ -70,26 +100,78 @@ def test_without_auxiliary_heads_matches_torchvision_inference_counts():
 def test_output_shapes_on_meta(name):
     with torch.device("meta"):
         model = get_model(name)
-        out = model(torch.empty(2, *input_shape(name)))
+        x = example_input(name, 2, device="meta")
+        out = model(x)
         model.eval()
-        logits = model(torch.empty(2, *input_shape(name)))
+        logits = model(x)
     heads = out if isinstance(out, tuple) else (out,)
     assert len(heads) == {"googlenet": 3, "inception-v3": 2}.get(name, 1)
-    assert all(h.shape == (2, num_classes(name)) for h in (*heads, logits))
+    per_sample = (*input_shape(name), num_classes(name)) if name in DECODERS else (num_classes(name),)
+    assert all(h.shape == (2, *per_sample) for h in (*heads, logits))
+
+
+def test_token_models_take_int64_token_ids():
+    assert {n for n in model_names() if input_vocab(n) is not None} == set(TOKEN_MODELS)
+    assert {n for n in model_names() if per_token_targets(n)} == set(DECODERS)
+    for name in TOKEN_MODELS:
+        x = example_input(name, 3, generator=torch.Generator().manual_seed(0))
+        assert x.dtype == torch.int64 and x.shape == (3, *input_shape(name)) and len(input_shape(name)) == 1
+        assert 0 <= int(x.min()) and int(x.max()) < input_vocab(name)
+    for name in DECODERS:  # a decoder's classes are its vocabulary
+        assert num_classes(name) == input_vocab(name)
+    assert (
+        input_vocab("gpt2") == 50257
+        and input_vocab("tinyllama-1.1b") == 32000
+        and input_vocab("bert-base") == 30522
+    )
+    assert describe_input("gpt2") == "T=1024 tokens" and describe_input("vit-b16") == "3x224x224"
+    assert example_input("vit-cifar", 2).dtype == torch.float32
+
+
+def test_gpt2_ties_its_output_projection_to_the_token_embedding():
+    with torch.device("meta"):
+        model = get_model("gpt2")
+    assert model.lm_head.weight is model.wte.weight
+    names = [n for n, _ in learnable_layers(model)]
+    assert "wte" in names and "lm_head" not in names  # the first owner holds the shared tensor
+    untied = 50257 * 768  # counted once: a second copy would be 163,037,184 parameters
+    assert sum(p.numel() for p in model.parameters()) + untied == 163_037_184
+
+
+def test_bert_base_is_bertmodel_with_pooler_and_takes_a_head_for_other_class_counts():
+    from dpcomm.models.bert import BERT_BASE, Bert
+
+    with torch.device("meta"):
+        head = get_model("bert-base", 2)  # BertForSequenceClassification, 2 labels
+        plain = Bert(BERT_BASE)
+    assert plain.classifier is None and head.classifier is not None
+    assert sum(p.numel() for p in plain.parameters()) == 109_482_240 == count_params("bert-base")
+    assert count_params("bert-base", 2) == 109_482_240 + 768 * 2 + 2 == 109_483_778
+    out = head(example_input("bert-base", 2, device="meta"))
+    assert out.shape == (2, 2)
+
+
+def test_tinyllama_uses_grouped_kv_heads_and_an_untied_output():
+    with torch.device("meta"):
+        model = get_model("tinyllama-1.1b")
+    attn = model.layers[0].attention
+    assert attn.wq.weight.shape == (2048, 2048) and attn.wk.weight.shape == (4 * 64, 2048)  # 4 KV heads of 64
+    assert model.layers[0].feed_forward.w1.weight.shape == (5632, 2048)
+    assert model.output.weight is not model.tok_embeddings.weight
+    assert isinstance(model.norm, nn.RMSNorm)
+
+
+@pytest.fixture
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two threads on this shared 2-core machine wait on each other
+    yield
+    torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("name, shape", [("lenet5", (1, 28, 28)), ("resnet20", (3, 32, 32))])
-def test_small_models_really_run(name, shape):
+def test_small_models_really_run(name, shape, one_thread):
     torch.manual_seed(0)
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # two threads on this shared 2-core machine wait on each other
-    try:
-        _run_small(name, shape)
-    finally:
-        torch.set_num_threads(threads)
-
-
-def _run_small(name, shape):
     assert input_shape(name) == shape
     x = example_input(name, 4)
     assert x.shape == (4, *shape)
@@ -99,6 +181,46 @@ def _run_small(name, shape):
     y.sum().backward()
     assert all(p.grad is not None for p in model.parameters())
     assert get_model(name, num_classes=3)(x).shape == (4, 3)
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny", "bert-tiny", "vit-cifar"])
+def test_small_transformers_run_and_every_parameter_gets_a_gradient(name, one_thread):
+    from dpcomm.models.loss import classification_loss
+
+    torch.manual_seed(0)
+    model, x = get_model(name), example_input(name, 2)
+    out = model(x)
+    per_sample = (*input_shape(name), num_classes(name)) if name in DECODERS else (num_classes(name),)
+    assert out.shape == (2, *per_sample) and torch.isfinite(out).all()
+    y = torch.randint(0, num_classes(name), out.shape[:-1])
+    classification_loss(out, y).backward()
+    assert all(p.grad is not None for p in model.parameters())
+    assert [n for n, _ in learnable_layers(model, x)][0] in (
+        "wte",
+        "tok_embeddings",
+        "embeddings.word_embeddings",
+        "embed",
+    )
+
+
+@pytest.mark.parametrize("name", ["gpt2-tiny", "llama-tiny"])
+def test_tiny_decoders_learn_a_batch_in_a_few_steps(name, one_thread):
+    from dpcomm.models.loss import classification_loss
+
+    torch.manual_seed(0)
+    model = get_model(name)
+    text = torch.tensor(list(b"def f(x):\n    return x + 1\n" * 12), dtype=torch.int64)
+    x, y = text[:64].view(1, 64), text[1:65].view(1, 64)  # next-byte targets
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(8):
+        loss = classification_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert losses[0] == pytest.approx(5.55, abs=0.3)  # ln 256: uniform over bytes at initialisation
+    assert losses[-1] < losses[0] - 1.0
 
 
 def test_forward_order_puts_aux_heads_where_they_run():
@@ -146,6 +268,16 @@ def test_classification_loss_adds_each_aux_head_with_weight_0_3():
     want = ce(main, y) + AUX_WEIGHT * ce(aux2, y) + AUX_WEIGHT * ce(aux1, y)
     assert torch.equal(classification_loss((main, aux2, aux1), y), want) and AUX_WEIGHT == 0.3
     assert torch.equal(classification_loss((main, None), y), ce(main, y))  # inception-v3 without aux
+
+
+def test_classification_loss_flattens_per_token_logits():
+    from dpcomm.models.loss import classification_loss
+
+    torch.manual_seed(0)
+    logits, y = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
+    want = nn.functional.cross_entropy(logits.reshape(10, 7), y.reshape(10))
+    assert torch.equal(classification_loss(logits, y), want)
+    assert torch.allclose(want, nn.functional.cross_entropy(logits.transpose(1, 2), y))  # mean over tokens
 
 
 def test_googlenet_trains_on_its_tuple_output():

@@ -1,4 +1,5 @@
-"""List the model zoo: input shape, classes, learnable layers and parameters of each network."""
+"""List the model zoo: input (an image shape, or ``T=1024 tokens``), classes (a decoder's: its vocabulary),
+learnable layers and parameters of each network."""
 
 from __future__ import annotations
 
@@ -25,14 +26,13 @@ def run(args: argparse.Namespace) -> int:
         return 0
     table = Table(title="dpcomm model zoo")
     for col, justify in (("model", "left"), ("input", "left"), ("classes", "right"), ("layers", "right")):
-        table.add_column(col, justify=justify)
-    table.add_column("parameters", justify="right")
+        table.add_column(col, justify=justify, no_wrap=True)  # names and numbers whole; the description wraps
+    table.add_column("parameters", justify="right", no_wrap=True)
     table.add_column("description")
     for r in rows:
-        shape = "x".join(str(d) for d in r["input_shape"])
         table.add_row(
             r["name"],
-            shape,
+            r["input"],
             str(r["num_classes"]),
             str(r["learnable_layers"]),
             f"{r['params']:,}",

@@ -1,16 +1,20 @@
-"""The model zoo (built from torch.nn) and the definition of a learnable layer."""
+"""The model zoo (built from torch.nn: CNNs, and GPT-2, BERT, ViT and Llama-style transformers) and the
+definition of a learnable layer."""
 
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.models.zoo import (
     MODELS,
     ModelSpec,
     count_params,
+    describe_input,
     example_input,
     get_model,
     input_shape,
+    input_vocab,
     model_info,
     model_names,
     num_classes,
+    per_token_targets,
 )
 
 __all__ = [
@@ -19,10 +23,13 @@ __all__ = [
     "MODELS",
     "ModelSpec",
     "count_params",
+    "describe_input",
     "example_input",
     "get_model",
     "input_shape",
+    "input_vocab",
     "model_info",
     "model_names",
     "num_classes",
+    "per_token_targets",
 ]
