@@ -16,6 +16,9 @@ $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q -e '.[dev]'
 	touch $(STAMP)
 
+# As root (network namespaces and tc): 4 emulated servers on 100 Mbit/s links, 5 schedules measured side by
+# side with the simulator's prediction, about 70 s on 2 cores. Otherwise one line says why, and the
+# simulator answers for a real cluster (a few seconds). Writes out/demo/.
 demo: $(STAMP)
 	$(BIN)/python -m dpcomm.demo
 
