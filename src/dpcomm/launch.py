@@ -202,6 +202,10 @@ def _quiet(enabled: bool) -> Iterator[None]:
             log.setLevel(level)
 
 
+_SHUTDOWN_S = 1
+"""Seconds the agent waits for workers to end on SIGTERM before it sends SIGKILL."""
+
+
 def _message(failure: Any) -> str:
     msg = failure.message
     if isinstance(msg, dict):
@@ -224,6 +228,8 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
         lifecycle.check_port_free(opts.master_port)  # torch's store: *:port
     with contextlib.ExitStack() as stack:
         scratch = stack.enter_context(lifecycle.scratch_dir())
+        stack.enter_context(lifecycle.temp_files_in(scratch))  # torch's pytorch-errorfile-* go there too
+        stack.enter_context(lifecycle.prompt_shutdown(_SHUTDOWN_S))  # a failed run ends ~--timeout after
         env = {
             "DPCOMM_LAUNCHER_PID": str(os.getpid()),
             "TORCHELASTIC_SIGNALS_TO_HANDLE": _AGENT_SIGNALS,  # torch sets it; this puts the old one back
@@ -235,6 +241,9 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
             start_method="spawn",
             logs_specs=DefaultLogsSpecs(log_dir=str(scratch)),
             signals_to_handle=_AGENT_SIGNALS,
+            # SIGTERM, then SIGKILL this much later (torch's default is 30 s): a stopped (SIGSTOP) or hung
+            # worker cannot act on SIGTERM, and dpcomm's workers need no time to clean up (they die on it)
+            shutdown_timeout=_SHUTDOWN_S,
         )
         if opts.nnodes == 1:
             store = stack.enter_context(lifecycle.local_store(opts.master_addr, opts.master_port))

@@ -10,7 +10,10 @@ nothing behind and ends in one line.
   Multi-node runs use torch's static rendezvous, which listens on every interface of node 0: there the
   user names the address and port (``--master-addr``/``--master-port``) and the network must be trusted.
 - **One scratch folder**, private (0700) and removed at exit, for the agent's logs and error files (torch
-  would leave a ``torchelastic_*`` folder in the temporary directory per run).
+  would leave a ``torchelastic_*`` folder in the temporary directory per run). While the agent runs, the
+  launcher's :func:`tempfile.gettempdir` is that folder too (:func:`temp_files_in`): torch's process
+  starter names each worker's error file there (``pytorch-errorfile-*.pickle``, which a failed worker
+  writes and nobody removes).
 - **Workers that die with the launcher.** Each worker asks the kernel for SIGKILL when its parent dies
   (``prctl(PR_SET_PDEATHSIG)``), so ``kill -9`` of the launcher leaves no worker behind; ``testbed
   launch`` does the same for the commands it starts in the namespaces (:func:`die_with_parent_preexec`).
@@ -181,6 +184,36 @@ def scratch_dir() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def prompt_shutdown(grace_s: float) -> Iterator[None]:
+    """When a worker fails, the others get ``grace_s`` to end, then SIGTERM, then ``grace_s`` more before
+    SIGKILL (torch's process context waits a fixed 30 s there, ignoring the agent's ``shutdown_timeout``:
+    a stopped (SIGSTOP) or wedged worker held a failed run for ``--timeout`` + 30 s)."""
+    from torch.multiprocessing.spawn import ProcessContext
+
+    join = ProcessContext.join
+
+    def prompt_join(self: Any, timeout: float | None = None, grace_period: float | None = None) -> bool:
+        return join(self, timeout, grace_s if grace_period is None else grace_period)
+
+    ProcessContext.join = prompt_join  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        ProcessContext.join = join  # type: ignore[method-assign]
+
+
+@contextlib.contextmanager
+def temp_files_in(path: Path) -> Iterator[None]:
+    """This process's temporary files go in ``path`` (``tempfile.tempdir``) until the block ends."""
+    old = tempfile.tempdir
+    tempfile.tempdir = str(path)
+    try:
+        yield
+    finally:
+        tempfile.tempdir = old
 
 
 @contextlib.contextmanager

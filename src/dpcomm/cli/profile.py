@@ -103,13 +103,13 @@ def _from_torch_profiler(args: argparse.Namespace):
     import torch
 
     from dpcomm.models import example_input, get_model, input_shape
-    from dpcomm.trace.torch_profiler import from_chrome_trace, recorded_input_shape
+    from dpcomm.trace.torch_profiler import MAX_PROFILER_BYTES, from_chrome_trace, recorded_input_shape
     from dpcomm.utils.io import read_json
 
     if args.skip < 0:
         raise UserError(f"--skip must be >= 0, got {args.skip}")
     model = get_model(args.model)
-    obj = read_json(args.from_torch_profiler)
+    obj = read_json(args.from_torch_profiler, max_bytes=MAX_PROFILER_BYTES)  # before it is read
     shape = recorded_input_shape(obj, type(model).__name__, args.from_torch_profiler)
     if args.batch_size is not None:
         if args.batch_size < 1:

@@ -8,6 +8,11 @@ forward and backward times ``f_l``/``b_l`` in seconds (MG-WFBP Table I calls the
      "layers": [{"name": "conv1", "params": 9408, "forward_s": 0.0012, "backward_s": 0.0025}, ...]}
 
 Extra fields are allowed and kept in ``Trace.extra`` / ``Layer.extra``.
+
+Limits, checked when a trace is read (a file of at most 64 MiB, :data:`dpcomm.utils.io.MAX_JSON_BYTES`):
+at most :data:`MAX_LAYERS` layers, :data:`MAX_PARAMS` parameters in all (so every byte count the planners
+and simulators compute fits an int64 and a float exactly), ``dtype_bytes`` up to :data:`MAX_DTYPE_BYTES`,
+``batch_size`` up to :data:`MAX_BATCH`, and each time up to :data:`MAX_SECONDS`.
 """
 
 from __future__ import annotations
@@ -21,9 +26,31 @@ from typing import Any
 from dpcomm.errors import UserError
 from dpcomm.utils.io import atomic_write_json, read_json
 
-__all__ = ["TRACE_FORMAT", "Layer", "Trace", "load_trace", "save_trace", "trace_from_dict"]
+__all__ = [
+    "MAX_BATCH",
+    "MAX_DTYPE_BYTES",
+    "MAX_LAYERS",
+    "MAX_PARAMS",
+    "MAX_SECONDS",
+    "TRACE_FORMAT",
+    "Layer",
+    "Trace",
+    "load_trace",
+    "save_trace",
+    "trace_from_dict",
+]
 
 TRACE_FORMAT = "dpcomm-trace/1"
+MAX_PARAMS = 10**13
+"""Most parameters in a trace (all layers): 10 trillion, 10x today's largest models; x 16 bytes < 2**53."""
+MAX_LAYERS = 100_000
+"""Most layers in a trace (the zoo's largest has 194; the exact planner is quadratic in layers)."""
+MAX_DTYPE_BYTES = 16
+"""Widest gradient element, bytes (complex128)."""
+MAX_BATCH = 2**31 - 1
+"""Largest per-worker batch size."""
+MAX_SECONDS = 86_400.0
+"""Longest forward or backward time of one layer, seconds (a day)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -119,12 +146,22 @@ _TOP = {"model": str, "batch_size": int, "device": str, "dtype_bytes": int}
 _LAYER = {"name": str, "params": int, "forward_s": float, "backward_s": float}
 
 
+def _shown(value: Any) -> str:
+    """``value`` quoted for a one-line message (a number of hundreds of digits is cut)."""
+    text = (
+        repr(value)
+        if not isinstance(value, int) or abs(value) < 10**30
+        else f"about 10**{len(str(abs(value))) - 1}"
+    )
+    return text if len(text) <= 60 else f"{text[:57]}..."
+
+
 def _check(value: Any, kind: type, where: str, source: str) -> Any:
     ok = isinstance(value, kind) and not isinstance(value, bool)
     if kind is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
     if not ok:
-        raise UserError(f"{source}: field '{where}' must be {kind.__name__}, got {value!r}")
+        raise UserError(f"{source}: field '{where}' must be {kind.__name__}, got {_shown(value)}")
     if kind is float and (not math.isfinite(value) or value < 0):
         raise UserError(f"{source}: field '{where}' must be a finite number >= 0, got {value!r}")
     if kind is int and value < 0:
@@ -142,15 +179,17 @@ def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
         if key not in obj:
             raise UserError(f"{source}: missing field '{key}'")
         _check(obj[key], kind, key, source)
-    for key in ("batch_size", "dtype_bytes"):
-        if obj[key] < 1:
-            raise UserError(f"{source}: field '{key}' must be >= 1, got {obj[key]!r}")
+    for key, most in (("batch_size", MAX_BATCH), ("dtype_bytes", MAX_DTYPE_BYTES)):
+        if not 1 <= obj[key] <= most:
+            raise UserError(f"{source}: field '{key}' must be from 1 to {most:,}, got {_shown(obj[key])}")
     layers = obj.get("layers")
     if not isinstance(layers, list):
         raise UserError(f"{source}: missing field 'layers' (a list)")
     if not layers:
         raise UserError(f"{source}: field 'layers' is empty (a trace needs at least one layer)")
-    parsed = []
+    if len(layers) > MAX_LAYERS:
+        raise UserError(f"{source}: {len(layers):,} layers, more than the {MAX_LAYERS:,} a trace may have")
+    parsed, total = [], 0
     for i, item in enumerate(layers):
         if not isinstance(item, dict):
             raise UserError(f"{source}: field 'layers[{i}]' must be an object")
@@ -158,6 +197,18 @@ def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
             if key not in item:
                 raise UserError(f"{source}: missing field 'layers[{i}].{key}'")
             _check(item[key], kind, f"layers[{i}].{key}", source)
+        total += item["params"]
+        if total > MAX_PARAMS:
+            raise UserError(
+                f"{source}: field 'layers[{i}].params' brings the trace to more than {MAX_PARAMS:,} "
+                f"parameters (got {_shown(item['params'])})"
+            )
+        for key in ("forward_s", "backward_s"):
+            if item[key] > MAX_SECONDS:
+                raise UserError(
+                    f"{source}: field 'layers[{i}].{key}' must be at most {MAX_SECONDS:g} s, "
+                    f"got {item[key]!r}"
+                )
         parsed.append(
             Layer(
                 name=item["name"],

@@ -21,6 +21,9 @@ iteration (MG-WFBP Table I's t_f^(l), t_b^(l), summing to the iteration, Eq. 3):
 Per-layer times are means over the recorded iterations (``skip`` drops the first few), so their sums equal the
 profiler's mean forward (module event) and backward (first to last evaluate-function event) times. On CUDA the
 events are the host's (launch times), not the kernels': this reads CPU traces.
+
+A trace file is at most :data:`MAX_PROFILER_BYTES` (256 MiB), checked before it is read (parsed, a Chrome
+trace takes about ten times its size in memory): profile fewer steps (``schedule(active=2)``) to shrink it.
 """
 
 from __future__ import annotations
@@ -39,7 +42,10 @@ from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.utils.io import read_json
 
-__all__ = ["from_chrome_trace", "recorded_input_shape"]
+__all__ = ["MAX_PROFILER_BYTES", "from_chrome_trace", "recorded_input_shape"]
+
+MAX_PROFILER_BYTES = 256 << 20
+"""Largest ``torch.profiler`` Chrome trace read, bytes (a few profiled iterations of the zoo are < 50 MB)."""
 
 _MODULE = "nn.Module: "
 _BACKWARD = "autograd::engine::evaluate_function: "
@@ -156,7 +162,7 @@ def from_chrome_trace(
     """Per-layer forward/backward times of ``model`` from a ``torch.profiler`` Chrome trace (see module
     docstring). ``example``: an input batch of the recorded shape (orders the modules; run once, no grad)."""
     source = source or (str(trace) if not isinstance(trace, dict) else "trace")
-    obj = trace if isinstance(trace, dict) else read_json(trace)
+    obj = trace if isinstance(trace, dict) else read_json(trace, max_bytes=MAX_PROFILER_BYTES)
     modules, ops, backward = _events(obj, source)
     layers = learnable_layers(model, example)
     owned = layer_params(model, layers)

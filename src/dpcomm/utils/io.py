@@ -35,7 +35,12 @@ __all__ = [
     "check_output_path",
     "check_figure_path",
     "read_json",
+    "MAX_JSON_BYTES",
 ]
+
+MAX_JSON_BYTES = 64 << 20
+"""Largest JSON file :func:`read_json` reads by default, bytes (64 MiB: a trace of 100,000 layers is ~10 MB;
+parsed JSON takes ~10x its size in memory, so a larger file is refused before it is read)."""
 
 
 def _target(path: Path) -> Path:
@@ -151,14 +156,25 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=1) + "\n")
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Parse a JSON file; a missing file or bad JSON becomes a one-line :class:`UserError` naming the file."""
+def read_json(path: str | os.PathLike, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
+    """Parse a JSON file of at most ``max_bytes``; a missing, too large or unreadable file or bad JSON
+    becomes a one-line :class:`UserError` naming the file. The size is checked before the file is read."""
+    limit = f"{max_bytes:,} bytes ({max_bytes / 2**20:g} MiB)"
     try:
-        text = Path(path).read_text()
+        with open(path, "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if stat.S_ISREG(st.st_mode) and st.st_size > max_bytes:
+                raise UserError(f"{path}: {st.st_size:,} bytes, more than the {limit} read")
+            data = fh.read(max_bytes + 1)  # a pipe or device: read no more than the limit allows
+        if len(data) > max_bytes:
+            raise UserError(f"{path}: more than the {limit} read")
+        text = data.decode()
     except FileNotFoundError:
         raise UserError(f"{path}: no such file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"{path}: cannot read ({exc})") from None
+    except MemoryError:
+        raise UserError(f"{path}: not enough memory to read it") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
@@ -166,3 +182,5 @@ def read_json(path: str | os.PathLike) -> Any:
         raise UserError(f"{path}: not valid JSON ({where}: {exc.msg})") from None
     except RecursionError:
         raise UserError(f"{path}: JSON nested too deeply to read") from None
+    except MemoryError:
+        raise UserError(f"{path}: not enough memory to parse it (profile or trace less)") from None
