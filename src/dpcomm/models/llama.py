@@ -140,8 +140,8 @@ class Llama(nn.Module):
         t = tokens.shape[1]
         if t > self.config.max_seq_len:
             raise ValueError(f"sequence of {t} tokens exceeds the context of {self.config.max_seq_len}")
-        cos, sin = self._rope(t, tokens.device)
         x = self.tok_embeddings(tokens)
+        cos, sin = (c.to(x.dtype) for c in self._rope(t, tokens.device))  # bf16 models stay bf16
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.output(self.norm(x))
