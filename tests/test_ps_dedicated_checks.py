@@ -27,6 +27,14 @@ def _ckpt(folder, **config) -> bytes:
     return checkpoint_path(folder).read_bytes()
 
 
+def _ckpt16(folder) -> bytes:
+    return _ckpt(folder, batch_size=16)
+
+
+def _ckpt3(folder) -> bytes:
+    return _ckpt(folder, world_size=3)
+
+
 def _corrupt(folder) -> bytes:
     _ckpt(folder)
     checkpoint_path(folder).write_bytes(b"not a checkpoint")
@@ -35,12 +43,12 @@ def _corrupt(folder) -> bytes:
 
 CASES = {
     # name: (make the folder's checkpoint, extra flags, the error's words)
-    "existing checkpoint, no --resume/--overwrite": (_ckpt, ["--iters", "8"], "exists: continue it with --resume"),
+    "existing checkpoint, no --resume/--overwrite": (_ckpt, ["--iters", "8"], "exists: continue it"),
     "corrupt checkpoint, no --resume": (_corrupt, ["--iters", "8"], "exists"),
     "corrupt checkpoint, --resume": (_corrupt, ["--iters", "8", "--resume"], "corrupt checkpoint"),
     "resume under another seed": (_ckpt, ["--iters", "8", "--resume", "--seed", "3"], "seed=0"),
-    "resume under another batch size": (lambda f: _ckpt(f, batch_size=16), ["--iters", "8", "--resume"], "batch_size=16"),
-    "resume under another --nproc": (lambda f: _ckpt(f, world_size=3), ["--iters", "8", "--resume"], "world_size=3"),
+    "resume under another batch size": (_ckpt16, ["--iters", "8", "--resume"], "batch_size=16"),
+    "resume under another --nproc": (_ckpt3, ["--iters", "8", "--resume"], "world_size=3"),
     "resume of a finished run": (_ckpt, ["--iters", "4", "--resume"], "already at iteration 4"),
     "resume with no checkpoint": (None, ["--iters", "8", "--resume"], "no checkpoint"),
 }  # fmt: skip

@@ -1,7 +1,11 @@
 """The parameter server as the training layer's ``ps`` kind (skipped where the training layer is absent).
 
-Budget: ~60 s on the 2-core VM (one 3-process run of two schedules, then a checkpointed and a resumed run).
+Both placements run through the one training loop: co-located (every rank a worker) and dedicated servers
+(``servers=S``: ``S`` server ranks after the workers). Budget: ~60 s on the 2-core VM (one 3-process run of
+three schedules, then a checkpointed and a resumed 5-process run with dedicated servers).
 """
+
+import json
 
 import pytest
 
@@ -37,13 +41,19 @@ def test_ps_trains_like_allreduce_and_resumes_bitwise(tmp_path):
         assert ps.loss_final == pytest.approx(single.loss_final, rel=1e-5)  # float sums in another order
         assert ps.test_accuracy == pytest.approx(single.test_accuracy, abs=0.01)
     assert pss[0].params_sha256 == pss[1].params_sha256  # the pull plan and mode change no value
-    ck = str(tmp_path / "ck")
+    # dedicated servers, through the same loop: half the run, then resumed; the same parameters and loss as
+    # co-located, the same JSON keys, a Chrome trace with the servers in it
+    ck, trace = str(tmp_path / "ck"), tmp_path / "trace.json"
     half = TrainConfig(model="lenet5", nproc=3, data="digits", iters=3, batch_size=8, progress=False,
-                       schedule="ps:layer", checkpoint=ck)  # fmt: skip
+                       schedule="ps:layer,servers=2", checkpoint=ck)  # fmt: skip
     train(half)
-    resumed = train(TrainConfig(**{**_fields(half), "iters": 6, "resume": True}))
-    whole = train(TrainConfig(**{**_fields(half), "iters": 6, "checkpoint": str(tmp_path / "ck2")}))
-    assert resumed.params_sha256 == whole.params_sha256
+    resumed = train(TrainConfig(**{**_fields(half), "iters": 6, "resume": True, "chrome_trace": str(trace)}))
+    assert resumed.start_iteration == 3 and resumed.nproc == 3
+    assert resumed.params_sha256 == pss[0].params_sha256  # bitwise: placement and resume change nothing
+    assert resumed.loss_final == pss[0].loss_final and resumed.test_accuracy == pss[0].test_accuracy
+    assert set(resumed.to_json()) == set(pss[0].to_json())
+    names = {e["args"]["name"] for e in json.loads(trace.read_text())["traceEvents"] if e.get("ph") == "M"}
+    assert {"rank 0", "rank 2", "server rank 3", "server rank 4"} <= names, names
 
 
 def _fields(cfg):

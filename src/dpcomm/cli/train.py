@@ -40,7 +40,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     n.add_argument("--epochs", type=int, default=None, help="total epochs (digits only)")
     p.add_argument("--batch-size", type=int, default=32, help="samples per worker per iteration (default 32)")
     p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate (default 0.05, momentum 0.9)")
-    p.add_argument("--data", default="synthetic", help="synthetic (default) or digits (scikit-learn)")
+    p.add_argument(
+        "--data",
+        default="synthetic",
+        help="synthetic (default), digits (scikit-learn) or text (the stdlib's source as bytes; decoders)",
+    )
     p.add_argument("--seed", type=int, default=0, help="seed for model, data and dropout (default 0)")
     p.add_argument("--checkpoint", metavar="DIR", default=None, help="write DIR/checkpoint.pt (rank 0)")
     p.add_argument("--checkpoint-every", type=int, default=0, metavar="K", help="every K iterations")

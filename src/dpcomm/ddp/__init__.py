@@ -4,7 +4,7 @@
   groups, or the nearest plan it can form;
 - :func:`wrap` (:mod:`dpcomm.ddp.wrap`): DDP built with a plan or a planner name decided on the workers;
 - :func:`collective_hook` (:mod:`dpcomm.ddp.hooks`): a dpcomm collective as ``hook(state, bucket)``;
-- :mod:`dpcomm.train.ddp_plan_replica`: ``dpcomm train --schedule ddp:PLANNER`` (a replica kind of the training loop).
+- ``dpcomm train --schedule ddp:PLANNER`` is the training loop's kind :mod:`dpcomm.train.ddp_plan_replica`.
 """
 
 from __future__ import annotations

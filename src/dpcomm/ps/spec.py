@@ -9,16 +9,50 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from enum import StrEnum
 
 from dpcomm.errors import UserError
 from dpcomm.planner.pull import PULL_METHODS
 
-__all__ = ["PROBES", "PULL_MODES", "PUSH_SCHEDULES", "PsSpec", "parse_ps_schedule", "parse_sparsify"]
+__all__ = [
+    "PROBES",
+    "PULL_MODES",
+    "PUSH_SCHEDULES",
+    "Probe",
+    "PsSpec",
+    "PullMode",
+    "Push",
+    "parse_ps_schedule",
+    "parse_sparsify",
+]
 
-PUSH_SCHEDULES = ("wfbp", "single")
-"""Push groupings: one push per layer as backward produces it (``wfbp``), or one after backward."""
 
-PULL_MODES = ("send", "request")
+class Push(StrEnum):
+    """Push groupings: one push per layer as backward produces it (``wfbp``), or one after backward."""
+
+    WFBP = "wfbp"
+    SINGLE = "single"
+
+
+class PullMode(StrEnum):
+    """How a pull batch leaves a server (:data:`PULL_MODES`)."""
+
+    SEND = "send"
+    REQUEST = "request"
+
+
+class Probe(StrEnum):
+    """What the probe of a planned pull plan does (:data:`PROBES`)."""
+
+    CONFIRM = "confirm"
+    SLOWDOWN = "slowdown"
+    NONE = "none"
+
+
+PUSH_SCHEDULES = tuple(Push)
+"""Push groupings, as text (:class:`Push`)."""
+
+PULL_MODES = tuple(PullMode)
 """How a pull batch leaves a server: ``send``, every batch right after the update, back to back (the
 messages pipeline, so a pull's start-up ``Ts`` is the transport's alone); ``request``, each batch when the
 worker asks for it, one batch outstanding per worker (a request to each server holding part of it; the
@@ -26,7 +60,7 @@ paper's pull: the next batch is asked for once the last one arrived, so every pu
 :mod:`dpcomm.ps.node`)."""
 
 
-PROBES = ("confirm", "slowdown", "none")
+PROBES = tuple(Probe)
 """``confirm`` (the default): the plan is kept unless the probe ran more than
 :data:`dpcomm.planner.pull.CONFIRM_REL` slower than modelled, else the better of ``all`` and ``layer``
 (:func:`dpcomm.planner.pull.confirm_plan`); ``slowdown``: fit the forward's slowdown while pulls are in
@@ -42,15 +76,15 @@ class PsSpec:
     """Pull method: ``all``, ``layer``, ``ibatch`` or ``optimal`` (:mod:`dpcomm.planner.pull`)."""
     servers: int = 0
     """Dedicated server processes S (>= 1); 0: co-located, every worker also serves one shard."""
-    push: str = "wfbp"
+    push: Push = Push.WFBP
     """Gradient push grouping: ``wfbp`` (each layer as backward produces it) or ``single``."""
     sparsify: float | None = None
     """Top-k ratio in (0, 1] for pushes (error feedback keeps the rest on the worker); None: dense."""
-    pulls: str = "send"
+    pulls: PullMode = PullMode.SEND
     """:data:`PULL_MODES`: servers send every batch after the update, or each on the worker's request."""
     probe_rounds: int = 3
     """Timed pull rounds (all-in-one and per layer) that measure ``Ts`` and ``Tt_i`` for ibatch/optimal."""
-    probe: str = "confirm"
+    probe: Probe = Probe.CONFIRM
     """ibatch/optimal (:data:`PROBES`): what a forward timed beside the pulls of the plan made under the
     paper's model does to that plan."""
 
@@ -61,12 +95,15 @@ class PsSpec:
             raise UserError(f"--ps-servers must be >= 1, got {self.servers}")
         if self.push not in PUSH_SCHEDULES:
             raise UserError(f"unknown push grouping {self.push!r}: use one of {', '.join(PUSH_SCHEDULES)}")
+        object.__setattr__(self, "push", Push(self.push))  # typed, whichever way it was given
         if self.sparsify is not None and not (math.isfinite(self.sparsify) and 0 < self.sparsify <= 1):
             raise UserError(f"sparsification ratio must be in (0, 1], got {self.sparsify}")
         if self.pulls not in PULL_MODES:
             raise UserError(f"unknown pull mode {self.pulls!r}: use one of {', '.join(PULL_MODES)}")
+        object.__setattr__(self, "pulls", PullMode(self.pulls))
         if self.probe not in PROBES:
             raise UserError(f"unknown pull probe {self.probe!r}: use one of {', '.join(PROBES)}")
+        object.__setattr__(self, "probe", Probe(self.probe))
         if self.probe_rounds < 1:
             raise UserError(f"probe rounds must be >= 1, got {self.probe_rounds}")
 

@@ -272,14 +272,14 @@ def trace_from_costs(
 def analytic_trace(model: str, batch_size: int, device: str | DevicePreset = "k80") -> Trace:
     """The analytic trace of zoo model ``model`` at ``batch_size`` on a device preset (``device`` field
     ``analytic:<preset>``). Built on the meta device: no memory, no compute."""
-    from dpcomm.models import get_model, input_shape
+    from dpcomm.models import example_input, get_model
 
     preset = resolve_device(device)
     if batch_size < 1:
         raise UserError(f"batch size must be >= 1, got {batch_size}")
     with torch.device("meta"):
         net = get_model(model)
-        example = torch.empty(batch_size, *input_shape(model))
+        example = example_input(model, batch_size, device="meta")  # token ids for a token model
     net.train()
     try:
         costs = layer_costs(net, example)

@@ -63,7 +63,7 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
         raise UserError(f"unknown mode {cfg.mode!r}; choose one of: {', '.join(MODES)}")
     if cfg.data not in DATA_KINDS:
         raise UserError(f"unknown data {cfg.data!r}; choose one of: {', '.join(DATA_KINDS)}")
-    if cfg.data == "digits":
+    if cfg.data in ("digits", "text"):
         from dpcomm.runtime.data import TrainData
 
         TrainData(cfg.data, **data_args(cfg, rank=0))  # the batch must fit the training set

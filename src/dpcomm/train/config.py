@@ -60,7 +60,8 @@ class TrainConfig:
     momentum: float = 0.9
     """SGD momentum."""
     data: str = "synthetic"
-    """``synthetic`` (random tensors, throughput) or ``digits`` (scikit-learn's digits, test accuracy)."""
+    """``synthetic`` (random tensors, throughput), ``digits`` (scikit-learn's digits, test accuracy) or
+    ``text`` (the Python standard library's source as bytes, next-byte targets: decoders)."""
     seed: int = 0
     """Seeds the model, the data split and order, and dropout."""
     checkpoint: str | None = None
@@ -220,11 +221,13 @@ def total_iterations(cfg: TrainConfig) -> int:
 
 def data_args(cfg: TrainConfig, rank: int) -> dict[str, Any]:
     """Keyword arguments of :class:`~dpcomm.runtime.data.TrainData` for ``rank``."""
-    from dpcomm.models import input_shape, num_classes
+    from dpcomm.models import input_shape, input_vocab, num_classes, per_token_targets
 
     return {
         "input_shape": input_shape(cfg.model),
         "num_classes": 10 if cfg.data == "digits" else num_classes(cfg.model),
+        "vocab": input_vocab(cfg.model),
+        "per_token": per_token_targets(cfg.model),
         "batch_size": cfg.batch_size,
         "world_size": cfg.world_size,
         "rank": rank,

@@ -43,7 +43,7 @@ class PsReplica:
     def __init__(self, ctx: ReplicaContext) -> None:
         import torch
 
-        from dpcomm.models import input_shape
+        from dpcomm.models import example_input
         from dpcomm.ps.rank import PsRank
         from dpcomm.utils.groups import group_timeout
 
@@ -68,8 +68,7 @@ class PsReplica:
         # random draws alone; a dedicated server computes nothing
         sample = None
         if self.role == "worker":
-            shape = input_shape(cfg.model)
-            sample = torch.randn(cfg.batch_size, *shape, generator=torch.Generator().manual_seed(0))
+            sample = example_input(cfg.model, cfg.batch_size, generator=torch.Generator().manual_seed(0))
         # A process group of its own: replicas of several schedules run interleaved in one loop, and another
         # parameter server's messages (same tags) must never land in this one's posted receives.
         group = torch.distributed.new_group(list(range(ctx.world)), timeout=group_timeout())  # the run's
