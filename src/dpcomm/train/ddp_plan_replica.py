@@ -2,13 +2,13 @@
 ``ddp:single``, ``ddp:bucket:SIZE``) is stock PyTorch DDP whose buckets are the planner's plan
 (:func:`dpcomm.ddp.wrap`); plain ``ddp`` stays DDP with its default buckets (:mod:`dpcomm.train.ddp_replica`).
 
-The training layer adapts :mod:`dpcomm.ddp` to its loop here: ``dpcomm.train`` -> ``dpcomm.ddp``, one way
-only (:func:`dpcomm.train.replica._builtin` imports this module). It registers kind ``ddp``, checking
-the schedule and handing plain ``ddp`` to the baseline replica. With a planner, the first iteration's batch is the example ``wrap`` profiles the layers on (so the layers are timed
-on the data actually trained); planning, the timed trial of candidate plans (``mgwfbp``/``optimal``) and that
-first iteration are one ``profile`` record, the rest are steady. ``--collective`` other than ``native`` runs
-as a dpcomm comm hook on its own thread. When resuming, the checkpoint's plan is rebuilt as it was (no new
-planning).
+The training layer adapts :mod:`dpcomm.ddp` to its loop here: ``dpcomm.train`` -> ``dpcomm.ddp``, one way only
+(:func:`dpcomm.train.replica._builtin` imports this module). It registers kind ``ddp``, checking the schedule
+and handing plain ``ddp`` to the baseline replica. With a planner, the first iteration's batch is the example
+``wrap`` profiles the layers on (so the layers are timed on the data actually trained); planning, the timed
+trial of candidate plans (``mgwfbp``/``optimal``) and that first iteration are one ``profile`` record, the
+rest are steady. ``--collective`` other than ``native`` runs as a dpcomm comm hook on its own thread. When
+resuming, the checkpoint's plan is rebuilt as it was (no new planning).
 
 ``--replan-every K`` (``ddp:PLANNER`` only): after every ``K`` steady iterations, before the next one, the
 layers are profiled again on that iteration's batch and the all-reduce measured
