@@ -8,7 +8,11 @@ through can never touch this machine's namespaces.
 
 from __future__ import annotations
 
+import glob
+import json
 import os
+import tempfile
+import time
 
 import pytest
 
@@ -24,6 +28,12 @@ def files(tmp_path, monkeypatch):
     (tmp_path / "adir").mkdir()
     (tmp_path / "deep.json").write_text(_DEEP)
     (tmp_path / "victim.json").write_text("{}")
+    layer = {"name": "fc", "params": 10**30, "forward_s": 0.001, "backward_s": 0.002}
+    top = {"format": "dpcomm-trace/1", "model": "m", "batch_size": 1, "device": "cpu", "dtype_bytes": 4}
+    (tmp_path / "huge_layer.json").write_text(json.dumps({**top, "layers": [layer]}))
+    for name, size in (("big_trace.json", 65 << 20), ("big_profile.json", 257 << 20)):
+        with open(tmp_path / name, "wb") as fh:  # sparse: no disk is written, the size is what counts
+            fh.truncate(size)
     monkeypatch.setenv("DPCOMM_TESTBED_DIR", str(tmp_path / "state" / "tb"))
     return tmp_path
 
@@ -45,6 +55,7 @@ def no_ip(monkeypatch):
 _SIM = ["simulate", "--trace", "lenet5", "--nodes", "4", "--schedules", "wfbp"]
 _BENCH = ["bench", "--nproc", "2", "--algos", "ring", "--ops", "allreduce", "--sizes", "4K", "--json"]
 _CAL = ["calibrate", "--nproc", "2", "-o", "net.json"]
+_NET = ["netsim", "--topology", "star:4"]
 
 CASES = [
     # outputs: a folder, a folder-like name, a format nothing draws
@@ -100,6 +111,63 @@ CASES = [
     (["testbed", "up", "--topology", "star:2", "--cpus", "nan"], "--cpus nan must be at least 0.1"),
     (["testbed", "up", "--topology", "star:2", "--cpus", "-1"], "--cpus -1 must be at least 0.1"),
     (["testbed", "up", "--topology", "star:2", "--cpus", "inf"], "more than this machine's"),
+    # sizes: beyond int64 or a stated maximum, negative, unreadable (issue 28)
+    ([*_NET, "--sizes", "40000000000G", "--alpha-us", "0"], "is more than 1,125,899,906,842,624 bytes"),
+    ([*_NET, "--sizes", "9999999999999999999999"], "is more than 1,125,899,906,842,624 bytes"),
+    ([*_NET, "--sizes", "2000000G"], "is more than 1,125,899,906,842,624 bytes"),  # netsim's 1 PiB
+    ([*_NET, "--sizes", "9" * 5000], "cannot read '99999"),
+    ([*_NET, "--sizes=-1M"], "cannot read '-1M'"),
+    ([*_NET, "--sizes", "-1M"], "expected one argument, or a value that starts with '-'"),
+    ([*_NET, "--block-bytes", "9" * 5000], "--block-bytes: cannot read"),
+    ([*_NET, "--alpha-us", "9" * 400], "--alpha-us must be a number from 0 to"),
+    ([*_NET, "--mtu", "99999999"], "--mtu must be a number from 0 to 65535"),
+    ([*_BENCH[:8], "9999999999999999999999", "--json"], "is more than 9,223,372,036,854,775,807"),
+    # topologies: a server limit checked from the spec's numbers, and bounded work
+    (["netsim", "--topology", "fattree:1000"], "has 250,000,000 servers, more than the 16,384"),
+    (["netsim", "--topology", "fattree:48"], "has 27,648 servers, more than the 16,384"),
+    (["netsim", "--topology", "bcube:1000,3"], "more than the 16,384"),
+    (["netsim", "--topology", "bcube:2,999999999"], "has more servers, more than the 16,384"),
+    (["netsim", "--topology", "star:100000000"], "more than the 16,384"),
+    (["netsim", "--topology", "leafspine:1000,1000"], "more than the 16,384"),
+    (["netsim", "--topology", "star:" + "9" * 5000], "more than 9 digits"),
+    ([*_SIM, "--topology", "fattree:48"], "more than the 16,384"),
+    (["netsim", "--topology", "star:16384", "--algorithms", "ring"], "flows over all its steps, more than"),
+    (["netsim", "--topology", "fattree:32", "--algorithms", "ps"], "flows in one step, more than"),
+    (["netsim", "--topology", "star:4", "--algorithms", "auto"], "'auto' has no flow schedule"),
+    # rates
+    (["testbed", "up", "--topology", "star:2", "--rate=-1gbit"], "bad rate '-1gbit'"),
+    (["testbed", "up", "--topology", "star:2", "--rate", "-1gbit"], "argument --rate: expected one argument"),
+    (["testbed", "rate", "--rate", "9" * 400 + "gbit"], "bad rate"),
+    (["testbed", "rate", "--rate", "20tbit"], "too high"),
+    ([*_NET, "--rate=-1gbit"], "bad rate '-1gbit'"),
+    # traces and input files: bounded before they are read
+    (["simulate", "--trace", "huge_layer.json", "--nodes", "4"], "more than 10,000,000,000,000 parameters"),
+    (["simulate", "--trace", "huge_layer.json", "--nodes", "4", "--topology", "star:4"], "parameters"),
+    (["simulate", "--trace", "big_trace.json", "--nodes", "4"], "more than the 67,108,864 bytes"),
+    (
+        ["profile", "--model", "lenet5", "--from-torch-profiler", "big_profile.json"],
+        "more than the 268,435,456",
+    ),
+    # argparse's own errors: one line with a pointer to the help, not the usage block
+    (["netsim", "--topology", "star:4", "--ps-servers", "x"], "unrecognized arguments: --ps-servers x"),
+    (["train", "--replan-every", "x"], "invalid int value: 'x' (see dpcomm train --help)"),
+    (["train", "--ps-servers", "x"], "(see dpcomm train --help)"),
+    (["bench", "--frob"], "(see dpcomm bench --help)"),
+    (["frob"], "invalid choice: 'frob'"),
+    ([], "the following arguments are required: COMMAND"),
+    (["testbed"], "(see dpcomm testbed --help)"),
+    (["simulate", *_SIM[1:], "--algo", "nope"], "unknown algorithm 'nope'"),
+    # output folders that do not exist are an error, not created
+    ([*_SIM, "--plot", "nodir/x.png"], "no folder"),
+    ([*_SIM, "--timeline", "nodir/x.png"], "no folder"),
+    ([*_SIM, "--chrome-trace", "nodir/x.json"], "no folder"),
+    ([*_NET, "--plot", "nodir/deeper/x.png"], "no folder"),
+    ([*_BENCH, "--fit", "nodir/net.json"], "no folder"),
+    (["calibrate", "--nproc", "2", "-o", "nodir/net.json"], "no folder"),
+    (
+        ["profile", "--model", "lenet5", "--batch-size", "2", "--analytic", "k80", "-o", "nodir/t.json"],
+        "no folder",
+    ),
 ]
 
 
@@ -111,6 +179,7 @@ def test_bad_input_is_one_line_and_exit_2(files, no_ip, capsys, argv, words):
     assert err.count("\n") == 1 and err.startswith("dpcomm: error: "), err
     assert words in err, err
     assert (files / "victim.json").exists()
+    assert not (files / "nodir").exists()  # an output's missing folder is never created
 
 
 def test_an_output_folder_is_refused_before_any_work(files, monkeypatch, capsys):
@@ -140,3 +209,36 @@ def test_the_testbed_state_folder_is_never_left(files, no_ip):
     os.makedirs(files / "state" / "tb")
     (files / "state" / "tb" / "..json").write_text("{}")  # a stray file is not a testbed name
     assert state.saved_names() == []
+
+
+def stop_one(timeout_s: float) -> int:
+    """Worker: rank 1 stops itself (SIGSTOP); rank 0's all-reduce times out and fails the run."""
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    from dpcomm.launch import init_worker
+
+    rank, _ = init_worker(timeout_s=timeout_s)
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)
+    dist.all_reduce(torch.zeros(4))
+    return rank
+
+
+@pytest.mark.slow
+def test_a_stopped_rank_ends_the_run_near_its_timeout_and_leaves_no_error_files():
+    """A stopped rank held a failed run for --timeout + 30 s (torch's fixed grace before SIGKILL), and each
+    failed run left a ``pytorch-errorfile-*`` in the temporary directory."""
+    from dpcomm.launch import WorkerFailure, launch
+
+    pattern = os.path.join(tempfile.gettempdir(), "pytorch-errorfile-*")
+    before = set(glob.glob(pattern))
+    timeout_s = 3.0
+    t0 = time.monotonic()
+    with pytest.raises(WorkerFailure, match="rank 0"):
+        launch(stop_one, 2, timeout_s)
+    # start-up (two workers importing torch on a loaded 2-core VM) + timeout + ~2 s of SIGTERM, SIGKILL
+    assert time.monotonic() - t0 < 25 + timeout_s
+    assert set(glob.glob(pattern)) <= before

@@ -10,7 +10,7 @@ link utilisation at the largest size. Algorithm names are the registry's (``dpco
 dedicated servers.
 
 Limits, checked before anything is built: at most 16,384 servers (``dpcomm.topology.MAX_SERVERS``),
-sizes of 4 B to 1 PiB, 20 M flows in one step and 400 M over one allreduce
+sizes of 4 B to 1 PiB, 20 M flows in one step and 200 M over one allreduce
 (``dpcomm.sim.network.algorithms``), LP at most 65,536 blocks (a smaller ``--block-bytes`` is raised),
 ``--alpha-us`` up to 1 s, ``--mtu`` up to 65,535.
 """

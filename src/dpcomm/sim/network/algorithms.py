@@ -55,9 +55,9 @@ MAX_BYTES = 1 << 50
 """Largest allreduce the flow model prices: 1 PiB (beyond it byte counts near int64's range, 8 EiB)."""
 MAX_FLOWS = 20_000_000
 """Most flows in one step (a 4,096-server parameter server's step is 16.8 M): about 1 GB of routes."""
-MAX_FLOW_STEPS = 400_000_000
-"""Most flows over a whole schedule (steps x flows per step; a ring on 16,384 servers is 537 M): what
-bounds the time and memory of one simulated allreduce."""
+MAX_FLOW_STEPS = 200_000_000
+"""Most flows over a whole schedule (the sum of its steps' flows): what bounds the memory (~18 bytes a
+flow) and time of one simulated allreduce. A ring on 8,192 servers is 134 M; on 16,384, 537 M, refused."""
 
 _MODULES = {"ring": ring, "be": be, "mst": mst, "ps": ps, "native": ring}
 SCHEDULES = ("ring", "be", "mst", "lp", "ps", "bcube", "native")
@@ -94,22 +94,22 @@ def parse_algorithm(text: str) -> tuple[str, int | None]:
     return canonical, int(arg)
 
 
-def _flows_per_step(name: str, p: int, arg: int | None, blocks: int, cube: BCube | None) -> tuple[int, int]:
-    """``(most flows in one step, steps)`` of ``name``'s allreduce on ``p`` ranks (upper bounds), before
-    any of it is built; ``blocks``: LP's block count."""
+def _flows(name: str, p: int, arg: int | None, blocks: int, cube: BCube | None) -> tuple[int, int]:
+    """``(most flows in one step, flows over all steps)`` of ``name``'s allreduce on ``p`` ranks (upper
+    bounds from the algorithms' docstrings), before any of it is built; ``blocks``: LP's block count."""
     if name in ("ring", "native"):
-        return p, 2 * (p - 1)
-    if name in ("be", "mst"):
-        return p, 4 * max(1, (p - 1).bit_length()) + 4
-    if name == "lp":
-        return 2 * p, blocks + 2 * p
+        return p, p * 2 * (p - 1)
+    if name in ("be", "mst"):  # at most one message per rank per step, 2 log2 p steps (+ BE's fold)
+        return p, p * (4 * max(1, (p - 1).bit_length()) + 4)
+    if name == "lp":  # every block crosses the p - 1 links of the chain up, then down
+        return 2 * min(blocks, p - 1), 2 * blocks * (p - 1)
     if name == "ps":
-        return p * (p - 1), 2
+        return p * (p - 1), 2 * p * (p - 1)
     if name == "ps-dedicated":
         servers = arg if arg is not None else max(1, p // 2)
-        return max(0, p - servers) * servers, 2
+        return max(0, p - servers) * servers, 2 * max(0, p - servers) * servers
     n, k = (cube.n, cube.k) if cube is not None else (2, 1)
-    return k * p * (n - 1), 2 * k  # bcube: every server's k threads send to its n - 1 neighbours
+    return k * p * (n - 1), 2 * k * k * p * (n - 1)  # bcube: each server's k threads, n - 1 neighbours
 
 
 def check_work(algo: str, p: int, *, blocks: int = 1, cube: BCube | None = None) -> None:
@@ -117,13 +117,12 @@ def check_work(algo: str, p: int, *, blocks: int = 1, cube: BCube | None = None)
     :data:`MAX_FLOWS` in a step or :data:`MAX_FLOW_STEPS` in all (``blocks``: LP's pipeline blocks;
     ``cube``: the BCube that ``bcube`` runs on)."""
     name, arg = parse_algorithm(algo)
-    per_step, steps = _flows_per_step(name, p, arg, blocks, cube)
+    per_step, total = _flows(name, p, arg, blocks, cube)
     if per_step > MAX_FLOWS:
         raise UserError(f"{algo} on {p} servers is {per_step:,} flows in one step, more than {MAX_FLOWS:,}")
-    if per_step * steps > MAX_FLOW_STEPS:
+    if total > MAX_FLOW_STEPS:
         raise UserError(
-            f"{algo} on {p} servers is {per_step * steps:,} flows over {steps:,} steps, "
-            f"more than {MAX_FLOW_STEPS:,}"
+            f"{algo} on {p} servers is {total:,} flows over all its steps, more than {MAX_FLOW_STEPS:,}"
         )
 
 
