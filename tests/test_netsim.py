@@ -241,3 +241,18 @@ def test_simulate_cli_on_an_oversubscribed_fabric(capsys):
     assert over > full  # the ring's leaf-crossing flows get a quarter of a link
     assert main([*args, "--topology", "star:8"]) == 2
     assert "does not fit" in capsys.readouterr().err
+
+
+def test_lp_blocks_and_every_schedule_s_flows_are_bounded_before_building():
+    from dpcomm.costmodel.lp import MAX_BLOCKS
+    from dpcomm.errors import UserError
+    from dpcomm.sim.network.algorithms import check_work, schedule
+
+    fabric = make_fabric("star:4", 10e9)
+    steps = schedule("lp", fabric, 1 << 30, 0.0, block_bytes=1)  # 2**30 one-byte blocks asked for
+    assert len(steps) <= MAX_BLOCKS + 2 * 4
+    with pytest.raises(UserError, match="flows over all its steps"):
+        check_work("ring", 16_384)
+    with pytest.raises(UserError, match="flows in one step"):
+        check_work("ps", 8_192)
+    check_work("ps", 4_096)  # BML's largest study fits
