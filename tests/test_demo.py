@@ -48,6 +48,21 @@ def test_testbed_names_fit_and_are_this_process():
     names.check_name(demo.testbed_name(2**22))  # the largest pid Linux gives still fits 8 characters
 
 
+def test_pooled_cost_fits_the_median_of_every_schedules_points():
+    """Four schedules' profiled all-reduces, one of them noisy: the fit goes through the medians."""
+    from types import SimpleNamespace
+
+    a, b = 3e-3, 125e-9
+    sizes = [4_212, 16_856, 67_428, 269_720, 1_078_888]
+    clean = [[m, a + b * m] for m in sizes]
+    noisy = [[m, 3 * (a + b * m)] for m in sizes]
+    results = [SimpleNamespace(cost={"points": pts}) for pts in (clean, clean, clean, noisy)]
+    results.append(SimpleNamespace(cost=None))  # DDP profiles nothing
+    cost = demo.pooled_cost(results)
+    assert cost.a == pytest.approx(a, rel=1e-6) and cost.b == pytest.approx(b, rel=1e-6)
+    assert demo.pooled_cost([SimpleNamespace(cost=None)]) is None
+
+
 def _why_not() -> str | None:
     if os.geteuid() != 0:
         return "needs root (network namespaces, bridges, tc)"
@@ -108,3 +123,24 @@ def test_interrupted_run_takes_its_testbed_down(state_dir, monkeypatch, capsys):
     assert seen and len(seen[0]) == 5  # it was up: 4 servers and the switch
     assert not _ours()
     assert "interrupted" in capsys.readouterr().err
+
+
+@pytest.mark.testbed
+@pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+def test_a_killed_demos_testbed_is_removed_by_the_next(state_dir):
+    """A demo killed with SIGKILL leaves its testbed (its workers die with it); the next demo removes it,
+    and leaves alone the testbed of a demo that still runs (here: this process's)."""
+    from dpcomm.testbed import TestbedConfig, down, leftovers, up
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    dead, alive = demo.testbed_name(gone.pid), demo.testbed_name()
+    try:
+        for name in (dead, alive):
+            up(TestbedConfig(name=name, topology="star:2", rate_bps=100_000_000))
+        demo._remove_stale()
+        assert not leftovers(dead)
+        assert len(leftovers(alive)) == 3
+    finally:
+        down(dead)
+        down(alive)
