@@ -246,11 +246,12 @@ def test_simulate_cli_on_an_oversubscribed_fabric(capsys):
 def test_lp_blocks_and_every_schedule_s_flows_are_bounded_before_building():
     from dpcomm.costmodel.lp import MAX_BLOCKS
     from dpcomm.errors import UserError
-    from dpcomm.sim.network.algorithms import check_work, schedule
+    from dpcomm.sim.network.algorithms import check_allreduce, check_work, schedule
 
     fabric = make_fabric("star:4", 10e9)
-    steps = schedule("lp", fabric, 1 << 30, 0.0, block_bytes=1)  # 2**30 one-byte blocks asked for
-    assert len(steps) <= MAX_BLOCKS + 2 * 4
+    block = check_allreduce("lp", fabric, 1 << 30, 0.0, block_bytes=1)  # 2**30 one-byte blocks asked for
+    assert block == (1 << 30) // MAX_BLOCKS
+    assert len(schedule("lp", fabric, 4096, 0.0, block_bytes=1)) == 1024 + 2 * 4 - 2  # one element each
     with pytest.raises(UserError, match="flows over all its steps"):
         check_work("ring", 16_384)
     with pytest.raises(UserError, match="flows in one step"):
