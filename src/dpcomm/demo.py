@@ -25,9 +25,9 @@ and the Chrome traces (``trace.<schedule>.json``) under ``--out``. The testbed g
 Where the machine does not allow it, one line says why and :mod:`dpcomm.demo_sim` shows the simulator's
 answer for a real cluster (GoogLeNet on 8-64 nodes of 10 GbE) instead.
 
-On the 2-core VM (load 4-10 from other jobs), seven runs put ``optimal`` at 0.766-0.779 of DDP's iteration
-time and ``mgwfbp`` at 0.80-0.92 (it keeps 2 or 3 groups, or DDP's buckets when its timed trial says so),
-in 64-97 s in all.
+On the 2-core VM (load 4-10 from other jobs), nine runs put dpcomm's best plan at 0.759-0.779 of DDP's
+iteration time (``optimal`` every time but once), ``mgwfbp`` at 0.77-0.92 (its greedy merge keeps 2 to 4
+groups; once its timed trial kept DDP's buckets), in 64-97 s in all.
 
 Run: ``python -m dpcomm.demo [--simulate] [--rate 100mbit] [--iters 30] [--out out/demo]``.
 """
