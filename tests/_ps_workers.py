@@ -17,10 +17,10 @@ import torch.distributed as dist
 from dpcomm.launch import init_worker
 from dpcomm.models import get_model, input_shape
 from dpcomm.ps.layout import Layout
-from dpcomm.ps.server import PsServer
-from dpcomm.ps.worker import PsWorker
 from dpcomm.ps.rank import PsRank
+from dpcomm.ps.server import PsServer
 from dpcomm.ps.spec import PsSpec
+from dpcomm.ps.worker import PsWorker
 from dpcomm.runtime.data import TrainData, derive_seed
 from dpcomm.train.setup import params_sha256
 from dpcomm.utils.groups import group_timeout

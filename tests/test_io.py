@@ -76,7 +76,11 @@ def test_a_folder_is_one_line_before_and_at_the_write(tmp_path):
     (tmp_path / "file").write_text("")
     with pytest.raises(UserError, match="is not a folder"):
         check_output_path(tmp_path / "file" / "out.json")
-    assert check_output_path(tmp_path / "a" / "b" / "out.json") == tmp_path / "a" / "b" / "out.json"
+    with pytest.raises(UserError, match="no folder"):  # a folder that does not exist is not created
+        check_output_path(tmp_path / "a" / "b" / "out.json")
+    assert not (tmp_path / "a").exists()
+    deep = tmp_path / "a" / "b" / "out.json"
+    assert check_output_path(deep, make_folders=True) == deep  # a library caller may ask for them
 
 
 def test_deep_json_is_one_line(tmp_path):

@@ -37,7 +37,7 @@ class Checked:
 
 def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
     """Check ``cfg`` (and ``schedules``, default ``[cfg.schedule]``) without starting workers."""
-    from dpcomm.collectives import names as collective_names
+    from dpcomm.collectives import resolve as resolve_collective
     from dpcomm.models import input_shape
     from dpcomm.runtime.bsp import MODES
     from dpcomm.runtime.checkpoint import (
@@ -55,10 +55,11 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
         from dpcomm import lifecycle
 
         lifecycle.check_nproc(cfg.nproc + servers)  # the last node starts its workers and the servers
-    if cfg.collective not in collective_names():
-        raise UserError(
-            f"unknown collective {cfg.collective!r}; choose one of: {', '.join(collective_names())}"
-        )
+    collective = resolve_collective(cfg.collective, what="--collective")  # an alias (bml) is its algorithm
+    if collective == "bcube" and cfg.world_size > 1:  # BML needs P = n^k workers, known before any starts
+        from dpcomm.topology import bcube_shape
+
+        bcube_shape(cfg.world_size)
     if cfg.mode not in MODES:
         raise UserError(f"unknown mode {cfg.mode!r}; choose one of: {', '.join(MODES)}")
     if cfg.data not in DATA_KINDS:

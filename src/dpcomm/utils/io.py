@@ -62,7 +62,7 @@ def _is_special(st: os.stat_result | None) -> bool:
     )
 
 
-def check_output_path(path: str | os.PathLike, *, make_folders: bool = True) -> Path:
+def check_output_path(path: str | os.PathLike, *, make_folders: bool = False) -> Path:
     """Refuse, in one line, an output path that no write could use: empty, a folder, a name ending in
     ``/``, a file in a folder that is a file, or one we may not write; with ``make_folders=False`` (the
     command line's rule) also a file whose folder does not exist. Commands call it on every output flag
@@ -95,7 +95,7 @@ def check_output_path(path: str | os.PathLike, *, make_folders: bool = True) -> 
     return p
 
 
-def check_figure_path(path: str | os.PathLike, *, make_folders: bool = True) -> Path:
+def check_figure_path(path: str | os.PathLike, *, make_folders: bool = False) -> Path:
     """:func:`check_output_path`, and the suffix must be a format matplotlib writes (none: PNG)."""
     p = check_output_path(path, make_folders=make_folders)
     fmt = p.suffix.lstrip(".").lower()
