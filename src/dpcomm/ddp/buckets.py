@@ -1,25 +1,39 @@
 """A dpcomm plan as DistributedDataParallel buckets: ``bucket_cap_mb_list``, one cap per bucket.
 
-How torch 2.13's DDP cuts buckets (``torch/nn/parallel/distributed.py``, ``_BucketCapacityConfig``, and the
-reducer's ``compute_bucket_assignment_by_size``): it walks the parameters in an order, adds each one's
-gradient bytes to the open bucket, and closes the bucket as soon as it holds ``>=`` that bucket's cap; the
-``k``-th bucket gets ``bucket_cap_mb_list[k]`` (the last cap repeats). After the first iteration the reducer
-*rebuilds* its buckets in the order the gradients became ready in that backward pass, with the same list, and
-keeps them. With ``bucket_cap_mb_list`` given, the first bucket has no separate cap (the list's first entry is
-its cap). So a plan's groups, in communication order (the backward order MG-WFBP merges in), become DDP's
-buckets when
+A plan's layers are the model's *gradient units* (:mod:`dpcomm.trace.units`: parameters whose gradients
+become ready together, forward order), the layers of a ``dpcomm-trace/2``; a layer-level trace (``/1``,
+analytic) gives units equal to learnable layers, which is what they are for a CNN.
 
-- the caps are the groups' exact byte sizes, in communication order (``int(cap_mb * 2**20)`` is exact for
-  ``cap_mb = bytes / 2**20``: dividing by a power of two loses nothing), and
-- every group's gradients are ready before any later group's (then the running sum meets each cap exactly at
-  the group's last parameter).
+How torch 2.13's DDP cuts buckets (``torch/nn/parallel/distributed.py``: ``_BucketCapacityConfig``,
+``_ddp_init_helper``; the reducer's ``compute_bucket_assignment_by_size`` and ``rebuild_buckets``): it walks
+the parameters in an order, adds each one's gradient bytes to the open bucket, and closes the bucket as soon
+as it holds ``>=`` that bucket's cap; the ``k``-th bucket of the walk gets ``bucket_cap_mb_list[k]`` (the
+last cap repeats). With a list given, the first bucket has no separate cap, and the same list serves both
+walks DDP makes:
 
-The second condition is about the model, not the plan: a layer whose parameters are used at two places of
-the forward pass (a module using one weight early and another late) has gradients ready at two times, with
-other layers' in between. A cut DDP cannot make there is dropped (the two groups around it merge) and
-:class:`BucketCaps` says so in one line, with the cost model's price of the difference when a trace and a
-cost are given. The first iteration (before the rebuild) cuts the same caps in registration order; its
-buckets differ from the plan, its sums do not.
+- **at construction** it walks the parameters in *registration* order (``named_parameters()``, a tied one
+  at its first name, frozen ones left out) and reverses the resulting bucket list, so the first cap goes
+  to the bucket that communicates *last*;
+- **after the first backward** (``find_unused_parameters=False``, or ``static_graph=True`` after the
+  second) the reducer *rebuilds* its buckets, walking the parameters in the order their gradients became
+  ready in that backward (with ``static_graph`` the unused ones follow, in registration order: a plan
+  whose units put them first, as the units do, loses the cuts around them), and keeps them. With
+  ``find_unused_parameters=True`` and no ``static_graph`` it never rebuilds (``should_rebuild_buckets``):
+  the construction-time buckets are the buckets for good.
+
+So a plan's groups, in communication order, become DDP's buckets when the caps are the groups' exact byte
+sizes (``int(cap_mb * 2**20)`` is exact for ``cap_mb = bytes / 2**20``) in the order DDP's walk meets them
+(communication order for the rebuild; reversed for the registration walk), and every group's parameters
+are contiguous in that walk (then the running sum meets each cap exactly at the group's last parameter).
+
+For the rebuild walk this holds for every plan over units whose ready order is the same every iteration:
+units *are* runs of the ready order. For the registration walk it holds when each group's parameters are
+contiguous in reverse registration order: a model whose modules are registered in the order they run (as
+GPT-2's are, a tied embedding registered first and ready last, an unused head registered last and, being
+unused, ready first; see the unit rules). Where it does not hold the cut is dropped (the groups around it
+merge, the finest such coarsening) and :class:`BucketCaps` says which and why in one line, with the cost
+model's price of the difference when a trace and a cost are given. The first iteration before a rebuild
+cuts the same caps in registration order; its buckets differ from the plan, its sums do not.
 """
 
 from __future__ import annotations
@@ -28,16 +42,41 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.models.layers import layer_params, learnable_layers
+from dpcomm.models.layers import learnable_layers
 from dpcomm.plan import Plan
 from dpcomm.trace.format import Trace
+from dpcomm.trace.units import (
+    Unit,
+    gradient_units,
+    layer_units,
+    ready_sequence,
+    trainable_names,
+    unit_params,
+    units_from_ready,
+)
 
-__all__ = ["BucketCaps", "bucket_caps", "expressible_plan", "ready_order"]
+__all__ = ["BucketCaps", "bucket_caps", "ddp_walk", "expressible_plan", "model_units", "ready_order"]
+
+WALKS = ("ready", "static", "registration")
+"""The order DDP's reducer walks parameters in when it cuts the buckets it keeps (module docstring)."""
+
+_WHY = {
+    "ready": "gradients of those units become ready out of unit order",
+    "registration": (
+        "find_unused_parameters=True without static_graph: DDP never rebuilds its buckets and cuts them in "
+        "reverse registration order, where those units are not contiguous; static_graph=True, for a model "
+        "whose used parameters never change, makes DDP cut in gradient-ready order"
+    ),
+    "static": (
+        "static_graph=True: DDP's rebuilt buckets put the unused parameters after the used ones, where the "
+        "units put them first (they wait for nothing); find_unused_parameters=True without static_graph "
+        "keeps them where they are registered"
+    ),
+}
 
 _MIB = 1 << 20
 """Bytes per MiB: DDP's ``bucket_cap_mb`` unit."""
@@ -54,7 +93,10 @@ class BucketCaps:
     requested: Plan
     """The plan asked for."""
     dropped: tuple[int, ...] = ()
-    """Cuts of ``requested`` DDP cannot make, each as layer ``l`` of the cut ``l|l-1``."""
+    """Cuts of ``requested`` DDP cannot make, each as unit ``l`` of the cut ``l|l-1``."""
+    walk: str = "ready"
+    """The order DDP cuts in (:data:`WALKS`): ``ready`` (its rebuilt buckets), ``static`` (rebuilt, unused
+    parameters last) or ``registration`` (never rebuilt)."""
     extra_s: float | None = None
     """Cost-model price of running ``plan`` instead of ``requested`` (seconds per iteration), if priced."""
 
@@ -71,9 +113,8 @@ class BucketCaps:
         cuts = ", ".join(f"{g}|{g - 1}" for g in self.dropped)
         price = "" if self.extra_s is None else f"; the cost model prices it at {self.extra_s * 1e3:+.3f} ms"
         return (
-            f"DDP cannot cut plan '{self.requested.schedule}' between layers {cuts} (gradients of those "
-            f"layers become ready out of layer order); running {len(self.plan.groups)} buckets instead of "
-            f"{len(self.requested.groups)}{price}"
+            f"DDP cannot cut plan '{self.requested.schedule}' between units {cuts} ({_WHY[self.walk]}); "
+            f"running {len(self.plan.groups)} buckets instead of {len(self.requested.groups)}{price}"
         )
 
     def ddp_kwargs(self) -> dict[str, Any]:
@@ -81,11 +122,66 @@ class BucketCaps:
         return {"bucket_cap_mb_list": list(self.bucket_cap_mb_list)}
 
 
-def _layers(model: nn.Module, example: Any | None) -> list[list[nn.Parameter]]:
-    params = layer_params(model, learnable_layers(model, example))
-    if not params:
+def model_units(
+    model: nn.Module,
+    example: Any | None = None,
+    loss_fn: Any = None,
+    trace: Trace | None = None,
+    *,
+    ready: list[int] | None = None,
+) -> list[Unit]:
+    """The units a plan for ``model`` indexes: ``trace``'s when it names its parameters
+    (``dpcomm-trace/2``), else :func:`~dpcomm.trace.units.gradient_units` when ``example`` is given, else
+    the learnable layers in registration order. Every trainable parameter must be in exactly one unit.
+    ``ready``: :func:`~dpcomm.trace.units.ready_sequence` of ``example``, when already recorded."""
+    if trace is not None and trace.has_units:
+        units = [
+            Unit(name=x.name, module=x.name, param_names=x.param_names, unused=x.unused) for x in trace.layers
+        ]
+    elif ready is not None:
+        units = units_from_ready(model, ready)
+    elif example is not None:
+        units = gradient_units(model, example, loss_fn)
+    else:
+        units = layer_units(model, learnable_layers(model))
+    if not units:
         raise UserError("the model has no learnable layer (no parameter requires grad)")
-    return params
+    named = [n for u in units for n in u.param_names]
+    trainable = set(trainable_names(model).values())
+    if set(named) != trainable or len(named) != len(trainable):
+        odd = sorted(set(named) ^ trainable) or ["a parameter in two units"]
+        raise UserError(
+            f"the trace's units do not match the model's trainable parameters (e.g. {odd[0]}); "
+            "profile this model again"
+        )
+    return units
+
+
+def ddp_walk(
+    model: nn.Module,
+    units: list[Unit],
+    *,
+    example: Any | None = None,
+    loss_fn: Any = None,
+    find_unused_parameters: bool = False,
+    static_graph: bool = False,
+    ready: list[int] | None = None,
+) -> tuple[str, list[int]]:
+    """``(walk, order)``: the order DDP's reducer cuts its kept buckets in (:data:`WALKS`) and the unit index
+    of each parameter in that order, communication side first (module docstring). The ready order comes
+    from one local forward/backward of ``example`` (or is ``ready``, already recorded); without either, the
+    units' own order is assumed."""
+    unit_of = {n: k for k, u in enumerate(units) for n in u.param_names}
+    names = trainable_names(model)
+    if find_unused_parameters and not static_graph:
+        return "registration", [unit_of[n] for n in reversed(list(names.values()))]
+    if example is None and ready is None:
+        return "ready", [k for k in reversed(range(len(units))) for _ in units[k].param_names]
+    if ready is None:
+        ready = ready_sequence(model, example, loss_fn)
+    unused = [n for pid, n in names.items() if pid not in set(ready)]  # static_graph: after the used ones
+    walk = "static" if static_graph else "ready"
+    return walk, [unit_of[names[pid]] for pid in ready if pid in names] + [unit_of[n] for n in unused]
 
 
 def ready_order(
@@ -94,43 +190,20 @@ def ready_order(
     loss_fn: Any = None,
     params_per_layer: list[list[nn.Parameter]] | None = None,
 ) -> list[int]:
-    """Layer index of each parameter, in the order their gradients became ready in one local backward pass
-    (the order DDP's reducer rebuilds its buckets in). Parameters, gradients and buffers are restored."""
-    from dpcomm.trace.profiler import default_loss
-
-    per_layer = params_per_layer if params_per_layer is not None else _layers(model, example)
-    layer_of = {id(p): i for i, ps in enumerate(per_layer) for p in ps}
-    order: list[int] = []
-    grads = {id(p): p.grad for ps in per_layer for p in ps}
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
-    handles = [
-        p.register_post_accumulate_grad_hook(lambda q: order.append(layer_of[id(q)]))
-        for ps in per_layer
-        for p in ps
-    ]
-    try:
-        for ps in per_layer:
-            for p in ps:
-                p.grad = None
-        out = model(*example) if isinstance(example, tuple) else model(example)
-        (loss_fn or default_loss)(out).backward()
-    finally:
-        for h in handles:
-            h.remove()
-        for ps in per_layer:
-            for p in ps:
-                p.grad = grads[id(p)]
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                b.copy_(buffers[name])
-    return order
+    """Unit index of each parameter (layer index, given ``params_per_layer``), in the order their gradients
+    became ready in one local backward pass (the order DDP's reducer rebuilds its buckets in); unused
+    parameters are left out. Parameters, gradients and buffers are restored."""
+    if params_per_layer is None:
+        params_per_layer = unit_params(model, gradient_units(model, example, loss_fn))
+    layer_of = {id(p): i for i, ps in enumerate(params_per_layer) for p in ps}
+    return [layer_of[pid] for pid in ready_sequence(model, example, loss_fn) if pid in layer_of]
 
 
 def expressible_plan(
     plan: Plan, order: list[int], group_bytes: list[int] | None = None
 ) -> tuple[Plan, tuple]:
-    """The finest coarsening of ``plan`` whose groups DDP can form when gradients are ready in ``order``
-    (layer index per parameter, see :func:`ready_order`), and the cuts it drops.
+    """The finest coarsening of ``plan`` whose groups DDP can form when it walks parameters in ``order``
+    (unit index per parameter, communication side first, see :func:`ddp_walk`), and the cuts it drops.
 
     A cut after communication group ``k`` is possible when every parameter of groups ``0..k`` is ready
     before every parameter of the later groups (and group ``k`` is not empty in bytes: a zero cap would
@@ -172,40 +245,46 @@ def bucket_caps(
     cost: CommCost | None = None,
     nodes: int | None = None,
     warn: bool = True,
+    find_unused_parameters: bool = False,
+    static_graph: bool = False,
 ) -> BucketCaps:
     """The ``bucket_cap_mb_list`` that makes DDP form ``plan``'s groups (see module docstring).
 
-    Layers are :func:`dpcomm.models.learnable_layers` of ``model`` in forward order when ``example`` (one
-    input batch) is given, else in registration order; ``plan.num_layers`` must match. With ``example``, one
-    local forward/backward finds the gradient-ready order and cuts DDP cannot make are dropped (a warning
-    says so, priced by :func:`dpcomm.sim.simulate` when ``trace``, ``cost`` and ``nodes`` are given);
-    without it, the ready order is taken to be the reverse of the layer order.
+    ``plan`` indexes :func:`model_units` (``trace``'s units when it has them, else the gradient units of
+    ``example``, else the learnable layers in registration order); ``plan.num_layers`` must match.
+    ``find_unused_parameters`` and ``static_graph`` are the ones DDP will get: they decide which order DDP
+    cuts in (:func:`ddp_walk`). Cuts DDP cannot make are dropped (a warning says so, priced by
+    :func:`dpcomm.sim.simulate` when ``trace``, ``cost`` and ``nodes`` are given).
     """
-    per_layer = _layers(model, example)
-    if plan.num_layers != len(per_layer):
-        raise UserError(
-            f"plan '{plan.schedule}' has {plan.num_layers} layers, the model {len(per_layer)} learnable ones"
-        )
-    keys = {(p.dtype, p.device) for ps in per_layer for p in ps}
+    ready = ready_sequence(model, example, loss_fn) if example is not None else None  # one pass serves both
+    units = model_units(model, example, loss_fn, trace, ready=ready)
+    if plan.num_layers != len(units):
+        raise UserError(f"plan '{plan.schedule}' has {plan.num_layers} layers, the model {len(units)} units")
+    per_unit = unit_params(model, units)
+    keys = {(p.dtype, p.device) for ps in per_unit for p in ps}
     if len(keys) > 1:
         raise UserError(
             "DDP cuts buckets per (dtype, device) with separate caps; a plan needs one dtype and one device, "
             f"the model has {sorted(str(k) for k in keys)}"
         )
-    layer_bytes = [sum(p.numel() * p.element_size() for p in ps) for ps in per_layer]
-    if example is not None:
-        order = ready_order(model, example, loss_fn, per_layer)
-    else:
-        order = [layer for layer in reversed(range(len(per_layer))) for _ in per_layer[layer]]
-    group_bytes = [sum(layer_bytes[layer] for layer in g) for g in plan.groups]
+    unit_bytes = [sum(p.numel() * p.element_size() for p in ps) for ps in per_unit]
+    walk, order = ddp_walk(
+        model, units, example=example, loss_fn=loss_fn,
+        find_unused_parameters=find_unused_parameters, static_graph=static_graph, ready=ready,
+    )  # fmt: skip
+    group_bytes = [sum(unit_bytes[u] for u in g) for g in plan.groups]
     runs, dropped = expressible_plan(plan, order, group_bytes)
     extra = None
     if dropped and trace is not None and cost is not None and nodes is not None:
         from dpcomm.sim import simulate
 
         extra = simulate(trace, runs, cost, nodes).t_iter_s - simulate(trace, plan, cost, nodes).t_iter_s
-    caps = [sum(layer_bytes[layer] for layer in g) / _MIB for g in runs.groups]
-    out = BucketCaps(bucket_cap_mb_list=caps, plan=runs, requested=plan, dropped=dropped, extra_s=extra)
+    caps = [sum(unit_bytes[u] for u in g) / _MIB for g in runs.groups]
+    if walk == "registration":  # DDP's first cap goes to the first bucket of registration order
+        caps.reverse()
+    out = BucketCaps(
+        bucket_cap_mb_list=caps, plan=runs, requested=plan, dropped=dropped, extra_s=extra, walk=walk
+    )
     if out.note and warn:
         warnings.warn(f"dpcomm: {out.note}", stacklevel=2)
     return out

@@ -20,14 +20,22 @@ Alg. 1 lines 1-7, "benchmarks in the first several iterations"), but before DDP 
    (:class:`dpcomm.planner.autoplan.Trial`); of those within 2% of the fastest, DDP's default buckets if
    they are one (what the user had is kept unless a plan is measurably faster), else the fewest buckets.
 
+Plans index the model's gradient units (:mod:`dpcomm.trace.units`; for a CNN, its learnable layers): the
+profile of step 1 is a ``dpcomm-trace/2`` of units (without ``example``, a planner that needs sizes only
+gets the learnable layers in registration order). Tied, frozen and unused parameters are handled there (a
+tied one at its last ready point, frozen ones left out, unused ones as units of their own);
+``find_unused_parameters`` and ``static_graph`` among the DDP keyword arguments tell
+:func:`dpcomm.ddp.bucket_caps` which order DDP cuts its buckets in.
+
 Buckets equal the plan from the second iteration on (DDP rebuilds them in gradient-ready order after the
-first; see :mod:`dpcomm.ddp.buckets`); a DDP kept from the timed trial has rebuilt them already.
+first; with ``find_unused_parameters=True`` they are the construction-time buckets from the start; see
+:mod:`dpcomm.ddp.buckets`); a DDP kept from the timed trial has rebuilt them already.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -68,16 +76,21 @@ class Wrapped:
     """Median forward+backward seconds per candidate plan in the timed trial (slowest rank), if one ran."""
 
 
-def _sizes_trace(model: nn.Module, example: Any | None, name: str) -> Trace:
-    from dpcomm.models.layers import layer_params, learnable_layers
+def _sizes_trace(model: nn.Module, example: Any | None, name: str, loss_fn: Any = None) -> Trace:
+    """Sizes only: the gradient units of ``example`` (learnable layers in registration order without it)."""
+    from dpcomm.ddp.buckets import model_units
+    from dpcomm.trace.units import unit_params
 
-    layers = learnable_layers(model, example)
-    owned = layer_params(model, layers)
-    dtype_bytes = owned[0][0].element_size() if owned and owned[0] else 4
+    units = model_units(model, example, loss_fn)
+    owned = unit_params(model, units)
+    dtype_bytes = next((p.element_size() for ps in owned for p in ps), 4)
     rows = tuple(
-        Layer(name=n, params=sum(p.numel() for p in ps), forward_s=0.0, backward_s=0.0)
-        for (n, _), ps in zip(layers, owned, strict=True)
-    )
+        Layer(
+            name=u.name, params=sum(p.numel() for p in ps), forward_s=0.0, backward_s=0.0,
+            param_names=u.param_names, unused=u.unused,
+        )
+        for u, ps in zip(units, owned, strict=True)
+    )  # fmt: skip
     return Trace(model=name, batch_size=1, device="none", dtype_bytes=dtype_bytes, layers=rows)
 
 
@@ -107,7 +120,7 @@ def plan_on_workers(
         if name in _TIMED:
             raise UserError(f"planner '{schedule}' needs the layers' times: pass example=<one input batch>")
         trace = _sizes_trace(model, None, type(model).__name__)
-    else:
+    else:  # every rank profiles; the units' times are averaged over ranks
         from dpcomm.trace.profiler import profile
 
         device = next(model.parameters()).device
@@ -117,9 +130,8 @@ def plan_on_workers(
             [x.forward_s for x in local.layers] + [x.backward_s for x in local.layers], process_group
         )
         layers = tuple(
-            Layer(name=x.name, params=x.params, forward_s=fb[i], backward_s=fb[n + i])
-            for i, x in enumerate(local.layers)
-        )
+            replace(x, forward_s=fb[i], backward_s=fb[n + i], extra={}) for i, x in enumerate(local.layers)
+        )  # the units, their parameters' names kept
         trace = Trace(
             model=type(model).__name__, batch_size=local.batch_size, device=local.device,
             dtype_bytes=local.dtype_bytes, layers=layers, extra={"measured_by": "dpcomm.ddp.wrap"},
@@ -181,7 +193,10 @@ def wrap(
             profile_iters=profile_iters, process_group=process_group,
         )  # fmt: skip
     world = dist.get_world_size(process_group)
-    caps = bucket_caps(plan, model, example=example, loss_fn=loss_fn, trace=trace, cost=cost, nodes=world)
+    walk = _walk_kwargs(ddp_kwargs)
+    caps = bucket_caps(
+        plan, model, example=example, loss_fn=loss_fn, trace=trace, cost=cost, nodes=world, **walk
+    )
     timed = None
     if (
         trace is not None
@@ -212,6 +227,11 @@ def wrap(
     return ddp
 
 
+def _walk_kwargs(ddp_kwargs: dict[str, Any]) -> dict[str, bool]:
+    """The DDP arguments that decide the order DDP cuts its buckets in (:func:`dpcomm.ddp.ddp_walk`)."""
+    return {k: bool(ddp_kwargs.get(k, False)) for k in ("find_unused_parameters", "static_graph")}
+
+
 def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs):
     """Time the planned plan, ``single`` and DDP's default buckets as real DDP modules, round-robin; return
     the kept plan's caps, its DDP (buckets already rebuilt) and each candidate's median (see step 4)."""
@@ -222,7 +242,9 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs)
 
     world = dist.get_world_size(group)
     options = [caps] + [
-        bucket_caps(p, model, example=example, loss_fn=loss_fn, warn=False)
+        bucket_caps(
+            p, model, example=example, loss_fn=loss_fn, trace=trace, warn=False, **_walk_kwargs(ddp_kwargs)
+        )
         for p in candidates(caps.plan, trace, cost, world)[1:]
     ]
     options = [c for k, c in enumerate(options) if all(c.plan.groups != o.plan.groups for o in options[:k])]

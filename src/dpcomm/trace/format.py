@@ -9,6 +9,18 @@ forward and backward times ``f_l``/``b_l`` in seconds (MG-WFBP Table I calls the
 
 Extra fields are allowed and kept in ``Trace.extra`` / ``Layer.extra``.
 
+``dpcomm-trace/2`` (written when the layers are gradient units, see :mod:`dpcomm.trace.units`) is the same
+object whose layers are *units*: the parameters whose gradients become ready together, in forward order
+(unit ``L-1`` ready first). Each layer may carry ``param_names`` (its parameters' names in the model, as
+``named_parameters()`` gives them; unique across the trace), so that DDP's buckets and every runtime can
+find a unit's tensors, and ``unused: true`` (no gradient in the profiled backward)::
+
+    {"format": "dpcomm-trace/2", ..., "layers": [{"name": "wte", "params": 32768, "forward_s": 1e-05,
+     "backward_s": 2e-05, "param_names": ["wte.weight"]}, ...]}
+
+``dpcomm-trace/1`` files are read as they are (layer-level: units = learnable layers, no names); a trace
+without names or unused units is written as ``/1``, so layer-level traces keep their format.
+
 Limits, checked when a trace is read (a file of at most 64 MiB, :data:`dpcomm.utils.io.MAX_JSON_BYTES`):
 at most :data:`MAX_LAYERS` layers, :data:`MAX_PARAMS` parameters in all (so every byte count the planners
 and simulators compute fits an int64 and a float exactly), ``dtype_bytes`` up to :data:`MAX_DTYPE_BYTES`,
@@ -33,6 +45,7 @@ __all__ = [
     "MAX_PARAMS",
     "MAX_SECONDS",
     "TRACE_FORMAT",
+    "TRACE_FORMATS",
     "Layer",
     "Trace",
     "load_trace",
@@ -40,7 +53,10 @@ __all__ = [
     "trace_from_dict",
 ]
 
-TRACE_FORMAT = "dpcomm-trace/1"
+TRACE_FORMAT = "dpcomm-trace/2"
+"""The format written for a trace of gradient units (layers with ``param_names``)."""
+TRACE_FORMATS = ("dpcomm-trace/1", TRACE_FORMAT)
+"""Formats read."""
 MAX_PARAMS = 10**13
 """Most parameters in a trace (all layers): 10 trillion, 10x today's largest models; x 16 bytes < 2**53."""
 MAX_LAYERS = 100_000
@@ -65,10 +81,15 @@ class Layer:
     """Forward time f_l, seconds."""
     backward_s: float
     """Backward time b_l, seconds (gradient of the inputs and of the parameters)."""
+    param_names: tuple[str, ...] = ()
+    """``dpcomm-trace/2``: the unit's parameters by name in the model (empty: a layer-level trace)."""
+    unused: bool = False
+    """``dpcomm-trace/2``: no gradient in the profiled backward (a unit of unused parameters)."""
     extra: dict[str, Any] = field(default_factory=dict)
     """Fields beyond the format's, kept as read (e.g. ``flops``)."""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "param_names", tuple(self.param_names))
         if self.params < 0:
             raise ValueError(f"layer {self.name}: params must be >= 0")
         for key in ("forward_s", "backward_s"):
@@ -96,6 +117,9 @@ class Trace:
     def __post_init__(self) -> None:
         if not self.layers:
             raise ValueError("a trace needs at least one layer")
+        names = [n for layer in self.layers for n in layer.param_names]
+        if len(names) != len(set(names)):
+            raise ValueError("a parameter name appears in two units of the trace")
         if self.batch_size < 1 or self.dtype_bytes < 1:
             raise ValueError("batch_size and dtype_bytes must be >= 1")
 
@@ -117,13 +141,19 @@ class Trace:
     def total_params(self) -> int:
         return sum(layer.params for layer in self.layers)
 
+    @property
+    def has_units(self) -> bool:
+        """Every layer names its parameters (a ``dpcomm-trace/2`` of gradient units)."""
+        return all(layer.param_names for layer in self.layers)
+
     def layer_bytes(self, l: int) -> int:
         """Bytes of layer ``l``'s gradient on the wire."""
         return self.layers[l].params * self.dtype_bytes
 
     def to_dict(self) -> dict[str, Any]:
+        v2 = any(layer.param_names or layer.unused for layer in self.layers)
         return {
-            "format": TRACE_FORMAT,
+            "format": TRACE_FORMAT if v2 else TRACE_FORMATS[0],
             "model": self.model,
             "batch_size": self.batch_size,
             "device": self.device,
@@ -135,6 +165,8 @@ class Trace:
                     "params": layer.params,
                     "forward_s": layer.forward_s,
                     "backward_s": layer.backward_s,
+                    **({"param_names": list(layer.param_names)} if layer.param_names else {}),
+                    **({"unused": True} if layer.unused else {}),
                     **layer.extra,
                 }
                 for layer in self.layers
@@ -144,6 +176,7 @@ class Trace:
 
 _TOP = {"model": str, "batch_size": int, "device": str, "dtype_bytes": int}
 _LAYER = {"name": str, "params": int, "forward_s": float, "backward_s": float}
+_V2 = ("param_names", "unused")
 
 
 def _shown(value: Any) -> str:
@@ -173,8 +206,13 @@ def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
     """Validate a parsed trace; a problem is a one-line :class:`UserError` naming ``source`` and the field."""
     if not isinstance(obj, dict):
         raise UserError(f"{source}: a trace is a JSON object")
-    if obj.get("format") != TRACE_FORMAT:
-        raise UserError(f"{source}: field 'format' must be '{TRACE_FORMAT}', got {obj.get('format')!r}")
+    if obj.get("format") not in TRACE_FORMATS:
+        raise UserError(
+            f"{source}: field 'format' must be '{TRACE_FORMATS[0]}' or '{TRACE_FORMAT}', "
+            f"got {_shown(obj.get('format'))}"
+        )
+    v2 = obj["format"] == TRACE_FORMAT
+    own = (*_LAYER, *_V2) if v2 else tuple(_LAYER)
     for key, kind in _TOP.items():
         if key not in obj:
             raise UserError(f"{source}: missing field '{key}'")
@@ -189,7 +227,7 @@ def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
         raise UserError(f"{source}: field 'layers' is empty (a trace needs at least one layer)")
     if len(layers) > MAX_LAYERS:
         raise UserError(f"{source}: {len(layers):,} layers, more than the {MAX_LAYERS:,} a trace may have")
-    parsed, total = [], 0
+    parsed, total, names = [], 0, set()
     for i, item in enumerate(layers):
         if not isinstance(item, dict):
             raise UserError(f"{source}: field 'layers[{i}]' must be an object")
@@ -209,13 +247,26 @@ def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
                     f"{source}: field 'layers[{i}].{key}' must be at most {MAX_SECONDS:g} s, "
                     f"got {item[key]!r}"
                 )
+        pnames = item.get("param_names", []) if v2 else []
+        if not isinstance(pnames, list) or not all(isinstance(n, str) and n for n in pnames):
+            raise UserError(f"{source}: field 'layers[{i}].param_names' must be a list of parameter names")
+        if names & set(pnames) or len(set(pnames)) != len(pnames):
+            raise UserError(f"{source}: field 'layers[{i}].param_names' repeats a parameter of the trace")
+        names.update(pnames)
+        unused = item.get("unused", False) if v2 else False
+        if not isinstance(unused, bool):
+            raise UserError(
+                f"{source}: field 'layers[{i}].unused' must be true or false, got {_shown(unused)}"
+            )
         parsed.append(
             Layer(
                 name=item["name"],
                 params=item["params"],
                 forward_s=float(item["forward_s"]),
                 backward_s=float(item["backward_s"]),
-                extra={k: v for k, v in item.items() if k not in _LAYER},
+                param_names=tuple(pnames),
+                unused=unused,
+                extra={k: v for k, v in item.items() if k not in own},
             )
         )
     extra = {k: v for k, v in obj.items() if k not in _TOP and k not in ("format", "layers")}

@@ -1,4 +1,9 @@
-"""Layer-wise profiler: each learnable layer's forward and backward time, measured on a real device.
+"""Unit-wise profiler: each gradient unit's forward and backward time, measured on a real device.
+
+The trace's layers are *gradient units* (:mod:`dpcomm.trace.units`): the parameters whose gradients become
+ready together, in forward order (unit ``L-1`` ready first), each with its parameters' names, unused ones
+marked; the trace is a ``dpcomm-trace/2``. In a CNN a unit is a learnable layer. The units come from one
+extra local forward/backward before the warm-up (gradients and buffers restored).
 
 The papers' traces (MG-WFBP Table I: t_f^(l), t_b^(l); section V-C replays "the measured layer-wise backward
 propagation time") list only learnable layers, yet the whole iteration has to add up: t_f = sum_l t_f^(l) and
@@ -15,6 +20,12 @@ layers instead of timing layers in isolation:
   t_b^(L-1) + ... + t_b^(l) after the backward pass starts (MG-WFBP Eq. 6), and the backward of the
   parameter-free operations between two layers is paid before the earlier layer's gradient is ready. The
   tail after the last gradient (the engine finishing) goes to the last layer whose gradient arrived.
+
+Units: the backward partition is by unit (the marks are per parameter, a unit owns the interval ending at
+each of its parameters' marks, so it owns everything up to its ready point), and an unused unit gets none.
+The forward partition is by learnable layer (the module that owns the parameters, timed as above) and a
+layer's forward time is split over its units in proportion to their parameters (a module whose parameters
+split into two units, or one with unused parameters); for a CNN that is the layer's own time.
 
 Per-layer sums therefore equal the instrumented iteration, and the medians over iterations are scaled to
 add up to its median (:func:`layer_medians`). Each measured (hooked) iteration is followed by a
@@ -39,6 +50,7 @@ from dpcomm.errors import UserError, first_line
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.trace.analytic import layer_costs
 from dpcomm.trace.format import Layer, Trace
+from dpcomm.trace.units import gradient_units, unit_params
 
 __all__ = ["profile", "default_loss", "layer_medians", "time_iteration", "TIMERS"]
 
@@ -203,12 +215,12 @@ def profile(
     timer: str = "wall",
     progress: Progress | None = None,
 ) -> Trace:
-    """Measure every learnable layer's forward and backward time (medians of ``iters`` after ``warmup``).
+    """Measure every gradient unit's forward and backward time (medians of ``iters`` after ``warmup``).
 
     ``module`` is moved to ``device`` and put in training mode; ``example_batch`` is a tensor or a tuple of
     tensors (its first dimension is the batch size). ``loss_fn(output) -> scalar`` defaults to
-    :func:`default_loss`. Layers are those of :func:`dpcomm.models.learnable_layers`, in forward order.
-    ``timer`` is one of :data:`TIMERS`.
+    :func:`default_loss`. The trace's layers are the units of :func:`dpcomm.trace.units.gradient_units`, in
+    forward order (for a CNN, :func:`dpcomm.models.learnable_layers`). ``timer`` is one of :data:`TIMERS`.
     """
     if iters < 1 or warmup < 0:
         raise UserError(f"iters must be >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
@@ -222,6 +234,7 @@ def profile(
     try:
         layers = learnable_layers(module, example)
         flops = [c.fwd_flops for c in layer_costs(module, example)]
+        units = gradient_units(module, example, loss_fn) if layers else []
     except (ValueError, RuntimeError) as exc:  # e.g. a shape mismatch or batch norm on a batch of 1
         raise UserError(f"model forward failed at batch size {batch_size}: {first_line(exc)}") from None
     if not layers:
@@ -229,14 +242,30 @@ def profile(
     owned = layer_params(module, layers)
     params = [p for ps in owned for p in ps]
     index = {id(mod): i for i, (_, mod) in enumerate(layers)}
+    per_unit = unit_params(module, units)
+    unit_of = {id(p): u for u, ps in enumerate(per_unit) for p in ps}
+    layer_of = {name: i for i, (name, _) in enumerate(layers)}
+    # a layer's forward time goes to its units in proportion to their parameters (module docstring)
+    sizes = [sum(p.numel() for p in ps) for ps in per_unit]
+    layer_size = [0] * len(layers)
+    layer_units = [0] * len(layers)
+    for u, unit in enumerate(units):
+        layer_size[layer_of[unit.module]] += sizes[u]
+        layer_units[layer_of[unit.module]] += 1
+    share = [
+        sizes[u] / layer_size[layer_of[unit.module]]
+        if layer_size[layer_of[unit.module]]
+        else 1 / layer_units[layer_of[unit.module]]
+        for u, unit in enumerate(units)
+    ]
     fwd_marks: list[tuple[int, Any]] = []
     bwd_marks: list[tuple[int, Any]] = []
 
     def _on_forward(mod: nn.Module, _inputs: Any) -> None:
         fwd_marks.append((index[id(mod)], clock.mark()))
 
-    def _on_grad(i: int) -> Callable[[torch.Tensor], None]:
-        return lambda _p: bwd_marks.append((i, clock.mark()))
+    def _on_grad(p: torch.Tensor) -> None:
+        bwd_marks.append((unit_of[id(p)], clock.mark()))
 
     per_layer: list[tuple[list[float], list[float]]] = []
     plain_f: list[float] = []
@@ -247,9 +276,7 @@ def profile(
         handles = []
         if hooked:
             handles = [mod.register_forward_pre_hook(_on_forward) for _, mod in layers]
-            handles += [
-                p.register_post_accumulate_grad_hook(_on_grad(i)) for i, ps in enumerate(owned) for p in ps
-            ]
+            handles += [p.register_post_accumulate_grad_hook(_on_grad) for ps in per_unit for p in ps]
         fwd_marks.clear()
         bwd_marks.clear()
         try:
@@ -260,7 +287,7 @@ def profile(
         clock.sync()
         if hooked:
             f = _partition(clock, t0, fwd_marks, t1, len(layers), opens=True)
-            b = _partition(clock, t1, bwd_marks, t2, len(layers), opens=False)
+            b = _partition(clock, t1, bwd_marks, t2, len(units), opens=False)
             per_layer.append((f, b))
         elif step >= warmup:
             plain_f.append(clock.seconds(t0, t1))
@@ -271,23 +298,28 @@ def profile(
         p.grad = None
 
     fwd, bwd = layer_medians([f for f, _ in per_layer]), layer_medians([b for _, b in per_layer])
-    trace_layers = tuple(
-        Layer(
-            name=name,
-            params=sum(p.numel() for p in owned[i]),
-            forward_s=fwd[i],
-            backward_s=bwd[i],
-            extra={"type": type(mod).__name__, "flops": flops[i]},
+    trace_layers = []
+    for u, unit in enumerate(units):
+        i = layer_of[unit.module]
+        trace_layers.append(
+            Layer(
+                name=unit.name,
+                params=sizes[u],
+                forward_s=fwd[i] * share[u],
+                backward_s=bwd[u],
+                param_names=unit.param_names,
+                unused=unit.unused,
+                extra={"type": type(layers[i][1]).__name__, "flops": round(flops[i] * share[u])},
+            )
         )
-        for i, (name, mod) in enumerate(layers)
-    )
     return Trace(
         model=model_name or type(module).__name__,
         batch_size=batch_size,
         device=_device_label(dev),
         dtype_bytes=params[0].element_size() if params else 4,
-        layers=trace_layers,
+        layers=tuple(trace_layers),
         extra={
+            "units": "gradient-ready (dpcomm.trace.units)",
             "iteration_forward_s": statistics.median(plain_f),
             "iteration_backward_s": statistics.median(plain_b),
             "iters": iters,
