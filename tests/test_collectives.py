@@ -1,7 +1,7 @@
 """Every collective algorithm against torch.distributed's own, its traffic against its docstring, and no hang
 when a peer dies.
 
-Budget (quiet 2-core machine): ~100 s -- one launch per world size 1..8 runs the whole matrix back to back
+Budget (quiet 2-core machine): ~60 s -- one launch per world size 1..8 runs the whole matrix back to back
 on one group (tests/_collective_workers.py), plus a few seconds per algorithm for the dead-peer cases.
 """
 
