@@ -410,11 +410,13 @@ def test_resume_keeps_the_plan_that_was_kept_with_mgwfbp(tmp_path):
     early = load_checkpoint(tmp_path / "early")
     assert early is None, f"a checkpoint without the kept plan: iteration {early['iteration']}"
     state = load_checkpoint(tmp_path / "late")
-    assert state["iteration"] == 5 and state["plan"] is not None  # iteration 5 needed rank 1 to finish
+    # the plan is kept after iteration 4; rank 1 dies at the start of iteration 6, and whether rank 0 still
+    # completes iteration 5 is a race (rank 1's last sends of it may or may not be through): 5 or 6
+    assert state["iteration"] in (5, 6) and state["plan"] is not None
     sh.copytree(tmp_path / "late", tmp_path / "again")
     one = train(cfg(tmp_path / "late", resume=True))
     two = train(cfg(tmp_path / "again", resume=True))
-    assert one.start_iteration == two.start_iteration == 5
+    assert one.start_iteration == two.start_iteration == state["iteration"]
     assert one.plan == two.plan == state["plan"]
     assert not any("measured t_f" in line or "timing" in line for line in one.log)  # no planning again
     assert len(set(one.params_sha256)) == 1 and one.params_sha256 == two.params_sha256
