@@ -2,7 +2,7 @@
 
 Both placements run through the one training loop: co-located (every rank a worker) and dedicated servers
 (``servers=S``: ``S`` server ranks after the workers). Budget: ~60 s on the 2-core VM (one 3-process run of
-three schedules, a checkpointed co-located run, then the rest of it resumed with two dedicated servers).
+two schedules, a checkpointed co-located run, then the rest of it resumed with two dedicated servers).
 """
 
 import json
@@ -35,12 +35,12 @@ def test_ps_trains_like_allreduce_and_resumes_bitwise(tmp_path):
     from dpcomm.train import TrainConfig, compare_schedules, train
 
     cfg = TrainConfig(model="lenet5", nproc=3, data="digits", iters=6, batch_size=8, progress=False)
-    single, *pss = compare_schedules(cfg, ["single", "ps:ibatch", "ps:optimal,pulls=request"])
+    # (every pull method and mode against all-reduce SGD: tests/test_ps.py, without the loop)
+    single, *pss = compare_schedules(cfg, ["single", "ps:ibatch,pulls=request"])
     for ps in pss:
         assert len(set(ps.params_sha256)) == 1  # every worker bitwise the same
         assert ps.loss_final == pytest.approx(single.loss_final, rel=1e-5)  # float sums in another order
         assert ps.test_accuracy == pytest.approx(single.test_accuracy, abs=0.01)
-    assert pss[0].params_sha256 == pss[1].params_sha256  # the pull plan and mode change no value
     # both placements through the same loop: half the run co-located, checkpointed, then resumed with two
     # dedicated servers (the checkpoint is in state_dict form, whoever held the shards); the same parameters
     # and loss as the uninterrupted co-located run, the same JSON keys, a Chrome trace with the servers in it

@@ -239,15 +239,16 @@ def test_steady_iterations_are_the_steady_phase_after_the_first():
 
 
 @pytest.mark.slow
-def test_lenet5_on_digits_with_4_workers_reaches_95_percent(capsys):
-    # 6 epochs x 22 iterations of a 64-sample global batch (16 per worker); 97.8-98.6 % over seeds 0-3 in a
+def test_lenet5_on_digits_with_2_workers_reaches_95_percent(capsys):
+    # 6 epochs x 22 iterations of a 64-sample global batch (32 per worker); 97.8-98.6 % over seeds 0-3 in a
     # single-process run of the same recipe, so 95 % leaves a margin for the different summation order.
-    argv = ["train", "--nproc", "4", "--model", "lenet5", "--data", "digits", "--epochs", "6",
-            "--batch-size", "16", "--lr", "0.05", "--schedule", "mgwfbp"]  # fmt: skip
+    # Two workers, not four: the same global batch in half the time on two cores.
+    argv = ["train", "--nproc", "2", "--model", "lenet5", "--data", "digits", "--epochs", "6",
+            "--batch-size", "32", "--lr", "0.05", "--schedule", "mgwfbp"]  # fmt: skip
     out = _run_json(capsys, argv)
     assert set(out) == JSON_KEYS | {"test_accuracy"}
-    assert out["nproc"] == 4 and out["schedule"] == "mgwfbp" and out["collective"] == "native"
-    assert len(out["params_sha256"]) == 4 and len(set(out["params_sha256"])) == 1
+    assert out["nproc"] == 2 and out["schedule"] == "mgwfbp" and out["collective"] == "native"
+    assert len(out["params_sha256"]) == 2 and len(set(out["params_sha256"])) == 1
     assert out["t_iter_s"] > 0 and out["throughput_samples_s"] == pytest.approx(64 / out["t_iter_s"])
     assert 0 <= out["exposed_comm_s"] < out["t_iter_s"]
     assert out["loss_final"] < 0.5
