@@ -78,9 +78,16 @@ def _is_type_checking(node: ast.If) -> bool:
 _BY_NAME = ("import_module", "__import__")
 
 
+_PARSED: dict[str, list[tuple[str, bool]]] = {}  # this tree's modules, parsed once for every test
+
+
 def _imports(module: str, source: str | None = None, modules: dict | None = None) -> list[tuple[str, bool]]:
     """``(imported module, at import time?)`` for every dpcomm import of ``module`` (its ``source``; default:
     the file), statements and imports by name (module docstring)."""
+    if source is None and modules is None:
+        if module not in _PARSED:
+            _PARSED[module] = _imports(module, MODULES[module].read_text(), MODULES)
+        return _PARSED[module]
     modules = MODULES if modules is None else modules
     text = source if source is not None else MODULES[module].read_text()
     tree = ast.parse(text, filename=module)
