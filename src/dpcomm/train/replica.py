@@ -190,7 +190,7 @@ def _builtin() -> None:
     the edges: ``dpcomm.train`` imports ``dpcomm.ps`` and ``dpcomm.ddp``, never the other way. Workers are
     fresh processes: a kind registered only in the parent would be unknown there, so a new built-in kind's
     module is imported here (on first use: they import torch)."""
-    from dpcomm.train import ddp_plan_replica, dp_replica, ps_replica  # noqa: F401 - registers the kinds
+    from dpcomm.train import ddp_plan_replica, dp_replica, fsdp_replica, ps_replica  # noqa: F401 - registers the kinds
 
 
 def kinds() -> dict[str, ReplicaKind]:

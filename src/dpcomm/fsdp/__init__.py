@@ -1,0 +1,29 @@
+"""dpcomm's FSDP plans in stock PyTorch FSDP2 (``torch.distributed.fsdp.fully_shard``).
+
+- :func:`shard`: profile on the workers, fit all-gather and reduce-scatter, plan on rank 0
+  (:mod:`dpcomm.planner.fsdp`), check the hash, optionally time the plan against ``per-block``, then
+  ``fully_shard`` the planned units with their prefetch and reshard choice (:mod:`dpcomm.fsdp.shard`);
+- :func:`shard_groups`: which modules each unit hands to ``fully_shard``, and where FSDP2 forces a
+  coarser plan (:mod:`dpcomm.fsdp.groups`);
+- :func:`fsdp_costs`: the two collectives measured and fitted (:mod:`dpcomm.fsdp.costs`).
+
+``dpcomm train --schedule fsdp:PLANNER`` runs it in the training loop (:mod:`dpcomm.train.fsdp_replica`).
+"""
+
+from __future__ import annotations
+
+from dpcomm.fsdp.costs import fsdp_costs, measure_fsdp_collectives
+from dpcomm.fsdp.groups import ShardGroups, merge_units, shard_groups
+from dpcomm.fsdp.shard import Sharded, apply_plan, plan_on_workers, shard
+
+__all__ = [
+    "ShardGroups",
+    "Sharded",
+    "apply_plan",
+    "fsdp_costs",
+    "measure_fsdp_collectives",
+    "merge_units",
+    "plan_on_workers",
+    "shard",
+    "shard_groups",
+]

@@ -1,0 +1,74 @@
+"""The two collectives FSDP2 runs, measured on the real group and fitted to ``T(B) = a + b B``.
+
+FSDP2 (torch 2.13, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``) gathers a unit with
+``dist.all_gather_single`` (``all_gather_into_tensor``: each rank's ``B/P`` bytes into one flat
+``B``-byte buffer) and reduces its gradients with ``dist.reduce_scatter_single``
+(``reduce_scatter_tensor`` of ``B`` bytes, ``ReduceOp.AVG`` for fp32 and bf16 gradients). Gloo on CPU
+implements both, ``AVG`` included (checked on 2 and 3 ranks). ``B`` is the unit's *full* bytes, the
+argument of the planner's costs (:mod:`dpcomm.planner.fsdp_model`): sizes here are full bytes.
+
+Sizes go down from the model's parameter bytes by factors of 4 (at most 5), each a multiple of ``P``
+elements; each is warmed up once and timed ``reps`` times (:func:`dpcomm.timing.time_calls`), the
+slowest rank's median counts (:func:`dpcomm.timing.slowest`: a collective ends for everyone when its
+slowest member is done), and the fit is :func:`dpcomm.planner.autoplan.fit_linear` (``a, b >= 0``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from dpcomm.costmodel.base import LinearCost
+from dpcomm.planner.autoplan import fit_linear
+from dpcomm.timing import slowest, time_calls
+
+__all__ = ["Points", "fsdp_costs", "measure_fsdp_collectives"]
+
+Points = list[tuple[int, float]]
+"""``[(full bytes B, seconds)]``."""
+
+
+def _sizes(total_bytes: int, world: int, element: int) -> list[int]:
+    """Element counts of the full buffer: ``total / 4^k``, rounded down to multiples of ``world``."""
+    n = max(world, total_bytes // element)
+    return sorted({max(world, (n // 4**k) // world * world) for k in range(5)})
+
+
+def measure_fsdp_collectives(
+    total_bytes: int, group: Any = None, *, reps: int = 3, dtype: torch.dtype = torch.float32
+) -> tuple[Points, Points]:
+    """``(all-gather points, reduce-scatter points)`` on ``group`` (every rank calls it alike)."""
+    world = dist.get_world_size(group)
+    element = torch.empty((), dtype=dtype).element_size()
+    ag: Points = []
+    rs: Points = []
+    for n in _sizes(total_bytes, world, element):
+        full, shard = torch.zeros(n, dtype=dtype), torch.zeros(n // world, dtype=dtype)
+
+        def gather(full=full, shard=shard) -> None:
+            dist.all_gather_single(full, shard, group=group)
+
+        def scatter(full=full, shard=shard) -> None:
+            dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.AVG, group=group)
+
+        for call, out in ((gather, ag), (scatter, rs)):
+            call()  # warm-up
+            out.append((n * element, statistics.median(time_calls(call, reps, barrier="each", group=group))))
+    worst = slowest([t for _, t in ag] + [t for _, t in rs], group)
+    k = len(ag)
+    return [(b, t) for (b, _), t in zip(ag, worst[:k], strict=True)], [
+        (b, t) for (b, _), t in zip(rs, worst[k:], strict=True)
+    ]
+
+
+def fsdp_costs(
+    total_bytes: int, group: Any = None, **kw: Any
+) -> tuple[LinearCost, LinearCost, Points, Points]:
+    """``(T_ag, T_rs, ag points, rs points)``: the fitted costs of a unit's full bytes (one rank: free)."""
+    if dist.get_world_size(group) == 1:
+        return LinearCost(0.0, 0.0), LinearCost(0.0, 0.0), [], []
+    ag, rs = measure_fsdp_collectives(total_bytes, group, **kw)
+    return fit_linear(ag), fit_linear(rs), ag, rs

@@ -1,0 +1,178 @@
+"""Which modules each unit of an :class:`~dpcomm.planner.fsdp_model.FsdpPlan` hands to ``fully_shard``.
+
+A plan's units are contiguous ranges of a trace's layers; each layer is a set of parameters (a
+``dpcomm-trace/2`` gradient unit's ``param_names``, :mod:`dpcomm.trace.units`, or a learnable layer's).
+FSDP2 (``torch.distributed.fsdp.fully_shard``) groups *modules*: a call on a module, or a list of
+modules, manages every parameter in their subtrees that no earlier call took, so children are sharded
+before their parents and the root (``fully_shard(model)``) last, taking whatever is left (torchtitan's
+``parallelize``). The mapping, :func:`shard_groups`:
+
+1. every parameter is placed in the unit of its layer; a module is in the unit of the parameters it
+   holds directly (a tied parameter is held by every module it is registered on: GPT-2's ``lm_head``
+   holds ``wte.weight``);
+2. **coarsening**: a module whose direct parameters fall in units ``i < j`` cannot be split by FSDP2, so
+   units ``i..j`` are merged into one (like :func:`dpcomm.ddp.bucket_caps` dropping cuts DDP cannot
+   make). A tied parameter joins *every* module holding it to its unit; where such a module runs
+   elsewhere in forward (``lm_head`` last, ``wte`` first), FSDP2 keeps the group unsharded from its
+   first module's forward to its last's (it reshards a group after its last module's forward): the
+   unit is *spanning*, and its bytes are added to the plan's peak as a bound;
+3. each unit's module list is lifted to the largest subtrees whose parameter-holding modules are all in
+   the unit (``h.3`` rather than its eight leaves): the same parameters, fewer hooks;
+4. calls are ordered children first (a module holding parameters of unit ``j`` whose submodules hold
+   those of unit ``k`` is sharded after ``k``); a unit holding the root's own parameters is the root call,
+   made last. Parameters in no layer (frozen ones) stay with the root.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from torch import nn
+
+from dpcomm.errors import UserError
+from dpcomm.planner.fsdp_model import FsdpPlan
+
+__all__ = ["ShardGroups", "merge_units", "shard_groups"]
+
+ROOT = ""
+"""The root module's path (``model.named_modules()`` names it ``""``)."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ShardGroups:
+    """Per unit of the plan as run, the module paths one ``fully_shard`` call gets, and the call order."""
+
+    units: tuple[tuple[int, int], ...]
+    """The units as run (the plan's, merged where FSDP2 cannot cut: point 2), ``(first, last)`` layers."""
+    modules: tuple[tuple[str, ...], ...]
+    """Module paths per unit (``""`` alone: the root call)."""
+    order: tuple[int, ...]
+    """Unit indices in the order ``fully_shard`` is called (children first, the root last)."""
+    spanning: tuple[int, ...]
+    """Units FSDP2 keeps unsharded beyond their own layers (a tied parameter's other holder, or the root)."""
+    notes: tuple[str, ...]
+    """One line per coarsening, for the user."""
+
+    @property
+    def root_unit(self) -> int | None:
+        """The unit made by the root call, if a unit holds the root's own parameters."""
+        return next((k for k, m in enumerate(self.modules) if m == (ROOT,)), None)
+
+
+def merge_units(units: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``units`` with every cut inside a span of unit indices ``(i, j)`` removed (``i..j`` become one)."""
+    cut = [True] * max(0, len(units) - 1)  # cut[k]: between unit k and k+1
+    for i, j in spans:
+        for k in range(min(i, j), max(i, j)):
+            cut[k] = False
+    out = [units[0]] if units else []
+    for k in range(1, len(units)):
+        out[-1:] = [out[-1], units[k]] if cut[k - 1] else [(out[-1][0], units[k][1])]
+    return out
+
+
+def _holders(model: nn.Module) -> dict[str, list[str]]:
+    """Module path -> names of the parameters it holds directly, a tied one by its first name in
+    ``model.named_parameters()`` (the name traces use)."""
+    canon = {id(p): n for n, p in model.named_parameters()}
+    direct: dict[str, list[str]] = {}
+    for path, mod in model.named_modules():
+        names = [canon[id(p)] for _, p in mod.named_parameters(recurse=False, remove_duplicate=False)]
+        if names:
+            direct[path] = names
+    return direct
+
+
+def shard_groups(model: nn.Module, plan: FsdpPlan, layer_params: Sequence[Sequence[str]]) -> ShardGroups:
+    """The ``fully_shard`` calls that run ``plan`` on ``model`` (module docstring); ``layer_params``: the
+    parameter names of each of the plan's layers (forward order). A one-line :class:`UserError` where the
+    layers do not match the model, or where no call order exists."""
+    if len(layer_params) != plan.num_modules:
+        raise UserError(f"the plan has {plan.num_modules} modules, the model's trace {len(layer_params)}")
+    direct = _holders(model)
+    known = {n for names in direct.values() for n in names}
+    layer_of: dict[str, int] = {}
+    for i, names in enumerate(layer_params):
+        for n in names:
+            if n not in known:
+                raise UserError(f"the trace names parameter {n!r}, which the model does not have")
+            layer_of[n] = i
+    units = list(plan.units)
+    notes: list[str] = []
+    while True:  # point 2: merge until every module's direct parameters lie in one unit
+        unit_of = {i: k for k, (a, b) in enumerate(units) for i in range(a, b + 1)}
+        spans = []
+        for path, names in direct.items():
+            ks = sorted({unit_of[layer_of[n]] for n in names if n in layer_of})
+            if len(ks) > 1:
+                spans.append((ks[0], ks[-1]))
+                notes.append(
+                    f"module {path or 'root'} holds parameters of units {ks[0]}-{ks[-1]}: FSDP2 shards whole "
+                    f"modules, so they are merged"
+                )
+        if not spans:
+            break
+        units = merge_units(units, spans)
+    members: list[set[str]] = [set() for _ in units]
+    for path, names in direct.items():
+        ks = {unit_of[layer_of[n]] for n in names if n in layer_of}
+        if ks:
+            members[ks.pop()].add(path)
+    owners = {n: p for p, names in reversed(list(direct.items())) for n in names}  # first holder
+    spanning = set()
+    for k, mods in enumerate(members):
+        if ROOT in mods:
+            spanning.add(k)
+            notes.append(
+                f"unit {k} holds the root module's own parameters: it is the root call, gathered first"
+            )
+        shared = sorted(p for p in mods if any(owners[n] != p for n in direct[p] if n in layer_of))
+        if shared and len(units) > 1:  # one unit is gathered for the whole pass anyway
+            spanning.add(k)
+            notes.append(
+                f"unit {k} also holds {', '.join(shared)} (a tied parameter): FSDP2 keeps it unsharded until "
+                "its last module's forward"
+            )
+    lifted = [_lift(model, mods, set(direct)) if ROOT not in mods else (ROOT,) for mods in members]
+    return ShardGroups(
+        units=tuple(units),
+        modules=tuple(lifted),
+        order=_order(lifted),
+        spanning=tuple(sorted(spanning)),
+        notes=tuple(notes),
+    )
+
+
+def _lift(model: nn.Module, mods: set[str], holders: set[str]) -> tuple[str, ...]:
+    """The largest non-root subtrees whose parameter-holding modules all lie in ``mods`` (point 3)."""
+    below: dict[str, set[str]] = {}
+    for path, _ in model.named_modules():
+        if path in holders:
+            parts = path.split(".")
+            for k in range(1, len(parts) + 1):
+                below.setdefault(".".join(parts[:k]), set()).add(path)
+    chosen: list[str] = []
+    for path, _ in model.named_modules():  # pre-order: an ancestor comes before its descendants
+        if not path or any(path.startswith(c + ".") for c in chosen):
+            continue
+        if below.get(path) and below[path] <= mods:
+            chosen.append(path)
+    left = sorted(mods - {h for c in chosen for h in below[c]})  # holders whose subtree reaches other units
+    return tuple(chosen + left)
+
+
+def _order(lifted: list[tuple[str, ...]]) -> tuple[int, ...]:
+    """Units in call order: a unit holding an ancestor of another unit's module comes after it (point 4)."""
+    after: dict[int, set[int]] = {k: set() for k in range(len(lifted))}
+    for k, mods in enumerate(lifted):
+        for j, other in enumerate(lifted):
+            if j != k and any(o.startswith(m + ".") or (m == ROOT and o) for m in mods for o in other):
+                after[k].add(j)  # k's module is an ancestor of j's: shard j first
+    out: list[int] = []
+    while len(out) < len(lifted):
+        ready = [k for k in after if k not in out and after[k] <= set(out)]
+        if not ready:
+            raise UserError("FSDP2 cannot shard this plan: two units hold each other's submodules")
+        out.append(ready[0])
+    return tuple(out)
