@@ -227,3 +227,28 @@ def push_after_pulls() -> dict[str, Any]:
             worker.wait(t)
     out["params"] = params
     return out
+
+
+def user_gpt(methods: list[str]) -> dict[str, Any]:
+    """A user's small GPT (tests/_ddp_workers.HandGPT: a tied embedding, a frozen LayerNorm, an unused
+    head, nn.MultiheadAttention whose out_proj weight the attention applies inline) trained 4 iterations by
+    the co-located parameter server with each pull method; this rank's parameter hash and loss per method."""
+    from tests._ddp_workers import HandGPT
+
+    rank, world = init_worker("gloo", timeout_s=30)
+    torch.set_num_threads(1)
+    g = torch.Generator().manual_seed(1)
+    x, y = torch.randint(0, 32, (4, 8), generator=g), torch.randint(0, 32, (4, 8), generator=g)
+    out = {}
+    for method in methods:
+        torch.manual_seed(0)
+        model = HandGPT()
+        opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+        ps = PsRank(
+            model, opt, PsSpec(pull=method, probe_rounds=1), rank=rank, workers=world, sample=x, stop=4
+        )
+        losses = [ps.iteration(x, y) for _ in range(4)]
+        ps.finish()
+        ps.close()
+        out[method] = {"sha": params_sha256(model), "losses": losses, "plan": list(ps.pull_plan.batches)}
+    return out

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["learnable_layers", "layer_params"]
+__all__ = ["call_order", "called_ancestor", "learnable_layers", "layer_params"]
 
 
 def _owners(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -30,26 +30,56 @@ def _owners(module: nn.Module) -> list[tuple[str, nn.Module]]:
 def learnable_layers(module: nn.Module, example: Any | None = None) -> list[tuple[str, nn.Module]]:
     """``[(name, submodule), ...]`` of the layers owning trainable parameters, in forward order.
 
-    With ``example`` (a tensor or tuple of tensors) one no-grad forward pass orders the layers by first call;
-    layers never called keep registration order after the called ones.
+    With ``example`` (a tensor or tuple of tensors) one no-grad forward pass orders the layers by first call.
+    A layer whose own forward never runs has its parameters used inline by an ancestor that does run
+    (``nn.MultiheadAttention`` applies ``out_proj``'s weight itself): it goes right after that ancestor's
+    first call (:func:`called_ancestor`); a layer no called ancestor holds (an unused head) goes last, in
+    registration order.
     """
     owners = _owners(module)
     if example is None:
         return owners
+    order = call_order(module, example)
+    names = {id(m): n for n, m in module.named_modules()}
+    rank = {id(m): i for i, (_, m) in enumerate(owners)}
+
+    def key(nm: tuple[str, nn.Module]) -> tuple[float, int]:
+        name, m = nm
+        if id(m) in order:
+            return (order[id(m)], 0)
+        anc = called_ancestor(module, names.get(id(m), name), order)
+        return (order[id(anc)] + 0.5, rank[id(m)]) if anc is not None else (len(order) + rank[id(m)], 0)
+
+    return sorted(owners, key=key)
+
+
+def call_order(module: nn.Module, example: Any) -> dict[int, int]:
+    """``id(submodule) -> index of its first call`` in one no-grad forward of ``example`` (every module)."""
     order: dict[int, int] = {}
 
     def _first_call(m: nn.Module, _inputs: Any) -> None:  # must return None: a value would replace the inputs
         order.setdefault(id(m), len(order))
 
-    hooks = [mod.register_forward_pre_hook(_first_call) for _, mod in owners]
+    hooks = [mod.register_forward_pre_hook(_first_call) for mod in module.modules()]
     try:
         with torch.no_grad():
             module(*example) if isinstance(example, tuple) else module(example)
     finally:
         for h in hooks:
             h.remove()
-    rank = {id(m): i for i, (_, m) in enumerate(owners)}
-    return sorted(owners, key=lambda nm: order.get(id(nm[1]), len(order) + rank[id(nm[1])]))
+    return order
+
+
+def called_ancestor(module: nn.Module, name: str, order: dict[int, int]) -> nn.Module | None:
+    """The nearest proper ancestor of submodule ``name`` (dotted) whose forward ran (``id`` in ``order``),
+    the root included; None if none did."""
+    parts = name.split(".") if name else []
+    while parts:
+        parts = parts[:-1]
+        anc = module.get_submodule(".".join(parts)) if parts else module
+        if id(anc) in order:
+            return anc
+    return None
 
 
 def layer_params(module: nn.Module, layers: list[tuple[str, nn.Module]]) -> list[list[nn.Parameter]]:

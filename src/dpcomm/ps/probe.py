@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpcomm.models.layers import learnable_layers
+from dpcomm.models.layers import call_order, called_ancestor, learnable_layers
 from dpcomm.ps import tags
 from dpcomm.ps.node import Ticket
 from dpcomm.trace.profiler import default_loss, layer_medians
@@ -32,7 +32,7 @@ from dpcomm.trace.profiler import default_loss, layer_medians
 if TYPE_CHECKING:
     from dpcomm.ps.rank import PsRank
 
-__all__ = ["Prober", "PullMeasurements", "buffers_kept", "forward_layers", "unit_of"]
+__all__ = ["Prober", "PullMeasurements", "buffers_kept", "forward_layers", "forward_layout", "unit_of"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,19 +77,37 @@ def unit_of(units: list[tuple[int, int]]) -> dict[int, int]:
 
 
 def forward_layers(model: nn.Module, sample: torch.Tensor | None, group: Any = None) -> list[nn.Module]:
-    """The pulled and pushed layers (:func:`dpcomm.models.learnable_layers`), in the order rank 0's forward
-    of ``sample`` first runs them (GoogLeNet runs its aux heads mid-forward but registers them last: a pull
-    plan in registration order would stall its forward there), the same on every rank (rank 0's order is
+    """The pulled and pushed layers in forward order (:func:`forward_layout`'s first list)."""
+    return forward_layout(model, sample, group)[0]
+
+
+def forward_layout(
+    model: nn.Module, sample: torch.Tensor | None, group: Any = None
+) -> tuple[list[nn.Module], list[nn.Module]]:
+    """``(layers, wait_at)``: the pulled and pushed layers (:func:`dpcomm.models.learnable_layers`), in the
+    order rank 0's forward of ``sample`` first runs them (GoogLeNet runs its aux heads mid-forward but
+    registers them last: a pull plan in registration order would stall its forward there), and for each
+    the module whose forward pre-hook must wait for its pull batch: the layer itself, or, where its own
+    forward never runs, the nearest ancestor that runs and uses its parameters inline
+    (``nn.MultiheadAttention`` and its ``out_proj``: a wait on ``out_proj`` would never fire, and the
+    attention would compute with last iteration's weights). The same on every rank (rank 0's answer is
     broadcast; a dedicated server has no sample). The ordering forward leaves the batch-norm statistics and
     the random-number generator as they were."""
     names: list[Any] = [None]
     if dist.get_rank(group) == 0:
         with buffers_kept(model):
-            names = [[n for n, _ in learnable_layers(model, sample)]]
+            layers = learnable_layers(model, sample)
+            order = call_order(model, sample) if sample is not None else None
+        by_id = {id(m): n for n, m in model.named_modules()}
+        waits = []
+        for name, m in layers:
+            anc = None if order is None or id(m) in order else called_ancestor(model, by_id[id(m)], order)
+            waits.append(name if anc is None else (by_id[id(anc)] or type(model).__name__))
+        names = [[[n for n, _ in layers], waits]]
     dist.broadcast_object_list(names, src=dist.get_global_rank(group, 0) if group else 0, group=group)
     mods = dict(model.named_modules())
     mods[type(model).__name__] = model  # learnable_layers names the root module by its class
-    return [mods[n] for n in names[0]]
+    return [mods[n] for n in names[0][0]], [mods[n] for n in names[0][1]]
 
 
 class Prober:
@@ -98,6 +116,7 @@ class Prober:
     def __init__(self, ps: PsRank) -> None:
         self.model, self.spec, self.rank, self.group = ps.model, ps.spec, ps.rank, ps.group
         self.layout, self.worker, self.server, self.params = ps.layout, ps.worker, ps.server, ps.params
+        self.wait_at = ps.wait_at
         self._request = ps.spec.pulls == "request"
 
     def _pull(self, units: list[tuple[int, int]], tag: int) -> list[Ticket]:
@@ -214,7 +233,7 @@ class Prober:
             m.register_forward_pre_hook(
                 lambda _m, _a, k=batch_of[l]: self.worker.wait(tickets[k], into_params=False)
             )
-            for l, m in enumerate(mods)
+            for l, m in enumerate(self.wait_at)
         ]
         try:
             return self.model(sample)  # with autograd's graph, as in training

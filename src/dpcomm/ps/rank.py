@@ -34,7 +34,7 @@ from dpcomm.ps import tags
 from dpcomm.ps.layout import Layout
 from dpcomm.ps.node import Ticket, _wait
 from dpcomm.ps.planning import PullPlanning
-from dpcomm.ps.probe import forward_layers, unit_of
+from dpcomm.ps.probe import forward_layers, forward_layout, unit_of
 from dpcomm.ps.server import PsServer
 from dpcomm.ps.spec import PsSpec
 from dpcomm.ps.state import PsState
@@ -79,7 +79,8 @@ class PsRank:
         self.ckpt_at, self.it, self.log, self.stop = ckpt_at, start, log, stop
         self.align_sends = align_sends
         self._request = spec.pulls == "request"
-        self.layers = mods = forward_layers(model, sample, group)
+        self.layers, self.wait_at = forward_layout(model, sample, group)  # wait_at: where each pull waits
+        mods = self.layers
         owned = layer_params(model, [("", m) for m in mods])  # a shared parameter goes with its first layer
         # parameters (and so keys, shards and pull messages) in forward order: a batch is a contiguous run
         self.params = [p for ps in owned for p in ps]
@@ -143,7 +144,7 @@ class PsRank:
     # --- set-up --------------------------------------------------------------------------------------------
     def _install_hooks(self, mods: list[nn.Module]) -> None:
         batch_of = unit_of(self.units)
-        for l, m in enumerate(mods):
+        for l, m in enumerate(self.wait_at):  # the layer, or the ancestor that uses its weights inline
             self._hooks.append(m.register_forward_pre_hook(lambda _m, _a, k=batch_of[l]: self._wait_batch(k)))
         group_of = unit_of(self.pushes)
         self._need = [sum(len(self.layout.layer_params[l]) for l in range(a, b + 1)) for a, b in self.pushes]
