@@ -140,20 +140,26 @@ def test_budgets_are_refused_in_one_line(one_rank):
     assert type(model.h[0]).__name__ == "FSDPBlock"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize(
-    "model, planners",
-    [
-        ("gpt2-tiny", ["per-block", "optimal", "whole"]),
-        ("lenet5", ["per-layer", "optimal", "whole"]),  # no blocks: per-block is refused in one line
-    ],
-)
-def test_every_fsdp_planner_trains_like_ddp(model, planners):
+PLANNERS = ["per-block", "optimal", "whole", "per-layer", "size:256KB"]
+BASE = dict(nproc=3, iters=4, batch_size=4, threads=1, profile_iters=1, verify_iters=1, progress=False)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Per model, one launch of 3 workers: DDP and every FSDP planner side by side (interleaved)."""
     from dpcomm.train import compare_schedules
 
-    cfg = TrainConfig(model=model, nproc=3, iters=4, batch_size=4, threads=1, profile_iters=1, verify_iters=1,
-                      progress=False)  # fmt: skip
-    ddp, *fsdp = compare_schedules(cfg, ["ddp"] + [f"fsdp:{p}" for p in planners])
+    out = {}
+    for model in ("gpt2-tiny", "lenet5"):
+        cfg = TrainConfig(model=model, **BASE)
+        out[model] = compare_schedules(cfg, ["ddp"] + [f"fsdp:{p}" for p in PLANNERS])
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("model", ["gpt2-tiny", "lenet5"])
+def test_every_fsdp_planner_trains_like_ddp(runs, model):
+    ddp, *fsdp = runs[model]
     for r in fsdp:
         assert len(set(r.params_sha256)) == 1, f"{r.schedule}: gathered parameters differ across ranks"
         assert r.records[0]["phase"] == "profile" and len(r.records) == 4
@@ -162,22 +168,22 @@ def test_every_fsdp_planner_trains_like_ddp(model, planners):
 
 
 @pytest.mark.slow
-def test_fsdp_resumes_bitwise(tmp_path):
+def test_fsdp_resumes_bitwise(runs, tmp_path):
+    # half the run with a checkpoint, then resumed: bitwise the uninterrupted run of the same schedule
+    # (the one in the side-by-side launch: interleaving changes no value, every replica is seeded alike)
+    from dpcomm.models import get_model
     from dpcomm.runtime.checkpoint import load_checkpoint
     from dpcomm.train import train
 
-    base = dict(model="lenet5", nproc=3, batch_size=4, threads=1, profile_iters=1, verify_iters=1,
-                schedule="fsdp:size:1MB", progress=False)  # fmt: skip
-    whole = train(TrainConfig(iters=4, **base))
+    base = dict(model="lenet5", schedule="fsdp:size:256KB", **BASE)
+    whole = next(r for r in runs["lenet5"] if r.schedule == "fsdp:size:256KB")
     half = tmp_path / "ckpt"
-    train(TrainConfig(iters=2, checkpoint=str(half), **base))
+    train(TrainConfig(**{**base, "iters": 2, "checkpoint": str(half)}))
     state = load_checkpoint(half)
     assert state["iteration"] == 2 and state["replica"]["layer_params"]
     assert not any(type(v).__name__ == "DTensor" for v in state["model"].values())  # full tensors
-    from dpcomm.models import get_model
-
     fresh = get_model("lenet5").state_dict()
     assert {k: v.shape for k, v in state["model"].items()} == {k: v.shape for k, v in fresh.items()}
-    resumed = train(TrainConfig(iters=4, checkpoint=str(half), resume=True, **base))
+    resumed = train(TrainConfig(**{**base, "checkpoint": str(half), "resume": True}))
     assert resumed.start_iteration == 2
     assert resumed.params_sha256 == whole.params_sha256 and len(set(whole.params_sha256)) == 1

@@ -126,8 +126,9 @@ def test_per_block_on_gpt2_llama_and_resnet20():
     # ResNet-20: stem (conv1, bn1), nine residual blocks layers.0..8 (4 modules each), fc
     units = block_units([x.name for x in find_trace("resnet20-cpu-b32").layers])
     assert units[0] == (0, 1) and len(units) == 11 and all(b - a == 3 for a, b in units[1:-1])
-    with pytest.raises(UserError, match="repeated blocks"):  # a leaf named NAME.N is not in a block
-        block_units(["features.0", "features.1", "classifier"])
+    # no repeated blocks (a leaf named NAME.N is not in one): one unit per top-level child
+    assert block_units(["features.0", "features.1", "classifier"]) == [(0, 1), (2, 2)]
+    assert block_units(["conv1", "conv2", "fc1", "fc2", "fc3"]) == [(i, i) for i in range(5)]
     assert block_units(["model.layers.0.q", "model.layers.0.k", "model.layers.1.q", "lm_head"]) == [
         (0, 1),
         (2, 2),

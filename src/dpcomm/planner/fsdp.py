@@ -16,7 +16,9 @@ memory, then the least depth, then resharding:
                ResNet-20's first residual block ``layers.0``, ``model.layers.7.mlp`` in ``model.layers.7``).
                Consecutive modules of one block are a unit; each run of modules outside blocks is a unit
                too (GPT-2: ``wte, wpe`` before the blocks, ``ln_f`` after). FSDP2 puts those in one root
-               unit; this contiguous model cannot (``docs/fsdp.md``). A model without blocks is an error.
+               unit; this contiguous model cannot (``docs/fsdp.md``). A model without repeated blocks
+               (LeNet-5, VGG) gets one unit per top-level child (``features``, ``classifier``; LeNet-5's
+               layers), as ``fully_shard`` on each child of the root would.
 ``whole``      one unit: the root alone (ZeRO-3 of one flat parameter).
 ``per-layer``  one unit per module (trace layer).
 ``size:BYTES`` modules in forward order, a unit closed once it holds ``>= BYTES`` bytes
@@ -129,8 +131,8 @@ def ring_costs(net: Network, world: int) -> tuple[LinearCost, LinearCost]:
 def block_units(names: Sequence[str]) -> Units:
     """Units of ``per-block`` (module docstring) for module names in forward order."""
     keys = [(m.group(1) if (m := _BLOCK.match(n)) else None) for n in names]
-    if not any(k is not None for k in keys):
-        raise UserError("per-block needs repeated blocks: no module name has the form NAME.N.rest")
+    if not any(k is not None for k in keys):  # no repeated blocks (LeNet-5, VGG): the top-level children
+        keys = [n.split(".", 1)[0] for n in names]
     units: Units = []
     for i, k in enumerate(keys):
         if i and k == keys[i - 1]:
