@@ -29,7 +29,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--schedule",
         default="mgwfbp",
-        help="wfbp, single, bucket:SIZE, mgwfbp, optimal, or ddp (PyTorch DDP baseline); default mgwfbp",
+        help="wfbp, single, bucket:SIZE, mgwfbp, optimal, ddp (PyTorch DDP), ddp:PLANNER, ps:METHOD or "
+        "fsdp:PLANNER (FSDP2 units: per-block, whole, per-layer, size:BYTES, optimal); default mgwfbp",
     )
     p.add_argument("--collective", default="native", help="all-reduce algorithm (default native)")
     p.add_argument(
@@ -61,6 +62,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=int,
         default=3,
         help="mgwfbp/optimal: iterations each timing the plan against single and DDP's buckets (0: off)",
+    )
+    p.add_argument(
+        "--memory",
+        default=None,
+        metavar="BYTES",
+        help="fsdp:PLANNER: budget of unsharded parameter bytes the plan must fit (e.g. 64MB)",
     )
     p.add_argument(
         "--replan-every",

@@ -82,6 +82,9 @@ class TrainConfig:
     verify_iters: int = 3
     """``mgwfbp``/``optimal``: iterations each for timing the plan against ``single`` and DDP's buckets
     (the fastest is kept); 0: keep the planner's plan untimed."""
+    memory: str | None = None
+    """``fsdp:`` schedules: the budget of unsharded parameter bytes (``64MB`` = 64 MiB) their planner must
+    fit (:mod:`dpcomm.train.fsdp_replica`); a schedule's own ``memory=`` and this are not both given."""
     replan_every: int = 0
     """Re-plan every this many steady iterations (dpcomm's runtime with a planner name): time the layers
     and the all-reduce again, plan on the root, switch when the model predicts a gain (see
