@@ -10,6 +10,7 @@ loopback) plus process-free checks of flags, checkpoints and data order.
 from __future__ import annotations
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -22,6 +23,7 @@ import torch
 import dpcomm.launch
 from dpcomm.cli.main import main
 from dpcomm.errors import UserError
+from dpcomm.models import get_model
 from dpcomm.runtime.checkpoint import checkpoint_path, load_checkpoint, save_checkpoint
 from dpcomm.runtime.data import TrainData
 
@@ -76,6 +78,8 @@ def no_launch(monkeypatch):
         (["--schedule", "ddp", "--collective", "ring"], "needs a dpcomm schedule"),
         (["--verify-iters", "-1"], "--verify-iters must be >= 0"),
         (["--threads", "0"], "threads must be >= 1"),
+        (["--dtype", "float16"], "--dtype must be one of"),
+        (["--ps", "--dtype", "bf16"], "moves float32 parameters"),
     ],
 )
 def test_bad_flags_exit_2_with_one_line_before_any_worker(capsys, no_launch, flags, needle):
@@ -331,3 +335,17 @@ def test_worker_threads_flag_then_omp_num_threads_then_cores_per_worker(monkeypa
     monkeypatch.setenv("OMP_NUM_THREADS", "3")  # torchrun / testbed launch: workers share the cores
     assert _threads(cfg, 4) == 3
     assert _threads(TrainConfig(model="lenet5", nproc=4, threads=5), 4) == 5
+
+
+@pytest.mark.slow
+def test_bf16_trains_alike_and_the_plan_prices_two_byte_gradients():
+    from dpcomm.train import TrainConfig, compare_schedules
+
+    cfg = TrainConfig(model="lenet5", nproc=2, data="digits", iters=8, batch_size=16, dtype="bf16",
+                      profile_iters=2, verify_iters=1, progress=False)  # fmt: skip
+    ddp, mg = compare_schedules(cfg, ["ddp", "mgwfbp"])
+    for r in (ddp, mg):
+        assert len(set(r.params_sha256)) == 1 and r.loss_final < math.log(10)  # identical, and learning
+    assert mg.params_sha256 == ddp.params_sha256  # two ranks: one bf16 sum per element either way
+    assert mg.trace["dtype_bytes"] == 2  # the planner priced the bytes that travel
+    assert mg.grad_bytes == sum(p.numel() for p in get_model("lenet5", 10).parameters()) * 2

@@ -64,6 +64,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="mgwfbp/optimal: iterations each timing the plan against single and DDP's buckets (0: off)",
     )
     p.add_argument(
+        "--dtype",
+        default="float32",
+        help="float32 (default) or bfloat16/bf16: parameters, gradients and activations (not with --ps)",
+    )
+    p.add_argument(
         "--memory",
         default=None,
         metavar="BYTES",

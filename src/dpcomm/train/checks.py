@@ -90,9 +90,10 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
     saved = state.get("config", {})
     mine = compat(cfg)
     for key in COMPAT_KEYS:
-        if saved.get(key) != mine[key]:
+        theirs = saved.get(key, "float32" if key == "dtype" else None)  # checkpoints before --dtype: float32
+        if theirs != mine[key]:
             raise UserError(
-                f"--resume: checkpoint was made with {key}={saved.get(key)!r}, this run has {mine[key]!r}"
+                f"--resume: checkpoint was made with {key}={theirs!r}, this run has {mine[key]!r}"
             )
     if state["iteration"] >= total:
         raise UserError(

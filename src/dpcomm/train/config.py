@@ -18,6 +18,8 @@ from dpcomm.launch import check_launch
 __all__ = [
     "COMPAT_KEYS",
     "DEFAULT_ITERS",
+    "DTYPES",
+    "torch_dtype",
     "SCHEDULE_DDP",
     "TrainConfig",
     "TrainResult",
@@ -30,7 +32,9 @@ SCHEDULE_DDP = "ddp"
 """Schedule name of the baseline: PyTorch's DistributedDataParallel with its default buckets."""
 DEFAULT_ITERS = 20
 """Iterations when neither ``iters`` nor ``epochs`` is given."""
-COMPAT_KEYS = ("model", "data", "seed", "batch_size", "world_size")
+DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
+"""``--dtype`` spellings and the torch dtype each names."""
+COMPAT_KEYS = ("model", "data", "seed", "batch_size", "world_size", "dtype")
 """Config facts a checkpoint must share with the run that resumes it."""
 
 
@@ -82,6 +86,10 @@ class TrainConfig:
     verify_iters: int = 3
     """``mgwfbp``/``optimal``: iterations each for timing the plan against ``single`` and DDP's buckets
     (the fastest is kept); 0: keep the planner's plan untimed."""
+    dtype: str = "float32"
+    """Parameter, gradient and activation dtype: ``float32`` or ``bfloat16`` (``bf16``; pure low-precision
+    parameters, so every gradient travels as 2 bytes and the online planners price it so). The parameter
+    server runs ``float32`` only."""
     memory: str | None = None
     """``fsdp:`` schedules: the budget of unsharded parameter bytes (``64MB`` = 64 MiB) their planner must
     fit (:mod:`dpcomm.train.fsdp_replica`); a schedule's own ``memory=`` and this are not both given."""
@@ -127,6 +135,7 @@ class TrainConfig:
         need(self.replan_every >= 0, f"--replan-every must be >= 0 (0: off), got {self.replan_every}")
         need(self.timeout_s > 0, f"timeout must be positive, got {self.timeout_s}")
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")
+        need(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
 
     @property
     def world_size(self) -> int:
@@ -212,6 +221,13 @@ class TrainResult:
         return out
 
 
+def torch_dtype(cfg: TrainConfig):
+    """The torch dtype ``cfg.dtype`` names."""
+    import torch
+
+    return getattr(torch, DTYPES[cfg.dtype])
+
+
 def total_iterations(cfg: TrainConfig) -> int:
     """Iterations the run ends at: ``iters``, or ``epochs`` times the batches per epoch of one rank."""
     if cfg.epochs is None:
@@ -239,7 +255,7 @@ def data_args(cfg: TrainConfig, rank: int) -> dict[str, Any]:
 
 
 def compat(cfg: TrainConfig) -> dict[str, Any]:
-    """The config facts a checkpoint records (the first five must match to resume)."""
+    """The config facts a checkpoint records (those in :data:`COMPAT_KEYS` must match to resume)."""
     return {"model": cfg.model, "data": cfg.data, "seed": cfg.seed, "batch_size": cfg.batch_size,
-            "world_size": cfg.world_size, "schedule": cfg.schedule, "collective": cfg.collective,
-            "mode": cfg.mode}  # fmt: skip
+            "world_size": cfg.world_size, "dtype": DTYPES[cfg.dtype], "schedule": cfg.schedule,
+            "collective": cfg.collective, "mode": cfg.mode}  # fmt: skip

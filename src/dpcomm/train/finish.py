@@ -84,7 +84,9 @@ def _test_accuracy(model: Any, data: Any) -> float:
     model.eval()
     correct = seen = 0
     with torch.no_grad():
+        dtype = next(model.parameters()).dtype  # --dtype: the inputs in the parameters' dtype
         for x, y in data.test_batches():
+            x = x.to(dtype) if x.is_floating_point() else x
             correct += int((model(x).argmax(1) == y).sum())
             seen += len(y)
     model.train(was)

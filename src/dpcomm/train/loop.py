@@ -43,7 +43,7 @@ from typing import Any
 
 from dpcomm.errors import UserError, first_line
 from dpcomm.train.checks import check
-from dpcomm.train.config import TrainConfig, TrainResult, compat, data_args, total_iterations
+from dpcomm.train.config import TrainConfig, TrainResult, compat, data_args, torch_dtype, total_iterations
 from dpcomm.train.replica import Replica
 
 __all__ = ["compare_schedules", "train"]
@@ -184,6 +184,7 @@ def _train_rank(
     ]
     start = replicas[0].start
     kill, stall = _test_point(_KILL_ENV, rank), _test_point(_STALL_ENV, rank)
+    dtype = torch_dtype(cfg)
     due = False  # a periodic checkpoint is owed (it waits until the plan is kept)
     bar = Progress(cfg, [s for s, _ in schedules], start, total) if rank == 0 else None
     try:
@@ -194,6 +195,8 @@ def _train_rank(
             if stall == it:
                 time.sleep(3600)
             x, y = data.batch(it) if data is not None else (None, None)
+            if x is not None and x.is_floating_point():
+                x = x.to(dtype)  # --dtype: the inputs in the parameters' dtype (token ids stay int64)
             for rep in replicas:
                 torch.manual_seed(derive_seed(cfg.seed, rank, it))  # dropout: same masks for every schedule
                 rep.iteration(x, y)

@@ -27,6 +27,10 @@ _KEEP_SPANS = 50  # iterations whose timeline is kept for --chrome-trace
 
 def check(cfg: TrainConfig, schedule: str) -> PsSpec:
     """The parsed schedule, or a one-line :class:`UserError` (runs in the parent, before any worker)."""
+    if cfg.dtype not in ("float32", "fp32"):
+        raise UserError(
+            f"{schedule}: the parameter server moves float32 parameters; drop --dtype {cfg.dtype}"
+        )
     if cfg.replan_every:
         raise UserError(f"--replan-every runs with dpcomm's runtime schedules (e.g. mgwfbp), not {schedule}")
     return parse_ps_schedule(schedule)

@@ -52,10 +52,11 @@ def build_model(ctx: ReplicaContext) -> Setup:
     """``torch.manual_seed(seed)``, the zoo model (10 classes on digits), SGD with the config's lr and
     momentum; the checkpoint's model and optimizer state loaded when resuming."""
     from dpcomm.models import get_model
+    from dpcomm.train.config import torch_dtype
 
     cfg = ctx.cfg
     torch.manual_seed(cfg.seed)
-    model = get_model(cfg.model, 10 if cfg.data == "digits" else None)
+    model = get_model(cfg.model, 10 if cfg.data == "digits" else None).to(torch_dtype(cfg))
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     update = UpdateTimer(optimizer)
     start = 0
