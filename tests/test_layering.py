@@ -225,6 +225,8 @@ def test_no_cycle_between_packages_at_import_time():
 def _all_package_edges(sources: dict[str, str] | None = None) -> dict[str, set[str]]:
     """Package -> packages it imports, counting imports inside functions too (they run sooner or later);
     ``sources``: module -> text of a made-up tree (default: this one)."""
+    if sources is None and _PACKAGE_EDGES:
+        return _PACKAGE_EDGES
     modules = MODULES if sources is None else dict.fromkeys(sources, Path())
     out: dict[str, set[str]] = {}
     for m in modules:
@@ -234,7 +236,12 @@ def _all_package_edges(sources: dict[str, str] | None = None) -> dict[str, set[s
             for t, _ in _imports(m, text, modules)
             if _package(t) != _package(m) and _package(t) != ROOT
         )
+    if sources is None:
+        _PACKAGE_EDGES.update(out)
     return out
+
+
+_PACKAGE_EDGES: dict[str, set[str]] = {}  # this tree's, computed once
 
 
 @pytest.mark.parametrize(
