@@ -107,3 +107,26 @@ def test_wrong_model_or_no_module_events_is_one_line(recorded, tmp_path, capsys)
     model, x = _record(bare, with_stack=False)
     with pytest.raises(UserError, match="with_stack=True"):
         from_chrome_trace(bare, model, x)
+
+
+def test_a_transformers_trace_is_its_gradient_units(tmp_path):
+    # gpt2-tiny's output layer is tied to its token embedding: one unit holds the weight, once, named as the
+    # model names it, so bucket_caps can find it; the rows add up to the layer-level times
+    from dpcomm.trace.units import gradient_units
+
+    torch.manual_seed(0)
+    model, x = get_model("gpt2-tiny"), example_input("gpt2-tiny", 2)
+    path = tmp_path / "gpt.json"
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True, with_modules=True) as p:
+        for _ in range(2):
+            model.zero_grad()
+            model(x).float().mean().backward()
+    p.export_chrome_trace(str(path))
+    trace = from_chrome_trace(str(path), model, x, model_name="gpt2-tiny")
+    units = gradient_units(model, x)
+    assert [layer.param_names for layer in trace.layers] == [u.param_names for u in units]
+    names = [n for layer in trace.layers for n in layer.param_names]
+    assert len(names) == len(set(names)) and "wte.weight" in names and "lm_head.weight" not in names
+    assert trace.total_params == sum(p.numel() for p in model.parameters())
+    assert trace.to_dict()["format"] == "dpcomm-trace/2"
+    assert all(layer.forward_s >= 0 and layer.backward_s >= 0 for layer in trace.layers)

@@ -1,4 +1,5 @@
-"""A ``dpcomm-trace/1`` from the Chrome trace a user's own ``torch.profiler`` run wrote.
+"""A trace (``dpcomm-trace/2``: gradient units) from the Chrome trace a user's own ``torch.profiler`` run
+wrote.
 
 Record it with the module hierarchy (``torch.profiler.profile(record_shapes=True, with_stack=True,
 with_modules=True)``, then ``prof.export_chrome_trace(path)``): in eager mode every ``nn.Module`` call is then
@@ -19,7 +20,10 @@ iteration (MG-WFBP Table I's t_f^(l), t_b^(l), summing to the iteration, Eq. 3):
   the end of its own, and the tail after the last one goes to the last layer that had one.
 
 Per-layer times are means over the recorded iterations (``skip`` drops the first few), so their sums equal the
-profiler's mean forward (module event) and backward (first to last evaluate-function event) times. On CUDA the
+profiler's mean forward (module event) and backward (first to last evaluate-function event) times. The rows
+are then the model's gradient units (:mod:`dpcomm.trace.units`, one local pass of the example), each with
+its module's times (split by parameters where a module holds several units), so ``bucket_caps`` can cut DDP's
+buckets where the plan does. On CUDA the
 events are the host's (launch times), not the kernels': this reads CPU traces.
 
 A trace file is at most :data:`MAX_PROFILER_BYTES` (256 MiB), checked before it is read (parsed, a Chrome
@@ -209,16 +213,7 @@ def from_chrome_trace(
         totals.append(((root.end - root.start) * 1e-6, (b_end - b_start) * 1e-6))
     k = len(roots)
     first = example[0] if isinstance(example, tuple) else example
-    rows = tuple(
-        Layer(
-            name=name,
-            params=sum(p.numel() for p in owned[i]),
-            forward_s=f_sum[i] / k,
-            backward_s=b_sum[i] / k,
-            extra={"type": type(mod).__name__},
-        )
-        for i, (name, mod) in enumerate(layers)
-    )
+    rows = _unit_rows(model, example, layers, owned, [f / k for f in f_sum], [b / k for b in b_sum])
     params = [p for ps in owned for p in ps]
     return Trace(
         model=model_name or type(model).__name__,
@@ -233,3 +228,30 @@ def from_chrome_trace(
             "iteration_backward_s": statistics.fmean(t[1] for t in totals),
         },
     )
+
+
+def _unit_rows(
+    model: nn.Module, example: Any, layers: list, owned: list, f: list[float], b: list[float]
+) -> tuple[Layer, ...]:
+    """The trace's rows as gradient units (:func:`dpcomm.trace.units.gradient_units`, ``dpcomm-trace/2``):
+    each unit takes its module's times, split by parameters where a module holds several units (a module
+    whose parameters are ready at two points, or unused ones). For a CNN the units are the layers."""
+    from dpcomm.trace.units import gradient_units
+
+    units = gradient_units(model, example)
+    layer_of = {name: i for i, (name, _) in enumerate(layers)}
+    numel = dict(model.named_parameters())
+    size = [sum(numel[n].numel() for n in u.param_names) for u in units]
+    held = [0] * len(layers)
+    for u, unit in zip(units, size, strict=True):
+        held[layer_of[u.module]] += unit
+    rows = []
+    for u, n in zip(units, size, strict=True):
+        i = layer_of[u.module]
+        share = n / held[i] if held[i] else 1.0
+        rows.append(
+            Layer(name=u.name, params=n, forward_s=f[i] * share, backward_s=b[i] * share,
+                  param_names=u.param_names, unused=u.unused, extra={"type": type(layers[i][1]).__name__})
+        )  # fmt: skip
+    return tuple(rows)
+
