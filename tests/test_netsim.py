@@ -61,6 +61,63 @@ def test_maxmin_is_feasible_and_every_flow_has_a_bottleneck(data):
         ), (i, rows, rate)
 
 
+def _naive_maxmin(cap, rows, w):
+    """Progressive filling written out flow by flow: the independent reference of the vectorised solver."""
+    rate, frozen, left = [0.0] * len(rows), [False] * len(rows), list(cap)
+    while not all(frozen):
+        load = [0.0] * len(cap)
+        for i, r in enumerate(rows):
+            for l, x in zip(r, w[i], strict=True):
+                load[l] += 0.0 if frozen[i] else x
+        d = min(left[l] / load[l] for l in range(len(cap)) if load[l] > 0)
+        full = {l for l in range(len(cap)) if load[l] > 0 and left[l] / load[l] <= d * (1 + 1e-9)}
+        left = [left[l] - d * load[l] for l in range(len(cap))]
+        for i, r in enumerate(rows):
+            if not frozen[i]:
+                rate[i] += d
+                frozen[i] = any(l in full for l in r)
+    return rate
+
+
+def test_vectorised_and_chunked_filling_equal_the_naive_one():
+    from dpcomm.sim.network.maxmin import fill_chunked
+
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        n_links, n_flows = int(rng.integers(2, 8)), int(rng.integers(1, 30))
+        cap = rng.uniform(0.5, 5, n_links)
+        rows = [
+            list(rng.choice(n_links, size=int(rng.integers(1, min(3, n_links) + 1)), replace=False))
+            for _ in range(n_flows)
+        ]
+        w = [list(rng.uniform(0.1, 2, len(r))) for r in rows]
+        links, wts = np.full((n_flows, 3), -1), np.zeros((n_flows, 3))
+        for i, r in enumerate(rows):
+            links[i, : len(r)], wts[i, : len(r)] = r, w[i]
+        want = _naive_maxmin(cap, rows, w)
+        assert maxmin_rates(cap, links, wts) == pytest.approx(want, rel=1e-9)
+        use = links >= 0
+
+        def entries(i0, i1, use=use, links=links, wts=wts):  # chunks of 4 flows, as a huge step is filled
+            f, c = np.nonzero(use[i0:i1])
+            return f, links[i0:i1][use[i0:i1]], wts[i0:i1][use[i0:i1]]
+
+        chunks = [(i, min(i + 4, n_flows)) for i in range(0, n_flows, 4)]
+        assert fill_chunked(cap, n_flows, chunks, entries) == pytest.approx(want, rel=1e-9)
+
+
+def test_chunked_steps_and_the_route_table_price_as_the_plain_path(monkeypatch):
+    import dpcomm.sim.network.engine as engine
+
+    for spec, algo in [("fattree:4", "ps"), ("bcube:2,3", "lp"), ("leafspine:2,4,2", "ps-dedicated")]:
+        want = simulate_allreduce(FlowModel(make_fabric(spec, 10e9)), algo, 4 * 1009)[0].time_s
+        with monkeypatch.context() as m:
+            m.setattr(engine, "_CHUNK_ENTRIES", 16)  # every step filled chunk by chunk, routes never held
+            m.setattr(engine, "_TABLE_MAX", 3)  # the pair table starts over again and again
+            got = simulate_allreduce(FlowModel(make_fabric(spec, 10e9)), algo, 4 * 1009)[0].time_s
+        assert got == pytest.approx(want, rel=1e-12), (spec, algo)
+
+
 # ---------------------------------------------------------------------------------------------- fabrics
 
 

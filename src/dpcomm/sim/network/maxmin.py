@@ -6,13 +6,22 @@ full link are frozen at their rate, and the others keep growing, until every flo
 flow may load a link with a weight (wire bytes per payload byte: headers on its own links, ACKs on the
 reverse ones), so the constraint of link ``l`` is ``sum_f w[f, l] * rate[f] <= capacity[l]``. Each round
 fills at least one link, so there are at most ``L`` rounds; a step of a symmetric collective needs one or two.
+
+:func:`fill` is the same filling on a flat list of ``(flow, link, weight)`` entries, the form the flow
+model builds (and, for a step too large to hold, :func:`fill_chunked` streams the entries chunk by chunk,
+keeping only per-flow and per-link arrays): each round touches only the entries of flows still growing, and
+a frozen flow's rate is the filling level it was frozen at.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
-__all__ = ["maxmin_rates"]
+__all__ = ["fill", "fill_chunked", "maxmin_rates"]
+
+_TIE = 1e-9  # links whose share is within 1e-9 of the least one fill in the same round
 
 
 def maxmin_rates(capacity: np.ndarray, links: np.ndarray, weights: np.ndarray) -> np.ndarray:
@@ -23,30 +32,79 @@ def maxmin_rates(capacity: np.ndarray, links: np.ndarray, weights: np.ndarray) -
     A flow on no link with positive weight gets ``inf``.
     """
     links = np.asarray(links)
-    f_count = links.shape[0]
     w = np.broadcast_to(np.asarray(weights, dtype=float), links.shape)
     use = (links >= 0) & (w > 0)
-    flow_of = np.nonzero(use)[0]  # one entry per (flow, link) pair; shrinks as flows freeze
-    link_of = links[use]
-    wt = w[use]
+    flow_of = np.nonzero(use)[0]  # one entry per (flow, link) pair, row by row
+    return fill(capacity, flow_of, links[use], w[use], links.shape[0])
+
+
+def fill(
+    capacity: np.ndarray, flow_of: np.ndarray, link_of: np.ndarray, wt: np.ndarray, f_count: int
+) -> np.ndarray:
+    """Progressive filling on entries: flow ``flow_of[i]`` loads link ``link_of[i]`` with weight ``wt[i]``
+    (> 0). Returns ``(f_count,)`` rates; a flow with no entry gets ``inf``."""
+    rate = np.full(f_count, np.inf)  # a flow with entries is given its level when it freezes
     active = np.zeros(f_count, dtype=bool)
     active[flow_of] = True
-    rate = np.where(active, 0.0, np.inf)
-    left = np.asarray(capacity, dtype=float).copy()
-    n_links = len(left)
+    left = np.array(capacity, dtype=float)
+    n_links, level = len(left), 0.0
     while flow_of.size:
         load = np.bincount(link_of, weights=wt, minlength=n_links)
-        loaded = load > 0
-        share = np.full(n_links, np.inf)
-        share[loaded] = left[loaded] / load[loaded]
-        d = max(share.min(), 0.0)
-        rate[active] += d
+        share = left[link_of] / load[link_of]  # every entry's link is loaded (its weight is > 0)
+        d = max(float(share.min()), 0.0)
+        level += d  # a frozen flow's rate: the sum of the rounds' increments, as rate += d each round
+        full = share <= d * (1 + _TIE)
+        if full.all():  # the last round: every flow still growing freezes here
+            rate[flow_of] = level
+            break
         left -= d * load
-        full = loaded & (share <= d * (1 + 1e-9))
-        left[full] = 0.0
-        frozen = np.zeros(f_count, dtype=bool)
-        frozen[flow_of[full[link_of]]] = True
-        active &= ~frozen
+        left[link_of[full]] = 0.0
+        frozen = flow_of[full]
+        rate[frozen] = level
+        active[frozen] = False
         keep = active[flow_of]
         flow_of, link_of, wt = flow_of[keep], link_of[keep], wt[keep]
     return rate
+
+
+def fill_chunked(
+    capacity: np.ndarray,
+    f_count: int,
+    chunks: list[tuple[int, int]],
+    entries: Callable[[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]],
+) -> np.ndarray:
+    """:func:`fill` for a flow set too large to hold its entries: ``entries(i0, i1)`` gives the entries of
+    flows ``i0..i1-1`` (flow ids relative to ``i0``), recomputed for each chunk of ``chunks`` in each round,
+    so only ``(f_count,)`` and ``(L,)`` arrays persist. Same rounds, same rates as :func:`fill`."""
+    rate = np.full(f_count, np.inf)
+    active = np.zeros(f_count, dtype=bool)
+    left = np.array(capacity, dtype=float)
+    n_links, level = len(left), 0.0
+    load = np.zeros(n_links)
+    for i0, i1 in chunks:
+        f, lk, w = entries(i0, i1)
+        active[i0 + f] = True
+        load += np.bincount(lk, weights=w, minlength=n_links)
+    while True:
+        loaded = load > 0
+        if not loaded.any():
+            return rate
+        share = np.full(n_links, np.inf)
+        share[loaded] = left[loaded] / load[loaded]
+        d = max(float(share.min()), 0.0)
+        level += d
+        left -= d * load
+        full = loaded & (share <= d * (1 + _TIE))
+        left[full] = 0.0
+        load = np.zeros(n_links)
+        for i0, i1 in chunks:
+            if not active[i0:i1].any():
+                continue
+            f, lk, w = entries(i0, i1)
+            keep = active[i0 + f]
+            f, lk, w = f[keep], lk[keep], w[keep]
+            frozen = i0 + f[full[lk]]
+            rate[frozen] = level
+            active[frozen] = False
+            keep = active[i0 + f]
+            load += np.bincount(lk[keep], weights=w[keep], minlength=n_links)
