@@ -105,8 +105,32 @@ def register(spec: str) -> str:
     return name
 
 
+ENV_ASYNC = "DPCOMM_FSDP_BENCH_ASYNC"
+"""Set to 1: every sharded model unshards with ``async_op=True`` (``--async-unshard``)."""
+
+
+def async_unshard() -> None:
+    """Make :func:`dpcomm.fsdp.shard` call FSDP2's ``_set_unshard_async_op(True)`` on what it shards: the
+    all-gathers are then asynchronous gloo work that the explicit prefetch lists overlap with compute on
+    CPU too (with ``False``, the default, each blocks the thread: no streams on CPU)."""
+    mod = sys.modules.get("dpcomm.fsdp.shard") or __import__("importlib").import_module("dpcomm.fsdp.shard")
+    if getattr(mod.apply_plan, "_async", False):
+        return
+    plain = mod.apply_plan
+
+    def apply_plan(model, plan, groups, mesh):
+        out = plain(model, plan, groups, mesh)
+        out._set_unshard_async_op(True)
+        return out
+
+    apply_plan._async = True
+    mod.apply_plan = apply_plan
+
+
 if os.environ.get(ENV_TRACE):  # spawned training workers import this file as __mp_main__
     register(os.environ[ENV_TRACE])
+if os.environ.get(ENV_ASYNC) == "1":
+    async_unshard()
 
 
 def _modules(spec: str) -> Any:
@@ -263,7 +287,8 @@ def _launch(args: argparse.Namespace, state: dict[str, Any], spec: str, todo: li
         json.dumps(todo),
     ]
     cmd += ["--iters", str(args.iters), "--batch-size", str(args.batch_size)]
-    res = launch_workers(state, cmd, env={ENV_TRACE: spec}, timeout_s=args.timeout)
+    env = {ENV_TRACE: spec, ENV_ASYNC: "1" if args.async_unshard else "0"}
+    res = launch_workers(state, cmd, env=env, timeout_s=args.timeout)
     lines = [ln for ln in res.stdout(0).splitlines() if ln.startswith("ROWS ")]
     if not res.ok or not lines:
         tail = "\n".join(res.stderr(0).strip().splitlines()[-15:])
@@ -419,6 +444,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="JSON file to write")
     ap.add_argument("--pareto", default=None, help="PNG of the first model's front (from --out's data)")
     ap.add_argument("--table", default=None, help="print the table of a recorded JSON and exit")
+    ap.add_argument(
+        "--async-unshard", action="store_true", help="FSDP2 all-gathers with async_op=True (overlap on CPU)"
+    )
     ap.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
@@ -466,7 +494,8 @@ def main(argv: list[str] | None = None) -> int:
         "testbed": args.testbed, "rate": args.rate, "mtu": args.mtu, "workers": world,
         "torch": __import__("torch").__version__, "python": platform.python_version(),
         "batch_size": args.batch_size, "iters": args.iters, "repeats": args.repeats,
-        "max_depth": FSDP_MAX_DEPTH, "loadavg_before": before, "loadavg_after": loadavg(),
+        "max_depth": FSDP_MAX_DEPTH, "async_unshard": args.async_unshard,
+        "loadavg_before": before, "loadavg_after": loadavg(),
         "date": __import__("datetime").date.today().isoformat(),
     }  # fmt: skip
     data = {"meta": meta, "rows": rows}
