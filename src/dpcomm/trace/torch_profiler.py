@@ -254,4 +254,3 @@ def _unit_rows(
                   param_names=u.param_names, unused=u.unused, extra={"type": type(layers[i][1]).__name__})
         )  # fmt: skip
     return tuple(rows)
-
