@@ -335,6 +335,7 @@ save_checkpoint(sys.argv[1], {"iteration": 2, "w": torch.ones(1 << 16)})
 """
 
 
+@pytest.mark.slow  # a Python subprocess that crashes mid-write: a process, so not the fast tier
 def test_a_crash_during_a_checkpoint_write_keeps_the_last_one_and_the_next_run_cleans_up(tmp_path):
     from dpcomm.runtime.checkpoint import load_checkpoint
     from dpcomm.train import TrainConfig

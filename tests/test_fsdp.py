@@ -117,6 +117,7 @@ def one_rank():
         dist.destroy_process_group()
 
 
+@pytest.mark.slow  # a process group in this process and profiled passes: not a pure function
 def test_budgets_are_refused_in_one_line(one_rank):
     from dpcomm.fsdp import shard
 
