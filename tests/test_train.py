@@ -79,6 +79,8 @@ def no_launch(monkeypatch):
         (["--verify-iters", "-1"], "--verify-iters must be >= 0"),
         (["--threads", "0"], "threads must be >= 1"),
         (["--dtype", "float16"], "--dtype must be one of"),
+        (["--schedule", "fsdp:optimal", "--memory", "abc"], "cannot read 'abc' as a size"),
+        (["--schedule", "mgwfbp", "--memory", "1MB"], "--memory is the budget of fsdp:PLANNER"),
         (["--ps", "--dtype", "bf16"], "moves float32 parameters"),
     ],
 )

@@ -60,11 +60,23 @@ _MARK = "_dpcomm_launch_flags"  # a parser default that says the flags were adde
 class WorkerFailure(RuntimeError):
     """One or more workers exited with an error; ``failures`` maps global rank to its one-line message."""
 
-    def __init__(self, failures: dict[int, str]):
+    def __init__(
+        self,
+        failures: dict[int, str],
+        *,
+        role: Callable[[int], str] = lambda _rank: "worker",
+        secondary: Callable[[str], bool] = lambda _msg: False,
+    ):
+        """The message names the lowest rank whose failure is not ``secondary`` (a rank that stopped because
+        a peer did), else the lowest rank, as ``role(rank)`` (``worker``, ``server``)."""
         self.failures = failures
-        first = min(failures)
+        first = min(failures, key=lambda r: (secondary(failures[r]), r))
         more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-        super().__init__(f"worker rank {first} failed: {failures[first]}{more}")
+        super().__init__(f"{role(first)} rank {first} failed: {failures[first]}{more}")
+
+    def named(self, role: Callable[[int], str], secondary: Callable[[str], bool]) -> WorkerFailure:
+        """The same failures with ranks named by ``role`` and the cause first (see ``__init__``)."""
+        return WorkerFailure(self.failures, role=role, secondary=secondary)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -51,6 +51,8 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
     input_shape(cfg.model)  # unknown model -> UserError
     parsed = [(s, check_schedule(cfg, s)) for s in schedules or [cfg.schedule]]
     servers = _servers(parsed)
+    if cfg.memory is not None and not any(str(s).strip().startswith("fsdp:") for s, _ in parsed):
+        raise UserError("--memory is the budget of fsdp:PLANNER schedules; none is given")
     if servers:
         from dpcomm import lifecycle
 

@@ -90,7 +90,8 @@ def _launch(cfg: TrainConfig, schedules: list[tuple[str, Any]], servers: int = 0
     try:
         per_rank = launch(_worker, opts, cfg, schedules, servers)
     except WorkerFailure as exc:
-        raise _named(exc, cfg.world_size) from None
+        # the cause first: a rank that died itself, not one that stopped because a peer did (_worker's line)
+        raise exc.named(lambda r: _role(r, cfg.world_size), lambda msg: " stopped" in msg) from None
     finally:
         spawn_log.setLevel(level)
     return [TrainResult(**r) for r in per_rank[0]]
@@ -98,15 +99,6 @@ def _launch(cfg: TrainConfig, schedules: list[tuple[str, Any]], servers: int = 0
 
 def _role(rank: int, workers: int) -> str:
     return "worker" if rank < workers else "server"
-
-
-def _named(exc: Any, workers: int) -> Any:
-    """The launcher's failure with each rank named by its role (``server rank 3``, not ``worker rank 3``)."""
-    # the cause first: a rank that died by itself, not one that stopped because a peer did (_worker's line)
-    first = min(exc.failures, key=lambda r: (" stopped" in exc.failures[r], r))
-    more = f" (and {len(exc.failures) - 1} more)" if len(exc.failures) > 1 else ""
-    exc.args = (f"{_role(first, workers)} rank {first} failed: {exc.failures[first]}{more}",)
-    return exc
 
 
 # ----------------------------------------------------------------------------- the workers
