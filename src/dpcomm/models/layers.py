@@ -13,7 +13,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["call_order", "called_ancestor", "learnable_layers", "layer_params"]
+__all__ = ["call_order", "called_ancestor", "layer_params", "layers_in_call_order", "learnable_layers"]
 
 
 def _owners(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -36,10 +36,14 @@ def learnable_layers(module: nn.Module, example: Any | None = None) -> list[tupl
     first call (:func:`called_ancestor`); a layer no called ancestor holds (an unused head) goes last, in
     registration order.
     """
-    owners = _owners(module)
     if example is None:
-        return owners
-    order = call_order(module, example)
+        return _owners(module)
+    return layers_in_call_order(module, call_order(module, example))
+
+
+def layers_in_call_order(module: nn.Module, order: dict[int, int]) -> list[tuple[str, nn.Module]]:
+    """:func:`learnable_layers` sorted by a :func:`call_order` already taken (one forward for both)."""
+    owners = _owners(module)
     names = {id(m): n for n, m in module.named_modules()}
     rank = {id(m): i for i, (_, m) in enumerate(owners)}
 

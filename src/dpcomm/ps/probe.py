@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from dpcomm.models.layers import call_order, called_ancestor, learnable_layers
+from dpcomm.models.layers import call_order, called_ancestor, layers_in_call_order, learnable_layers
 from dpcomm.ps import tags
 from dpcomm.ps.node import Ticket
 from dpcomm.trace.profiler import default_loss, layer_medians
@@ -95,9 +95,9 @@ def forward_layout(
     the random-number generator as they were."""
     names: list[Any] = [None]
     if dist.get_rank(group) == 0:
-        with buffers_kept(model):
-            layers = learnable_layers(model, sample)
+        with buffers_kept(model):  # one forward orders the layers and says which modules run
             order = call_order(model, sample) if sample is not None else None
+        layers = learnable_layers(model) if order is None else layers_in_call_order(model, order)
         by_id = {id(m): n for n, m in model.named_modules()}
         waits = []
         for name, m in layers:
