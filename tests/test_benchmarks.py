@@ -41,3 +41,36 @@ def test_ibatch_testbed_writes_every_method_with_its_model(tmp_path, monkeypatch
     for p in r["probes"].values():  # a probed plan: its F_N and the model's; kept or not, as the rule says
         if p["probe_s"] is not None:
             assert p["confirmed"] == (p["probe_s"] <= (1 + CONFIRM_REL) * p["probe_model_s"])
+
+
+def test_paper_reproductions_parse_and_price_the_lp_modes(monkeypatch):
+    # the two paper reproductions on the testbed import, and their closed forms hold on a two-layer trace:
+    # lp-alg2 = compute + reduce + broadcast, lp-alg3 = compute + allreduce + broadcast / 5, and lp-alg1 is
+    # at least the compute and at most the fork-and-join of its layer-wise collectives
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+    import _testbed_node
+    import reproduce_lp_table2 as lp
+    import reproduce_mgwfbp_testbed  # noqa: F401
+    from dpcomm.costmodel.collective import collective_cost
+    from dpcomm.costmodel.network import PRESETS
+    from dpcomm.trace.format import Layer, Trace
+
+    assert _testbed_node.parse_bsp("bsp:lp-alg2:mst:single") == ("lp-alg2", "mst", "single")
+    from dpcomm.train import replica
+
+    replica._KINDS.pop(_testbed_node.BSP_KIND, None)  # leave the registry as it was for the other tests
+    net = PRESETS["10gbe"]
+    layers = (Layer(name="a", params=1000, forward_s=0.01, backward_s=0.02),
+              Layer(name="b", params=250_000, forward_s=0.03, backward_s=0.04))  # fmt: skip
+    tr = Trace(model="t", batch_size=1, device="x", dtype_bytes=4, layers=layers)
+    c = lambda op, n: collective_cost(op, "lp", n, lp.NODES, net)  # noqa: E731
+    S = 4 * 251_000
+    assert lp.predict_mode(tr, "lp-alg2", "lp", net) == pytest.approx(
+        0.1 + c("reduce", S) + c("broadcast", S)
+    )
+    assert lp.predict_mode(tr, "lp-alg3", "lp", net) == pytest.approx(
+        0.1 + c("allreduce", S) + c("broadcast", S) / 5
+    )
+    alg1 = lp.predict_mode(tr, "lp-alg1", "lp", net)
+    per_layer = sum(c("reduce", 4 * l.params) + c("broadcast", 4 * l.params) for l in layers)
+    assert 0.1 <= alg1 <= 0.1 + per_layer + 1e-12
