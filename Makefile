@@ -23,14 +23,15 @@ demo: $(STAMP)
 	$(BIN)/python -m dpcomm.demo
 
 # Tests, cheapest first: the fast tier (pure functions, planners, cost models, topology, formats; no worker
-# processes, under a minute) runs first, then the multi-process (`slow`) and emulated-cluster (`testbed`)
-# tiers. The two selections split the suite: nothing runs twice, nothing is left out.
+# processes; spread over the cores by pytest-xdist, a test file per worker) runs first, then the
+# multi-process (`slow`) and emulated-cluster (`testbed`) tiers, one test at a time.
+# The two selections split the suite: nothing runs twice, nothing is left out.
 FAST := not slow and not testbed
 
 test: test-fast test-slow
 
 test-fast: $(STAMP)
-	$(BIN)/python -m pytest -m "$(FAST)"
+	$(BIN)/python -m pytest -m "$(FAST)" -n auto --maxprocesses 4 --dist loadfile
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "not ($(FAST))"

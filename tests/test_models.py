@@ -284,7 +284,7 @@ def test_googlenet_trains_on_its_tuple_output():
     from dpcomm.models.loss import classification_loss
 
     model = GoogLeNet(num_classes=10)  # aux heads on: training mode returns (logits, aux2, aux1)
-    x, y = torch.randn(2, 3, 64, 64), torch.tensor([1, 2])
+    x, y = torch.randn(2, 3, 32, 32), torch.tensor([1, 2])
     out = model(x)
     assert isinstance(out, tuple) and len(out) == 3
     classification_loss(out, y).backward()

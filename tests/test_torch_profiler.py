@@ -21,7 +21,7 @@ from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.trace import load_trace
 from dpcomm.trace.torch_profiler import from_chrome_trace
 
-MODEL, BATCH, ITERS = "resnet20", 4, 3
+MODEL, BATCH, ITERS = "resnet20", 2, 2
 
 
 def _record(path, with_stack=True):
