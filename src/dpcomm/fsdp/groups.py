@@ -145,7 +145,8 @@ def shard_groups(model: nn.Module, plan: FsdpPlan, layer_params: Sequence[Sequen
 
 
 def _lift(model: nn.Module, mods: set[str], holders: set[str]) -> tuple[str, ...]:
-    """The largest non-root subtrees whose parameter-holding modules all lie in ``mods`` (point 3)."""
+    """The largest non-root subtrees whose parameter-holding modules all lie in ``mods`` (point 3); a
+    container that runs no forward of its own (``nn.ModuleList``) is never one, its children are."""
     below: dict[str, set[str]] = {}
     for path, _ in model.named_modules():
         if path in holders:
@@ -153,8 +154,10 @@ def _lift(model: nn.Module, mods: set[str], holders: set[str]) -> tuple[str, ...
             for k in range(1, len(parts) + 1):
                 below.setdefault(".".join(parts[:k]), set()).add(path)
     chosen: list[str] = []
-    for path, _ in model.named_modules():  # pre-order: an ancestor comes before its descendants
+    for path, mod in model.named_modules():  # pre-order: an ancestor comes before its descendants
         if not path or any(path.startswith(c + ".") for c in chosen):
+            continue
+        if type(mod).forward is nn.Module.forward:  # a ModuleList runs no forward: fully_shard refuses it
             continue
         if below.get(path) and below[path] <= mods:
             chosen.append(path)

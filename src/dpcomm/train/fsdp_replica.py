@@ -208,8 +208,13 @@ class FsdpReplica(DDPTimedReplica):
 
     def result_fields(self) -> dict[str, Any]:
         d = self._sharded.dpcomm if self._sharded is not None else None
-        # no "cost": the simulator's prediction (train.report.predict) is for all-reduce plans
-        return {"collective": "native", "trace": d.trace.to_dict() if d is not None and d.trace else None}
+        # "cost" holds the fitted all-gather and reduce-scatter (a, b) of full bytes, no "a": the
+        # simulator's prediction of train.report.predict is for all-reduce plans
+        cost = None
+        if d is not None and d.ag_cost is not None and d.rs_cost is not None:
+            cost = {"all_gather": [d.ag_cost.a, d.ag_cost.b], "reduce_scatter": [d.rs_cost.a, d.rs_cost.b]}
+        trace = d.trace.to_dict() if d is not None and d.trace else None
+        return {"collective": "native", "trace": trace, "cost": cost}
 
     def close(self) -> None:
         pass

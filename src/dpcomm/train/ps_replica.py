@@ -143,7 +143,11 @@ class PsReplica:
         spec = self._ps.spec
         how = " on request" if spec.pulls == "request" else ""
         where = f"{spec.servers} dedicated servers" if spec.servers else "colocated"
-        return {"collective": f"ps ({where}, {spec.pull} pulls{how})"}
+        pulls = self._ps.pull_plan
+        # the pull plan run and what it was planned from (dpcomm.validate prices the iteration with them)
+        cost = {"pull_batches": [list(b) for b in pulls.batches],
+                **{k: pulls.meta[k] for k in ("Ts_s", "beta_s_per_byte") if k in pulls.meta}}  # fmt: skip
+        return {"collective": f"ps ({where}, {spec.pull} pulls{how})", "cost": cost}
 
     def close(self) -> None:
         self._ps.close()

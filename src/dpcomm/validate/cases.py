@@ -1,0 +1,144 @@
+"""The validation cases: plain data, one :class:`Case` per launch on the emulated cluster.
+
+A case is a topology, a link rate, a trace (the model is ``emulated:TRACE``: the trace's layers and
+parameter sizes, forward and backward sleeping its times, :mod:`dpcomm.trace.emulated`), a collective, a
+runtime mode and the schedules measured side by side in that one launch. Every case is network-bound:
+at 100 Mbit/s one all-reduce of the model's gradients takes longer than its backward pass.
+
+Schedule strings are ``dpcomm train --schedule``'s (:mod:`dpcomm.train.replica`): the runtime's planners
+(``wfbp``, ``single``, ``bucket:SIZE``, ``mgwfbp``, ``optimal``), PyTorch DDP (``ddp``, ``ddp:PLANNER``), the
+parameter server (``ps:all|layer|ibatch``, co-located) and FSDP2 (``fsdp:per-block|optimal``). ``mode`` is
+the runtime's (``overlap`` or the LP paper's ``lp-alg3``), a run-wide setting, so an LP mode is a case of
+its own; ``collective`` likewise (``native``, ``lp``, ``bcube``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from dpcomm.errors import UserError
+
+__all__ = ["CASES", "Case", "QUICK", "select"]
+
+RUNTIME = ("wfbp", "single", "bucket:256KB", "mgwfbp", "optimal")
+"""dpcomm's runtime schedules; 256 KB buckets split ResNet-20's 1.08 MB of gradients into five."""
+DDP = ("ddp", "ddp:optimal")
+PS = ("ps:all", "ps:layer", "ps:ibatch")
+FSDP = ("fsdp:per-block", "fsdp:optimal")
+ALL = RUNTIME + DDP + PS + FSDP
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Case:
+    """One launch on the emulated cluster: every schedule of the case side by side."""
+
+    name: str
+    """Short unique name (letters, digits, ``-``): the result file is ``<out>/<name>.json``."""
+    schedules: tuple[str, ...]
+    """``dpcomm train --schedule`` strings, run interleaved iteration by iteration."""
+    topology: str = "star:4"
+    """``star:N`` or ``bcube:n,k`` (what :mod:`dpcomm.testbed` builds)."""
+    rate: str = "100mbit"
+    """Link rate each way (tc's units)."""
+    trace: str = "resnet20-cpu-b32"
+    """The shipped trace the emulated model follows."""
+    collective: str = "native"
+    """All-reduce algorithm of the runtime schedules (``dpcomm train --collective``)."""
+    mode: str = "overlap"
+    """``overlap`` or ``lp-alg3`` (``dpcomm train --mode``)."""
+    batch_size: int = 32
+    """Samples per worker (the emulated model reads only the batch size)."""
+    iters: int = 30
+    """Iterations per schedule: 3 profiled and 9 timed before the steady ones of ``mgwfbp``/``optimal``."""
+    quick: bool = False
+    """Part of ``--quick``."""
+    note: str = ""
+    """What the case is for (one line)."""
+
+    def __post_init__(self) -> None:
+        if not self.name or not all(c.isalnum() or c == "-" for c in self.name):
+            raise UserError(f"bad case name {self.name!r} (letters, digits and '-')")
+        if not self.schedules:
+            raise UserError(f"case {self.name}: no schedules")
+        if self.iters < 16:
+            raise UserError(f"case {self.name}: iters must be >= 16, got {self.iters}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "schedules": list(self.schedules)}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Case:
+        return cls(**{**d, "schedules": tuple(d["schedules"])})
+
+
+_R20 = "resnet20-cpu-b32"
+_GPT = "gpt2-tiny-cpu-b16"
+_LLAMA = "llama-tiny-cpu-b16"
+_VIT = "vit-cifar-cpu-b32"
+
+CASES: tuple[Case, ...] = (
+    Case(name="r20-s4", schedules=ALL, quick=True, note="every schedule kind, ResNet-20 on star:4"),
+    Case(name="r20-s4-1g", schedules=ALL, rate="1gbit", note="the same at 1 Gbit/s"),
+    Case(name="gpt2-s4", schedules=ALL, trace=_GPT, batch_size=16, note="a transformer, 3.3 MB"),
+    Case(name="llama-s4", schedules=RUNTIME + DDP, trace=_LLAMA, batch_size=16),
+    Case(name="vit-s4", schedules=RUNTIME + DDP + PS, trace=_VIT),
+    Case(name="r20-s3", schedules=RUNTIME + DDP + PS, topology="star:3", note="odd P"),
+    Case(name="r20-s8", schedules=RUNTIME + DDP, topology="star:8", note="8 servers on 2 cores"),
+    Case(name="gpt2-s8", schedules=RUNTIME + DDP, topology="star:8", trace=_GPT, batch_size=16),
+    Case(name="r20-s4-200m", schedules=RUNTIME + DDP + FSDP, rate="200mbit"),
+    Case(
+        name="r20-s4-lp",
+        schedules=("wfbp", "single", "mgwfbp", "optimal"),
+        collective="lp",
+        note="the LP paper's pipelined all-reduce",
+    ),  # fmt: skip
+    Case(
+        name="r20-s4-alg3",
+        schedules=("wfbp", "single", "bucket:256KB", "optimal"),
+        mode="lp-alg3",
+        note="the LP paper's fork-join all-reduce after backward",
+    ),  # fmt: skip
+    Case(
+        name="r20-bc22",
+        schedules=("wfbp", "single", "mgwfbp", "optimal"),
+        topology="bcube:2,2",
+        collective="bcube",
+        note="BML on BCube(2,2), two NICs per server",
+    ),  # fmt: skip
+    Case(
+        name="gpt2-bc22",
+        schedules=("wfbp", "single", "mgwfbp", "optimal"),
+        topology="bcube:2,2",
+        trace=_GPT,
+        batch_size=16,
+        collective="bcube",
+    ),  # fmt: skip
+    Case(
+        name="tiny",
+        schedules=("single", "optimal"),
+        topology="star:2",
+        rate="1gbit",
+        iters=16,
+        note="the end-to-end test's case (not in the default list)",
+    ),  # fmt: skip
+)
+"""Every case (the default list is all but ``tiny``)."""
+
+QUICK: tuple[str, ...] = tuple(c.name for c in CASES if c.quick)
+_DEFAULT = tuple(c for c in CASES if c.name != "tiny")
+
+
+def select(names: str | None = None, *, quick: bool = False) -> list[Case]:
+    """The cases ``names`` (comma-separated, in that order) picks; default all but ``tiny``, or the quick
+    ones. An unknown name is a one-line :class:`UserError`."""
+    by = {c.name: c for c in CASES}
+    if names:
+        picked = [n.strip() for n in names.split(",") if n.strip()]
+        unknown = [n for n in picked if n not in by]
+        if unknown or not picked:
+            raise UserError(
+                f"unknown case(s) {', '.join(unknown) or repr(names)}; choose from: {', '.join(by)}"
+            )
+        return [by[n] for n in dict.fromkeys(picked)]
+    return [c for c in _DEFAULT if c.quick] if quick else list(_DEFAULT)
