@@ -134,6 +134,12 @@ CASES = [
     (["netsim", "--topology", "star:16384", "--algorithms", "ring"], "flows over all its steps, more than"),
     (["netsim", "--topology", "fattree:32", "--algorithms", "ps"], "flows in one step, more than"),
     (["netsim", "--topology", "star:4", "--algorithms", "auto"], "'auto' has no flow schedule"),
+    # servers of several GPUs (docs/netsim.md "Servers with several accelerators")
+    (["netsim", "--topology", "gpus:2,8,nics=3"], "nics=3 must divide the 8 GPUs"),
+    (["netsim", "--topology", "gpus:2,8,nvlink=fast"], "nvlink=fast is not a rate"),
+    (["netsim", "--topology", "dgx-h100:4096"], "has 32,768 servers, more than the 16,384"),
+    (["netsim", "--topology", "star:4", "--algorithms", "nccl-tree"], "runs on servers of several GPUs"),
+    ([*_SIM, "--algo", "nccl-ring"], "give --topology"),
     # rates
     (["testbed", "up", "--topology", "star:2", "--rate=-1gbit"], "bad rate '-1gbit'"),
     (["testbed", "up", "--topology", "star:2", "--rate", "-1gbit"], "argument --rate: expected one argument"),

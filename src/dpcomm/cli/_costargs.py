@@ -50,8 +50,14 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
+_FLOW_ONLY = ("hierarchical", "nccl-ring", "nccl-tree")  # dpcomm.sim.network.algorithms' multi-GPU schedules
+
+
 def cost_algorithm(text: str) -> str:
-    """``--algo``'s reader: a priced algorithm's canonical name (an alias such as ``bml`` gives ``bcube``)."""
+    """``--algo``'s reader: a priced algorithm's canonical name (an alias such as ``bml`` gives ``bcube``),
+    or a multi-GPU flow schedule (priced with ``--topology`` only)."""
+    if text.strip() in _FLOW_ONLY:
+        return text.strip()
     canonical = resolve(text.strip())
     if canonical is None or canonical not in ALGORITHMS:
         raise argparse.ArgumentTypeError(
@@ -96,6 +102,8 @@ def cost_for(args: argparse.Namespace) -> Callable[[int], CommCost]:
         return lambda nodes: fixed
     from dpcomm.sim.sweep import cost_factory
 
+    if args.algo in _FLOW_ONLY:
+        raise UserError(f"--algo {args.algo} is a flow schedule of servers of several GPUs: give --topology")
     return cost_factory(resolve_network(args.network), args.algo)
 
 

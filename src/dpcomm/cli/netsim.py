@@ -34,13 +34,17 @@ _MAX_MTU = 65_535  # IPv4's largest packet
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--topology", required=True, metavar="T", help="star:N, fattree:k, bcube:n,k, leafspine:L,H,R"
+        "--topology",
+        required=True,
+        metavar="T",
+        help="star:N, fattree:k, bcube:n,k, leafspine:L,H,R, gpus:S,G,... or dgx-h100:S / dgx-a100:S",
     )
     parser.add_argument(
         "--algorithms",
         default="ring,be,mst,lp,ps",
         metavar="A,A,..",
-        help="ring, be, mst, lp, ps, ps-dedicated[:S], bcube (alias bml), native (default ring,be,mst,lp,ps)",
+        help="ring, be, mst, lp, ps, ps-dedicated[:S], bcube (alias bml), native; on gpus:/dgx-*: "
+        "hierarchical, nccl-ring, nccl-tree (default ring,be,mst,lp,ps)",
     )
     parser.add_argument("--sizes", default="1M,16M,64M", help="bytes, K/M/G suffixes (default 1M,16M,64M)")
     parser.add_argument("--rate", default="10gbit", help="server link rate per direction (default 10gbit)")

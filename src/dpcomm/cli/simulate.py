@@ -31,8 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--topology",
         metavar="T",
-        help="price each all-reduce by the flow model on star:N, fattree:k, bcube:n,k "
-        "or leafspine:L,H,R (alpha from --network; docs/netsim.md)",
+        help="price each all-reduce by the flow model on star:N, fattree:k, bcube:n,k, "
+        "leafspine:L,H,R or gpus:S,G,... / dgx-h100:S (nodes = GPUs; alpha from --network; docs/netsim.md)",
     )
     parser.add_argument(
         "--rate", default="10gbit", help="link rate per direction with --topology (default 10gbit)"

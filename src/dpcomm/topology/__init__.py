@@ -19,6 +19,7 @@ from dpcomm.topology.addresses import DEFAULT_BASE, AddressPlan, plan_addresses
 from dpcomm.topology.base import Hop, ServerLink, Switch, Topology
 from dpcomm.topology.bcube import BCube, bcube_shape, server_digits, server_index
 from dpcomm.topology.fattree import FatTree
+from dpcomm.topology.multigpu import MultiGPU, is_multigpu_spec, parse_multigpu
 from dpcomm.topology.star import Star
 
 __all__ = [
@@ -29,12 +30,15 @@ __all__ = [
     "Hop",
     "KINDS",
     "MAX_SERVERS",
+    "MultiGPU",
     "ServerLink",
     "Star",
     "Switch",
     "Topology",
     "bcube_shape",
     "check_servers",
+    "is_multigpu_spec",
+    "parse_multigpu",
     "parse_topology",
     "plan_addresses",
     "server_digits",

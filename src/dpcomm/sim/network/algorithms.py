@@ -31,9 +31,10 @@ from dpcomm.collectives import be, lp, mst, ps, ring
 from dpcomm.collectives.schedule import Step
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
+from dpcomm.sim.network import hierarchical, nccl_ring, nccl_tree
 from dpcomm.sim.network.engine import FlowModel, FlowRun
 from dpcomm.sim.network.fabric import Fabric
-from dpcomm.topology import BCube
+from dpcomm.topology import BCube, MultiGPU
 
 __all__ = [
     "ALGORITHMS",
@@ -63,7 +64,9 @@ _MODULES = {"ring": ring, "be": be, "mst": mst, "ps": ps, "native": ring}
 SCHEDULES = ("ring", "be", "mst", "lp", "ps", "bcube", "native")
 """Registered algorithms (canonical names of :mod:`dpcomm.registry`) that have a flow schedule."""
 _VARIANTS = {"ps-dedicated": "ps"}  # flow-schedule options of a registered algorithm, and which one
-ALGORITHMS = (*SCHEDULES[:-1], "ps-dedicated", *SCHEDULES[-1:])
+_MULTIGPU = {"hierarchical": hierarchical, "nccl-ring": nccl_ring, "nccl-tree": nccl_tree}
+"""Flow schedules for servers of several GPUs (a ``gpus:``/``dgx-*`` topology), not executing collectives."""
+ALGORITHMS = (*SCHEDULES[:-1], "ps-dedicated", *SCHEDULES[-1:], *_MULTIGPU)
 """The names ``dpcomm netsim --algorithms`` lists (aliases such as ``bml`` are accepted too)."""
 
 for _name in (*SCHEDULES, *_VARIANTS.values()):  # one table: every schedule is a registry algorithm
@@ -80,7 +83,7 @@ def parse_algorithm(text: str) -> tuple[str, int | None]:
     (through :mod:`dpcomm.registry`) and the option; an unknown name is a one-line :class:`UserError`."""
     name, _, arg = str(text).strip().partition(":")
     name = name.strip()
-    canonical = name if name in _VARIANTS else registry.resolve(name)
+    canonical = name if name in _VARIANTS or name in _MULTIGPU else registry.resolve(name)
     if canonical is None:
         raise UserError(f"unknown algorithm '{name}' for netsim (choose from {_choices()})")
     if canonical not in ALGORITHMS:
@@ -94,7 +97,9 @@ def parse_algorithm(text: str) -> tuple[str, int | None]:
     return canonical, int(arg)
 
 
-def _flows(name: str, p: int, arg: int | None, blocks: int, cube: BCube | None) -> tuple[int, int]:
+def _flows(
+    name: str, p: int, arg: int | None, blocks: int, cube: BCube | None, gpus: int = 1
+) -> tuple[int, int]:
     """``(most flows in one step, flows over all steps)`` of ``name``'s allreduce on ``p`` ranks (upper
     bounds from the algorithms' docstrings), before any of it is built; ``blocks``: LP's block count."""
     if name in ("ring", "native"):
@@ -108,16 +113,22 @@ def _flows(name: str, p: int, arg: int | None, blocks: int, cube: BCube | None) 
     if name == "ps-dedicated":
         servers = arg if arg is not None else max(1, p // 2)
         return max(0, p - servers) * servers, 2 * max(0, p - servers) * servers
+    if name == "hierarchical":  # one message per rank per step, 2 (G - 1) + 2 (M - 1) <= 2 P steps
+        return p, 2 * p * p
+    if name == "nccl-ring":  # ``blocks``: the channels, one message each per rank and step
+        return blocks * p, 2 * (p - 1) * blocks * p
+    if name == "nccl-tree":  # a stage: <= 4 edges x 2 ways per rank, channel and tree; 2 (G + log2 M) stages
+        return 16 * blocks * p, 16 * blocks * p * 2 * (gpus + p.bit_length())
     n, k = (cube.n, cube.k) if cube is not None else (2, 1)
     return k * p * (n - 1), 2 * k * k * p * (n - 1)  # bcube: each server's k threads, n - 1 neighbours
 
 
-def check_work(algo: str, p: int, *, blocks: int = 1, cube: BCube | None = None) -> None:
+def check_work(algo: str, p: int, *, blocks: int = 1, cube: BCube | None = None, gpus: int = 1) -> None:
     """Refuse, in one line and before anything is built, an allreduce on ``p`` ranks whose flows exceed
     :data:`MAX_FLOWS` in a step or :data:`MAX_FLOW_STEPS` in all (``blocks``: LP's pipeline blocks;
     ``cube``: the BCube that ``bcube`` runs on)."""
     name, arg = parse_algorithm(algo)
-    per_step, total = _flows(name, p, arg, blocks, cube)
+    per_step, total = _flows(name, p, arg, blocks, cube, gpus)
     if per_step > MAX_FLOWS:
         raise UserError(f"{algo} on {p} servers is {per_step:,} flows in one step, more than {MAX_FLOWS:,}")
     if total > MAX_FLOW_STEPS:
@@ -200,14 +211,23 @@ def check_allreduce(
     if not 0 <= nbytes <= MAX_BYTES:
         raise UserError(f"an allreduce of {nbytes:,} bytes is beyond the flow model's {MAX_BYTES:,} (1 PiB)")
     cube = fabric.topology if isinstance(fabric.topology, BCube) else None
-    blocks = 1
+    blocks, gpus = 1, 1
+    if name in _MULTIGPU:
+        topo = fabric.topology
+        if not isinstance(topo, MultiGPU):
+            raise UserError(
+                f"{algo} runs on servers of several GPUs (gpus:S,G,... or dgx-h100:S), not {topo.spec}"
+            )
+        if p > topo.gpus and p % topo.gpus:
+            raise UserError(f"{algo} needs whole servers: {p} ranks on servers of {topo.gpus} GPUs")
+        blocks, gpus = topo.nic_count, topo.gpus  # the channels
     if name == "lp":  # LP's own default block: the cost model's optimum on this link (<= lp.MAX_BLOCKS)
         beta = 8 / (fabric.rate_bps * fabric.goodput.one_way)  # as the testbed tells lp (link_network)
         net = Network(name=f"{fabric.topology.spec}@{fabric.rate_bps:g}", alpha=alpha_s, beta=beta)
         pipe = lp.LinearPipeline(network=net, block_bytes=block_bytes)
         block_bytes = pipe.block_size(int(nbytes), p, "allreduce")
         blocks = max(1, -(-numel // max(1, block_bytes // ELEM)))  # as lp.steps cuts them
-    check_work(algo, p, blocks=blocks, cube=cube)
+    check_work(algo, p, blocks=blocks, cube=cube, gpus=gpus)
     return block_bytes if name == "lp" else None
 
 
@@ -230,6 +250,11 @@ def schedule(
         return _MODULES[name].steps(p, numel, ELEM)
     if name == "lp":
         return lp.steps(p, numel, ELEM, block_bytes=block_bytes)
+    if name in _MULTIGPU:  # one channel per NIC (NCCL's rings and trees); hierarchical: one ring per rail
+        topo = fabric.topology
+        if name == "hierarchical":
+            return hierarchical.steps(p, topo.gpus, numel, ELEM)
+        return _MULTIGPU[name].steps(p, topo.gpus, numel, ELEM, channels=topo.nic_count)
     if name == "ps-dedicated":
         servers = arg if arg is not None else max(1, p // 2)
         return ps.dedicated_steps(p - servers, servers, numel, ELEM)

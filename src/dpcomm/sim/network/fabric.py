@@ -33,7 +33,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from dpcomm.errors import UserError
-from dpcomm.topology import BCube, FatTree, Star, Topology, check_servers, parse_topology
+from dpcomm.sim.network.gpufabric import build_multigpu
+from dpcomm.topology import BCube, FatTree, MultiGPU, Star, Topology, check_servers, parse_topology
+from dpcomm.topology.multigpu import is_multigpu_spec, parse_multigpu
 
 __all__ = ["Fabric", "Goodput", "LeafSpine", "make_fabric", "parse_fabric_topology"]
 
@@ -108,9 +110,12 @@ _LEAFSPINE = re.compile(
 )
 
 
-def parse_fabric_topology(spec: str) -> Topology | LeafSpine:
-    """``star:N``, ``fattree:k``, ``bcube:n,k`` (:func:`dpcomm.topology.parse_topology`) or
-    ``leafspine:L,H[,R]``; anything else is a one-line :class:`UserError`."""
+def parse_fabric_topology(spec: str) -> Topology | LeafSpine | MultiGPU:
+    """``star:N``, ``fattree:k``, ``bcube:n,k`` (:func:`dpcomm.topology.parse_topology`),
+    ``leafspine:L,H[,R]`` or a multi-GPU spec (``gpus:S,G,...``, ``dgx-h100:S``:
+    :func:`dpcomm.topology.parse_multigpu`); anything else is a one-line :class:`UserError`."""
+    if is_multigpu_spec(spec):
+        return parse_multigpu(spec)
     m = _LEAFSPINE.match(spec or "")
     if m:
         check_servers(int(m.group(1)) * int(m.group(2)), spec.strip())
@@ -124,7 +129,7 @@ def parse_fabric_topology(spec: str) -> Topology | LeafSpine:
     try:
         return parse_topology(spec)
     except UserError as exc:
-        raise UserError(f"{exc}, or leafspine:L,H[,R]") from None
+        raise UserError(f"{exc}, or leafspine:L,H[,R], gpus:S,G,... or dgx-h100:S") from None
 
 
 @dataclass(slots=True, kw_only=True)
@@ -259,14 +264,20 @@ def _leafspine(t: LeafSpine, c: float) -> tuple:
     return cap, names, 4, route
 
 
-def make_fabric(spec: str | Topology | LeafSpine, rate_bps: float, goodput: Goodput | None = None) -> Fabric:
-    """The :class:`Fabric` of a topology (spec or object) with server links of ``rate_bps`` bits/s."""
+def make_fabric(
+    spec: str | Topology | LeafSpine | MultiGPU, rate_bps: float, goodput: Goodput | None = None
+) -> Fabric:
+    """The :class:`Fabric` of a topology (spec or object) with server links of ``rate_bps`` bits/s (a
+    multi-GPU spec's own ``nic=`` wins, and its fabric carries no TCP: ``goodput`` is ideal)."""
     topo = parse_fabric_topology(spec) if isinstance(spec, str) else spec
     check_servers(topo.servers, topo.spec)  # before any link is built (also for a topology object)
     if not rate_bps > 0:
         raise UserError(f"the link rate must be > 0 bit/s, got {rate_bps}")
     c = rate_bps / 8  # wire bytes/s
+    if isinstance(topo, MultiGPU):  # InfiniBand and NVLink: no TCP/IP headers or ACKs
+        goodput, rate_bps = IDEAL, topo.nic_bps if topo.nic_bps is not None else rate_bps
     build = {Star: _star, FatTree: _fattree, BCube: _bcube, LeafSpine: _leafspine}.get(type(topo))
+    build = build_multigpu if isinstance(topo, MultiGPU) else build
     if build is None:
         raise UserError(f"no flow model for topology {topo.spec}")
     cap, names, hops, route = build(topo, c)

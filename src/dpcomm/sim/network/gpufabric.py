@@ -1,0 +1,73 @@
+"""The flow model's links for servers with several accelerators (:class:`dpcomm.topology.MultiGPU`).
+
+Endpoints are GPUs (rank ``r`` = GPU ``r mod G`` of server ``r div G``). Cables, in this order (cable
+``c`` gives directed links ``2c`` and ``2c + 1``, as in :mod:`.fabric`):
+
+* NVLink (``nvlink=RATE``): cable ``h G + g`` is GPU ``g`` of server ``h`` to its NVSwitch; link ``2c``
+  the GPU's send direction, ``2c + 1`` its receive direction, each ``RATE``. A transfer inside a server
+  crosses the sender's send link and the receiver's receive link (the switch itself is non-blocking).
+* PCIe (``pcie=RATE``): cable ``h`` is server ``h``'s bus; link ``2h`` carries every transfer inside the
+  server in either direction (``2h + 1`` is unused): one shared ``RATE``.
+* NICs: cable ``B + h N + n`` is NIC ``n`` of server ``h`` to its switch (``B``: the intra cables above);
+  ``2c`` sends, ``2c + 1`` receives, each the NIC rate. The switches (rail or one star) are non-blocking,
+  so a transfer between servers crosses the sending NIC's send link and the receiving NIC's receive link.
+
+Route between servers (``N`` NICs, ``k = G / N`` GPUs per NIC): the receiving NIC is the destination GPU's
+own (``gd div k``); with ``net=rail`` the sending NIC is on the same rail (PXN: if it is not the sender's
+own NIC, the data first crosses NVLink to the GPU beside that NIC: sender's send link, that GPU's
+receive link), with ``net=star`` it is the sender's own. With PCIe the bus is crossed on both ends.
+Routes have at most 4 links. No TCP: InfiniBand and NVLink carry no TCP/IP headers, so a multi-GPU
+fabric prices payload at the line rate (``Goodput(mtu=0)``, :func:`.fabric.make_fabric`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpcomm.topology.multigpu import MultiGPU
+
+__all__ = ["build_multigpu"]
+
+
+def build_multigpu(t: MultiGPU, nic_Bps: float) -> tuple:
+    """``(capacity, names, hops, route)`` of ``t`` (:func:`.fabric.make_fabric`'s builder shape);
+    ``nic_Bps``: a NIC's bytes/s each way when the spec gives no ``nic=``."""
+    g, hosts, nics = t.gpus, t.hosts, t.nic_count
+    per = g // nics  # GPUs per NIC
+    nic_c = t.nic_bps / 8 if t.nic_bps is not None else nic_Bps
+    intra_c = t.intra_bps / 8
+    nvlink = t.intra == "nvlink"
+    base = hosts * g if nvlink else hosts  # first NIC cable
+    if nvlink:
+        names = [x for h in range(hosts) for j in range(g) for x in (f"h{h}g{j}>nv", f"nv>h{h}g{j}")]
+    else:
+        names = [x for h in range(hosts) for x in (f"h{h}bus", f"h{h}bus-")]
+    names += [x for h in range(hosts) for n in range(nics) for x in (f"h{h}n{n}>sw", f"sw>h{h}n{n}")]
+    cap = np.empty(2 * (base + hosts * nics))
+    cap[: 2 * base] = intra_c
+    cap[2 * base :] = nic_c
+    rail = t.net == "rail"
+
+    def route(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        hs, gs = np.divmod(src, g)
+        hd, gd = np.divmod(dst, g)
+        same = hs == hd
+        nd = gd // per  # the receiving NIC: the destination GPU's own
+        ns = nd if rail else gs // per
+        nic_up = 2 * (base + hs * nics + ns)
+        nic_dn = 2 * (base + hd * nics + nd) + 1
+        out = np.full((len(src), 4), -1, dtype=np.int64)
+        if nvlink:
+            relay = ~same & (ns != gs // per)  # PXN: over NVLink to the GPU beside the sending NIC
+            out[:, 0] = np.where(same | relay, 2 * src, nic_up)  # NVLink send link, or its own NIC
+            out[:, 1] = np.where(same, 2 * dst + 1, np.where(relay, 2 * (hs * g + ns * per) + 1, nic_dn))
+            out[:, 2] = np.where(relay, nic_up, -1)
+            out[:, 3] = np.where(relay, nic_dn, -1)
+        else:
+            out[:, 0] = 2 * hs  # the sender's bus
+            out[:, 1] = np.where(same, -1, nic_up)
+            out[:, 2] = np.where(same, -1, nic_dn)
+            out[:, 3] = np.where(same, -1, 2 * hd)  # the receiver's bus
+        return out
+
+    return cap, names, 4, route

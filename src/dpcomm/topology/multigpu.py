@@ -1,0 +1,198 @@
+"""Servers with several accelerators: ``gpus:S,G,...`` and the presets ``dgx-h100:S``, ``dgx-a100:S``.
+
+A cluster of ``S`` servers, each with ``G`` accelerators (GPUs) on an intra-server fabric and ``N`` NICs on
+a network above them. Rank ``r`` is GPU ``r mod G`` of server ``r div G`` (NCCL's and torchrun's order:
+consecutive ranks fill a server). The parts, as the flow model (:mod:`dpcomm.sim.network.gpufabric`)
+lays them out:
+
+* **intra-server fabric** (default ``nvlink=450GB/s``, H100's), one of
+  - ``nvlink=RATE``: NVLink through NVSwitch, a non-blocking switch per server with one link per GPU of
+    ``RATE`` each way (H100: 18 NVLink4 links x 25 GB/s = 450 GB/s each way, "900 GB/s" bidirectional);
+  - ``pcie=RATE``: one shared per-server bus of ``RATE`` that every transfer inside the server crosses
+    once (GPU to GPU, and GPU to NIC and back), both directions together (a PCIe server whose GPUs
+    talk through the CPU's root complex);
+* **NICs**: ``nics=N`` per server (``N`` divides ``G``; default ``G``), each of ``nic=RATE`` each way
+  (default: the fabric's ``--rate``); NIC ``n`` serves GPUs ``n G/N .. (n+1) G/N - 1`` (they share its PCIe
+  switch, as in DGX servers);
+* **network**: ``net=rail`` (default): rail-optimised, NIC ``n`` of every server on rail switch ``n``
+  (non-blocking); a transfer to another server leaves through the NIC on the *destination* GPU's rail,
+  reaching it over the intra-server fabric first when that is not the sender's own NIC (NCCL's PXN,
+  "PCI x NVLink"); ``net=star``: every NIC on one non-blocking switch, a transfer leaves by the sender's
+  own NIC.
+
+Rates are ``<number>GB/s`` (bytes, 1e9) or tc's bit units (``400gbit``). Presets (sources next to each
+number) fill these in; keys after a preset override it: ``dgx-h100:16,nics=1``. Every spec is read by
+:func:`parse_multigpu`, the one parser; a bad one is a one-line :class:`UserError`.
+
+Attention: a fabric's ``servers`` are its endpoints, so :attr:`MultiGPU.servers` is the number of GPUs
+(ranks); the number of physical servers is :attr:`MultiGPU.hosts`.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from dpcomm.errors import UserError
+
+__all__ = ["MultiGPU", "PRESETS", "is_multigpu_spec", "parse_multigpu"]
+
+_GB = 8e9  # bits/s in 1 GB/s
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class MultiGPU:
+    """``hosts`` servers of ``gpus`` accelerators each (see the module docstring)."""
+
+    hosts: int
+    """Physical servers (>= 1)."""
+    gpus: int
+    """Accelerators per server (>= 1)."""
+    intra: str = "nvlink"
+    """``"nvlink"`` (a non-blocking NVSwitch, a link per GPU) or ``"pcie"`` (one shared bus per server)."""
+    intra_bps: float = 450 * _GB
+    """NVLink: each GPU's rate each way; PCIe: the bus's rate; bits/s."""
+    nics: int | None = None
+    """NICs per server (divides ``gpus``); None: one per GPU."""
+    nic_bps: float | None = None
+    """Each NIC's rate each way, bits/s; None: the fabric's rate (``--rate``)."""
+    net: str = "rail"
+    """``"rail"`` (rail-optimised, PXN routing) or ``"star"`` (one switch, the sender's own NIC)."""
+
+    def __post_init__(self) -> None:
+        if self.hosts < 1 or self.gpus < 1:
+            raise ValueError(f"needs at least 1 server of at least 1 GPU, got {self.hosts} x {self.gpus}")
+        if self.intra not in ("nvlink", "pcie"):
+            raise ValueError(f"intra-server fabric is nvlink=RATE or pcie=RATE, not {self.intra!r}")
+        if self.net not in ("rail", "star"):
+            raise ValueError(f"net is rail or star, not {self.net!r}")
+        n = self.nic_count
+        if not 1 <= n <= self.gpus or self.gpus % n:
+            raise ValueError(f"nics={n} must divide the {self.gpus} GPUs of a server")
+        for what, bps in (("intra-server rate", self.intra_bps), ("NIC rate", self.nic_bps)):
+            if bps is not None and not 8e3 <= bps <= 1e15:
+                raise ValueError(f"{what} {bps:g} bit/s is outside 8kbit..1000tbit")
+
+    @property
+    def nic_count(self) -> int:
+        return self.gpus if self.nics is None else self.nics
+
+    @property
+    def servers(self) -> int:
+        """Endpoints of the fabric: GPUs (ranks), ``hosts * gpus``."""
+        return self.hosts * self.gpus
+
+    @property
+    def spec(self) -> str:
+        """The canonical ``gpus:`` spec (presets are spelled out)."""
+        nic = f",nic={self.nic_bps / 1e9:g}gbit" if self.nic_bps is not None else ""
+        return (
+            f"gpus:{self.hosts},{self.gpus},{self.intra}={_fmt(self.intra_bps)},"
+            f"nics={self.nic_count}{nic},net={self.net}"
+        )
+
+    def host_of(self, rank: int) -> int:
+        return rank // self.gpus
+
+    def summary(self) -> dict[str, object]:
+        return {
+            "topology": self.spec,
+            "servers": self.hosts,
+            "gpus_per_server": self.gpus,
+            "ranks": self.servers,
+            "nics_per_server": self.nic_count,
+        }
+
+
+def _fmt(bps: float) -> str:
+    """``450GB/s`` when a whole number of GB/s, else ``400gbit``-style bits."""
+    if bps % _GB == 0:
+        return f"{bps / _GB:g}GB/s"
+    return f"{bps / 1e9:g}gbit" if bps >= 1e9 else f"{bps / 1e6:g}mbit"
+
+
+PRESETS: dict[str, dict[str, object]] = {
+    # DGX/HGX H100: 8 H100 SXM5; NVLink4 "900 GB/s" bidirectional per GPU = 18 links x 25 GB/s each way
+    # (NVIDIA H100 Tensor Core GPU datasheet; NVIDIA H100 architecture whitepaper, "fourth-generation
+    # NVLink ... 18 links ... 900 GB/s total bandwidth"); 8 ConnectX-7 400 Gb/s NDR InfiniBand compute NICs,
+    # one per GPU (NVIDIA DGX H100 User Guide, "Hardware Overview": "8x ... ConnectX-7 ... up to 400Gb/s
+    # InfiniBand"), rail-optimised as in the DGX SuperPOD H100 reference architecture ("rail-optimized
+    # ... each of the eight HCAs in a DGX connects to a different leaf switch").
+    "dgx-h100": {"gpus": 8, "intra": "nvlink", "intra_bps": 450 * _GB, "nics": 8, "nic_bps": 400e9},
+    # DGX A100: 8 A100 SXM4; NVLink3 "600 GB/s" bidirectional per GPU = 12 links x 25 GB/s each way
+    # (NVIDIA A100 Tensor Core GPU datasheet and architecture whitepaper); 8 ConnectX-6 200 Gb/s HDR
+    # InfiniBand compute NICs (NVIDIA DGX A100 datasheet: "8x Single-Port Mellanox ConnectX-6 VPI
+    # 200Gb/s HDR InfiniBand"), rail-optimised (DGX SuperPOD A100 reference architecture).
+    "dgx-a100": {"gpus": 8, "intra": "nvlink", "intra_bps": 300 * _GB, "nics": 8, "nic_bps": 200e9},
+}
+PRESETS["hgx-h100"] = PRESETS["dgx-h100"]  # the HGX board is the DGX's GPU tray: same GPUs and NVSwitch
+PRESETS["hgx-a100"] = PRESETS["dgx-a100"]
+
+_HEAD = re.compile(r"^\s*([a-z0-9-]+)\s*:\s*(.*)$")
+_INT = re.compile(r"^\s*(\d{1,9})\s*$")
+_RATE = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)\s*(GB/s|tbit|gbit|mbit|kbit)\s*$")
+_BITS = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
+_FORM = "gpus:S,G[,nvlink=RATE|pcie=RATE][,nics=N][,nic=RATE][,net=rail|star] or dgx-h100:S / dgx-a100:S"
+
+
+def is_multigpu_spec(spec: str) -> bool:
+    """Whether ``spec`` names a multi-accelerator topology (``gpus:`` or a preset)."""
+    m = _HEAD.match(spec or "")
+    return bool(m) and (m.group(1) == "gpus" or m.group(1) in PRESETS)
+
+
+def _rate(key: str, text: str, shown: str) -> float:
+    m = _RATE.match(text)
+    if not m:
+        raise UserError(f"bad topology '{shown}': {key}={text} is not a rate (e.g. 450GB/s or 400gbit)")
+    value = float(m.group(1))
+    return value * _GB if m.group(2) == "GB/s" else value * _BITS[m.group(2)]
+
+
+def parse_multigpu(spec: str) -> MultiGPU:
+    """Read ``gpus:S,G[,key=value...]`` or ``PRESET:S[,key=value...]`` (see the module docstring); anything
+    else is a one-line :class:`UserError`."""
+    shown = spec if len(spec or "") <= 80 else f"{spec[:77]}..."
+    m = _HEAD.match(spec or "")
+    if not m or not (m.group(1) == "gpus" or m.group(1) in PRESETS):
+        raise UserError(f"bad topology '{shown}' (expected {_FORM})")
+    kind, parts = m.group(1), [x.strip() for x in m.group(2).split(",")]
+    counts = 2 if kind == "gpus" else 1
+    if len(parts) < counts or any(not _INT.match(x) for x in parts[:counts]):
+        want = "gpus:S,G (servers, GPUs per server)" if kind == "gpus" else f"{kind}:S (servers)"
+        raise UserError(f"bad topology '{shown}' (expected {want}, numbers of at most 9 digits)")
+    fields: dict[str, object] = {} if kind == "gpus" else dict(PRESETS[kind])
+    fields["hosts"] = int(parts[0])
+    if kind == "gpus":
+        fields["gpus"] = int(parts[1])
+    seen: set[str] = set()
+    for item in parts[counts:]:
+        key, eq, value = (x.strip() for x in item.partition("="))
+        if not eq or not value:
+            raise UserError(
+                f"bad topology '{shown}': '{item}' is not key=value (keys: nvlink, pcie, nics, nic, net)"
+            )
+        if key in seen or (key in ("nvlink", "pcie") and seen & {"nvlink", "pcie"}):
+            raise UserError(f"bad topology '{shown}': {key} given twice (or both nvlink and pcie)")
+        seen.add(key)
+        if key in ("nvlink", "pcie"):
+            fields["intra"], fields["intra_bps"] = key, _rate(key, value, shown)
+        elif key == "nic":
+            fields["nic_bps"] = _rate(key, value, shown)
+        elif key == "nics":
+            if not _INT.match(value):
+                raise UserError(f"bad topology '{shown}': nics={value} is not a whole number")
+            fields["nics"] = int(value)
+        elif key == "net":
+            fields["net"] = value
+        else:
+            raise UserError(
+                f"bad topology '{shown}': unknown key '{key}' (keys: nvlink, pcie, nics, nic, net)"
+            )
+    from dpcomm.topology import check_servers  # the package imports this module
+
+    check_servers(int(fields["hosts"]) * int(fields.get("gpus", 1)), shown.strip())
+    try:
+        return MultiGPU(**fields)
+    except ValueError as exc:
+        raise UserError(f"bad topology '{shown}': {exc}") from None
