@@ -16,15 +16,17 @@ machine load. Each replica plans on the workers (:func:`dpcomm.fsdp.shard`: the 
 all-gather and reduce-scatter timed on the shaped links and fitted to ``a + b B``), with
 ``verify_iters=0``: the planned plan runs as planned (``optimal`` is not swapped for ``per-block`` by the
 trial), so what is measured is the planner's plan. ``t_iter`` is the median of the steady iterations.
-The prediction is :func:`dpcomm.planner.fsdp_model.fsdp_time` of the plan as run, on the workers' trace
-and fitted costs (from the result's log), plus the measured optimizer step (the model's ``u``).
+The prediction is :func:`dpcomm.planner.fsdp_model.fsdp_time` of the plan as run, under the model the
+plan was made with (``overlap="gathers"`` on CPU: :func:`dpcomm.fsdp.shard` makes FSDP2's all-gathers
+asynchronous there, the reduce-scatters block), on the workers' trace and fitted costs (from the result's
+log), plus the measured optimizer step (the model's ``u``). Column ``streams``: the same plan under the
+GPU model (every collective on a stream of its own), for comparison.
 
 Budgets (unsharded parameter bytes): ``none``; ``block`` (``per-block``'s peak with FSDP2's defaults,
 prefetch 1 and reshard); ``tight`` (``per-block``'s peak without prefetch: its largest unit). A
 planner whose plan cannot fit a budget (``whole`` under any) is reported as such and not run. ``size:X``:
 the ``X`` of a grid (16 KiB .. 4 MiB) whose plan the model, on the testbed's nominal ring costs, finds
-fastest at that budget. Columns ``one-link`` (:func:`one_link_time`) and ``serial`` (:func:`serial_time`)
-are two variants of the model that say where it misses (``docs/fsdp.md``).
+fastest at that budget.
 """
 
 from __future__ import annotations
@@ -105,32 +107,8 @@ def register(spec: str) -> str:
     return name
 
 
-ENV_ASYNC = "DPCOMM_FSDP_BENCH_ASYNC"
-"""Set to 1: every sharded model unshards with ``async_op=True`` (``--async-unshard``)."""
-
-
-def async_unshard() -> None:
-    """Make :func:`dpcomm.fsdp.shard` call FSDP2's ``_set_unshard_async_op(True)`` on what it shards: the
-    all-gathers are then asynchronous gloo work that the explicit prefetch lists overlap with compute on
-    CPU too (with ``False``, the default, each blocks the thread: no streams on CPU)."""
-    mod = sys.modules.get("dpcomm.fsdp.shard") or __import__("importlib").import_module("dpcomm.fsdp.shard")
-    if getattr(mod.apply_plan, "_async", False):
-        return
-    plain = mod.apply_plan
-
-    def apply_plan(model, plan, groups, mesh):
-        out = plain(model, plan, groups, mesh)
-        out._set_unshard_async_op(True)
-        return out
-
-    apply_plan._async = True
-    mod.apply_plan = apply_plan
-
-
 if os.environ.get(ENV_TRACE):  # spawned training workers import this file as __mp_main__
     register(os.environ[ENV_TRACE])
-if os.environ.get(ENV_ASYNC) == "1":
-    async_unshard()
 
 
 def _modules(spec: str) -> Any:
@@ -154,9 +132,11 @@ def cases(spec: str, rate_bps: int, mtu: int, world: int, max_depth: int) -> lis
 
     tr, mods = _modules(spec)
     ag, rs = ring_costs(link_network(rate_bps, mtu), world)
-    block = plan_fsdp("per-block", tr, ag, rs, depth=1, reshard=True)
+    block = plan_fsdp("per-block", tr, ag, rs, depth=1, reshard=True, overlap="gathers")
     out = []
-    tight = plan_fsdp("per-block", tr, ag, rs, depth=0, reshard=True)  # its largest block alone
+    tight = plan_fsdp(
+        "per-block", tr, ag, rs, depth=0, reshard=True, overlap="gathers"
+    )  # its largest block alone
     for label, M in (("none", None), ("block", block.peak_bytes), ("tight", tight.peak_bytes)):
         for meth in METHODS:
             row = {"budget": label, "bytes": M, "method": meth}
@@ -164,7 +144,9 @@ def cases(spec: str, rate_bps: int, mtu: int, world: int, max_depth: int) -> lis
                 best = None
                 for s in SIZES:
                     try:
-                        p = plan_fsdp(f"size:{s}", tr, ag, rs, memory=M, max_depth=max_depth)
+                        p = plan_fsdp(
+                            f"size:{s}", tr, ag, rs, memory=M, max_depth=max_depth, overlap="gathers"
+                        )
                     except UserError:
                         continue
                     if best is None or p.time_s < best[1] - 1e-12:
@@ -174,45 +156,12 @@ def cases(spec: str, rate_bps: int, mtu: int, world: int, max_depth: int) -> lis
                     continue
                 meth = row["method"] = f"size:{best[0] // 1024}KB"
             try:
-                plan_fsdp(meth, tr, ag, rs, memory=M, max_depth=max_depth)
+                plan_fsdp(meth, tr, ag, rs, memory=M, max_depth=max_depth, overlap="gathers")
             except UserError as exc:
                 out.append(row | {"error": str(exc)})
                 continue
             out.append(row | {"schedule": f"fsdp:{meth}" + ("" if M is None else f",memory={M}")})
     return out
-
-
-def one_link_time(units, f, b, m, ag, rs, *, depth: int, reshard: bool) -> float:
-    """The model's ``t_iter`` with one change: backward's re-gathers and reduce-scatters share one link,
-    served first come first served in the order FSDP2 issues them (a unit's reduce-scatter when its
-    backward ends, then the re-gather of the unit ``depth + 1`` positions on), where the model gives each
-    stream the link to itself. The forward (all-gathers only) is the model's."""
-    from dpcomm.planner.fsdp import fsdp_time
-
-    t0 = fsdp_time(units, f, b, m, ag, rs, depth=depth, reshard=reshard, detail=True)["forward_end"]
-    K = len(units)
-    rev = units[::-1]  # backward positions 1..K are units K..1
-    W = [float(sum(b[a : z + 1])) for a, z in rev]
-    B = [float(sum(m[a : z + 1])) for a, z in rev]
-    A = [0.0 if p == 0 or not reshard else float(ag(B[p])) for p in range(K)]
-    done = [t0] * K  # when each position's re-gather ends
-    link = t0
-
-    def gather(p: int, at: float) -> None:
-        nonlocal link
-        if p < K:
-            link = max(link, at) + A[p] if A[p] else link
-            done[p] = link if A[p] else at
-
-    for p in range(min(depth + 1, K)):  # issued when the backward starts
-        gather(p, t0)
-    end = t0
-    for p in range(K):
-        start = max(end, done[p])
-        end = start + W[p]
-        link = max(link, end) + float(rs(B[p]))  # its reduce-scatter, then the next re-gather
-        gather(p + depth + 1, end)
-    return max(end, link)
 
 
 def predict(r: Any) -> dict[str, Any]:
@@ -229,11 +178,12 @@ def predict(r: Any) -> dict[str, Any]:
     f, b, w = Modules.from_trace(trace_from_dict(r.trace)).arrays
     p = r.plan
     units = [tuple(u) for u in p["units"]]
-    t = fsdp_time(units, f, b, w, ag, rs, depth=p["depth"], reshard=p["reshard_after_forward"])
-    one = one_link_time(units, f, b, w, ag, rs, depth=p["depth"], reshard=p["reshard_after_forward"])
+    d, re_ = p["depth"], p["reshard_after_forward"]
+    t = fsdp_time(units, f, b, w, ag, rs, depth=d, reshard=re_, overlap="gathers")
+    streams = fsdp_time(units, f, b, w, ag, rs, depth=d, reshard=re_, overlap="streams")
     return {
         "predicted_s": float(t) + r.update_s,
-        "one_link_s": one + r.update_s,
+        "streams_s": float(streams) + r.update_s,
         "ag": [ag.a, ag.b],
         "rs": [rs.a, rs.b],
         "compute_s": float(f.sum() + b.sum()),
@@ -287,30 +237,13 @@ def _launch(args: argparse.Namespace, state: dict[str, Any], spec: str, todo: li
         json.dumps(todo),
     ]
     cmd += ["--iters", str(args.iters), "--batch-size", str(args.batch_size)]
-    env = {ENV_TRACE: spec, ENV_ASYNC: "1" if args.async_unshard else "0"}
+    env = {ENV_TRACE: spec}
     res = launch_workers(state, cmd, env=env, timeout_s=args.timeout)
     lines = [ln for ln in res.stdout(0).splitlines() if ln.startswith("ROWS ")]
     if not res.ok or not lines:
         tail = "\n".join(res.stderr(0).strip().splitlines()[-15:])
         raise SystemExit(f"testbed run failed:\n{tail}")
     return json.loads(lines[-1][5:])
-
-
-def serial_time(row: dict[str, Any], param_bytes: Any) -> float | None:
-    """``t_iter`` with no overlap at all: compute, then every collective one after another (each unit's
-    all-gather, its re-gather in backward with reshard except the last unit's, its reduce-scatter), plus the
-    optimizer step. FSDP2 on CPU runs this way: its all-gathers are issued with ``async_op=False`` on
-    streams that do not exist on CPU, so each blocks the Python thread, prefetched or not (torch 2.13,
-    ``_fsdp_param_group.unshard``), and so does each reduce-scatter."""
-    if row.get("ag") is None or row.get("plan") is None:
-        return None
-    ag, rs = row["ag"], row["rs"]
-    p = row["plan"]
-    units = [sum(param_bytes[a : z + 1]) for a, z in p["units"]]
-    comm = sum(ag[0] + ag[1] * x + rs[0] + rs[1] * x for x in units)
-    if p["reshard_after_forward"]:
-        comm += sum(ag[0] + ag[1] * x for x in units[:-1])
-    return row["compute_s"] + comm + row["update_s"]
 
 
 def table(data: dict[str, Any]) -> str:
@@ -322,8 +255,8 @@ def table(data: dict[str, Any]) -> str:
         runs.setdefault((row["model"], row["budget"], row["method"]), []).append(row)
     lines = [
         "| model | budget | planner | units | d | reshard | measured ms (spread) | predicted ms | error "
-        "| one-link ms | error | serial ms | error | vs per-block measured | vs per-block predicted |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+        "| streams ms | error | vs per-block measured | vs per-block predicted |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     med = {k: statistics.median(r["t_iter_s"] for r in v) for k, v in runs.items() if "t_iter_s" in v[0]}
     pred = {
@@ -331,22 +264,16 @@ def table(data: dict[str, Any]) -> str:
         for k, v in runs.items()
         if v[0].get("predicted_s") is not None
     }
-    one = {
-        k: statistics.median(r["one_link_s"] for r in v)
+    gpu = {
+        k: statistics.median(r["streams_s"] for r in v)
         for k, v in runs.items()
-        if v[0].get("one_link_s") is not None
-    }
-    sizes = {model: _modules(model)[1].param_bytes for model, _, _ in runs}
-    ser = {
-        k: statistics.median(serial_time(r, sizes[k[0]]) for r in v)
-        for k, v in runs.items()
-        if "t_iter_s" in v[0] and v[0].get("ag") is not None
+        if v[0].get("streams_s") is not None
     }
     for (model, budget, meth), v in runs.items():
         key = (model, budget, meth)
         mib = "none" if v[0]["bytes"] is None else f"{v[0]['bytes'] / 2**20:.2f} MiB"
         if "error" in v[0]:
-            lines.append(f"| {model} | {budget} ({mib}) | {meth} | {v[0]['error']} | | | | | | | | | | | |")
+            lines.append(f"| {model} | {budget} ({mib}) | {meth} | {v[0]['error']} | | | | | | | | | |")
             continue
         p = v[0]["plan"]
         ms = [r["t_iter_s"] * 1e3 for r in v]
@@ -356,20 +283,15 @@ def table(data: dict[str, Any]) -> str:
         vsp = f"{pred[key] / pred[base]:.3f}" if base in pred and key in pred else "-"
         err = f"{(pred[key] - med[key]) / med[key] * 100:+.1f}%" if key in pred else "-"
         pms = f"{pred[key] * 1e3:.0f}" if key in pred else "-"
-        ones = (
-            f"{one[key] * 1e3:.0f} | {(one[key] - med[key]) / med[key] * 100:+.1f}%"
-            if key in one
-            else "- | -"
-        )
-        sers = (
-            f"{ser[key] * 1e3:.0f} | {(ser[key] - med[key]) / med[key] * 100:+.1f}%"
-            if key in ser
+        gpus = (
+            f"{gpu[key] * 1e3:.0f} | {(gpu[key] - med[key]) / med[key] * 100:+.1f}%"
+            if key in gpu
             else "- | -"
         )
         lines.append(
             f"| {model} | {budget} ({mib}) | {meth} | {len(p['units'])} | {p['depth']} | "
             f"{'yes' if p['reshard_after_forward'] else 'no'} | {med[key] * 1e3:.0f} ({spread}) | {pms} | "
-            f"{err} | {ones} | {sers} | {vs} | {vsp} |"
+            f"{err} | {gpus} | {vs} | {vsp} |"
         )
     return "\n".join(lines)
 
@@ -391,7 +313,7 @@ def pareto(data: dict[str, Any], spec: str, path: str) -> None:
     tr = trace_from_dict(row["trace"])
     ag, rs = LinearCost(*row["ag"]), LinearCost(*row["rs"])
     u = statistics.median(r["update_s"] for r in data["rows"] if r["model"] == spec and "update_s" in r)
-    front = pareto_front(tr, ag, rs, update_s=u, max_depth=data["meta"]["max_depth"])
+    front = pareto_front(tr, ag, rs, update_s=u, max_depth=data["meta"]["max_depth"], overlap="gathers")
     m = Modules.from_trace(tr).arrays[2]
     fig = Figure(figsize=(8.4, 4.2))
     ax = fig.add_subplot()
@@ -444,9 +366,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default=None, help="JSON file to write")
     ap.add_argument("--pareto", default=None, help="PNG of the first model's front (from --out's data)")
     ap.add_argument("--table", default=None, help="print the table of a recorded JSON and exit")
-    ap.add_argument(
-        "--async-unshard", action="store_true", help="FSDP2 all-gathers with async_op=True (overlap on CPU)"
-    )
     ap.add_argument("--node", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
     ap.add_argument("--cases", help=argparse.SUPPRESS)
@@ -494,7 +413,7 @@ def main(argv: list[str] | None = None) -> int:
         "testbed": args.testbed, "rate": args.rate, "mtu": args.mtu, "workers": world,
         "torch": __import__("torch").__version__, "python": platform.python_version(),
         "batch_size": args.batch_size, "iters": args.iters, "repeats": args.repeats,
-        "max_depth": FSDP_MAX_DEPTH, "async_unshard": args.async_unshard,
+        "max_depth": FSDP_MAX_DEPTH, "overlap": "gathers",
         "loadavg_before": before, "loadavg_after": loadavg(),
         "date": __import__("datetime").date.today().isoformat(),
     }  # fmt: skip

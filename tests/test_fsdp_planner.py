@@ -41,7 +41,7 @@ def all_units(L):
         yield out
 
 
-def exhaustive(f, b, m, ag, rs, M, u=0.0, D=FSDP_MAX_DEPTH):
+def exhaustive(f, b, m, ag, rs, M, u=0.0, D=FSDP_MAX_DEPTH, overlap="streams"):
     """(time, peak) of the best plan by brute force: every partition, depth 0..D and reshard choice."""
     best = None
     for units in all_units(len(f)):
@@ -50,7 +50,7 @@ def exhaustive(f, b, m, ag, rs, M, u=0.0, D=FSDP_MAX_DEPTH):
                 peak = peak_memory(units, m, depth=d, reshard=r)
                 if peak > M:
                     continue
-                t = fsdp_time(units, f, b, m, ag, rs, depth=d, reshard=r, update_s=u)
+                t = fsdp_time(units, f, b, m, ag, rs, depth=d, reshard=r, update_s=u, overlap=overlap)
                 tie = 1e-12 * best[0] if best else 0.0
                 if best is None or t < best[0] - tie or (t <= best[0] + tie and peak < best[1]):
                     best = (t, peak)
@@ -82,6 +82,41 @@ def test_time_hand_worked_prefetch_one():
     assert fsdp_time([(0, 0), (1, 1)], F2, B2, M2, AG, RS, depth=1, reshard=False) == 9.0
     # one unit: gather 0-2.5 (20 bytes), f 2.5-4.5, b 4.5-8.5, reduce-scatter 8.5-10.5
     assert fsdp_time([(0, 1)], F2, B2, M2, AG, RS, depth=1, reshard=True) == 10.5
+
+
+def test_time_hand_worked_blocking_reduce_scatters():
+    # overlap="gathers" (FSDP2 on CPU): the same forward (0-5 with d = 0, 0-4 with d = 1); backward on one
+    # link, each reduce-scatter blocking. d = 0: unit 2's b 5-7, RS 7-8; unit 1's re-gather 8-9.5, b 9.5-11.5,
+    # RS 11.5-12.5
+    t = fsdp_time([(0, 0), (1, 1)], F2, B2, M2, AG, RS, depth=0, reshard=True, overlap="gathers")
+    assert t == 12.5
+    # d = 1: the re-gather is queued at 4 (4-5.5) while unit 2's b runs 4-6; RS 6-7; b 7-9, RS 9-10
+    assert fsdp_time([(0, 0), (1, 1)], F2, B2, M2, AG, RS, depth=1, reshard=True, overlap="gathers") == 10.0
+    # a re-gather longer than the backward beside it delays the reduce-scatter queued behind it
+    slow = LinearCost(0.0, 0.5)  # 10 bytes: 5 s
+    assert fsdp_time([(0, 0), (1, 1)], F2, B2, M2, slow, RS, depth=1, reshard=True, overlap="gathers") == (
+        11 + 5 + 1 + 2 + 1  # forward: gathers 0-5, 5-10, f 10-11; backward: re-gather 11-16 (b 11-13
+    )  # beside it), RS 16-17, b 17-19, RS 19-20
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_blocking_backward_is_its_closed_form(seed):
+    # docs/fsdp.md: T_1 = t0 + max(W_1, A'_2..A'_{1+d}) + R_1, T_p = T_{p-1} + max(W_p, A'_{p+d}) + R_p
+    rng = np.random.default_rng(seed)
+    f, b, m, ag, rs = _instance(rng, 6)
+    units = [(0, 1), (2, 2), (3, 4), (5, 5)]
+    W = [b[a : z + 1].sum() for a, z in units][::-1]  # by position
+    for d in range(4):
+        for r in (True, False):
+            out = fsdp_time(units, f, b, m, ag, rs, depth=d, reshard=r, overlap="gathers", detail=True)
+            A = [ag(m[a : z + 1].sum()) if r and p else 0.0 for p, (a, z) in enumerate(units[::-1])]
+            R = [rs(m[a : z + 1].sum()) for a, z in units][::-1]
+            if d == 0:
+                back = sum(A) + sum(W) + sum(R)
+            else:
+                back = max(W[0], sum(A[1 : 1 + d])) + R[0]
+                back += sum(max(W[p], A[p + d] if p + d < 4 else 0.0) + R[p] for p in range(1, 4))
+            assert out["t_iter"] == pytest.approx(out["forward_end"] + back, rel=1e-12)
 
 
 def test_peak_memory_is_the_window_of_d_plus_one_units():
@@ -192,6 +227,19 @@ def test_optimal_equals_exhaustive_search(seed):
         assert p.meta["dp_time_s"] == pytest.approx(p.time_s, rel=1e-9, abs=1e-12)
         assert p.peak_bytes == peak  # ties go to the least memory, as exhaustive search's
         assert M is None or p.peak_bytes <= M
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_optimal_equals_exhaustive_search_when_reduce_scatters_block(seed):
+    rng = np.random.default_rng(100 + seed)
+    L = [1, 3, 5, 7, 8, 9][seed]
+    f, b, m, ag, rs = _instance(rng, L)
+    for M in (None, int(rng.integers(m.max(), m.sum() + 1)), int(m.max())):
+        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, overlap="gathers")
+        t, peak = exhaustive(f, b, m, ag, rs, math.inf if M is None else M, overlap="gathers")
+        assert p.time_s == pytest.approx(t, rel=1e-9, abs=1e-12)
+        assert p.meta["dp_time_s"] == pytest.approx(p.time_s, rel=1e-9, abs=1e-12)
+        assert p.peak_bytes == peak and p.meta["overlap"] == "gathers"
 
 
 @settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])

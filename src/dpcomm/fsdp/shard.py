@@ -24,6 +24,11 @@ With an :class:`~dpcomm.planner.fsdp_model.FsdpPlan` its units are applied as gi
    ``set_modules_to_backward_prefetch``). Depth 0 leaves FSDP2's defaults: none in forward, one unit in
    backward (an empty list means "default" to FSDP2).
 
+On CPU the all-gathers are made asynchronous (FSDP2's ``_set_unshard_async_op(True)``: gloo has no
+streams, and FSDP2's default ``async_op=False`` would block the thread on every gather, prefetched or not),
+and the plan is made under the model's ``overlap="gathers"``: the reduce-scatters still block
+(:mod:`dpcomm.planner.fsdp_model`). On GPUs FSDP2's streams overlap both: ``overlap="streams"``.
+
 What was decided is ``model.dpcomm`` (:class:`Sharded`). A plan whose peak (the model's, plus the bytes of
 units FSDP2 keeps unsharded longer, a tied weight's: :attr:`Sharded.peak_bound_bytes`) exceeds ``memory``
 is refused in one line before anything is sharded.
@@ -51,7 +56,7 @@ from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.utils.sizes import parse_size
 
-__all__ = ["Sharded", "apply_plan", "plan_on_workers", "shard"]
+__all__ = ["Sharded", "apply_plan", "overlap_of", "plan_on_workers", "shard"]
 
 _PREFER_WITHIN = 0.02  # per-block is kept unless the plan is measurably (> 2%) faster, as ddp.wrap does
 
@@ -78,6 +83,14 @@ class Sharded:
     """Fitted reduce-scatter cost."""
     trial: dict[str, float] | None = None
     """Median forward+backward seconds per candidate (slowest rank), if the trial ran."""
+    overlap: str = "streams"
+    """The model's overlap the plan was made and timed under: ``gathers`` on CPU, else ``streams``."""
+
+
+def overlap_of(model: nn.Module) -> str:
+    """The FSDP model's overlap for where ``model`` lives: ``gathers`` on CPU (asynchronous all-gathers,
+    blocking reduce-scatters), ``streams`` elsewhere (module docstring)."""
+    return "gathers" if next(model.parameters()).device.type == "cpu" else "streams"
 
 
 def _budget(memory: int | str | None) -> int | None:
@@ -134,12 +147,12 @@ def _sizes_trace(model: nn.Module) -> Trace:
 
 
 def _on_root(method: str, trace: Trace, ag: CommCost, rs: CommCost, memory: int | None, max_depth: int,
-             group: Any) -> FsdpPlan:  # fmt: skip
+             group: Any, overlap: str) -> FsdpPlan:  # fmt: skip
     """Step 3: rank 0 plans, every rank gets the plan or rank 0's one-line error, and checks the hash."""
     box: list[Any] = [None]
     if dist.get_rank(group) == 0:
         try:
-            p = plan_fsdp(method, trace, ag, rs, memory=memory, max_depth=max_depth)
+            p = plan_fsdp(method, trace, ag, rs, memory=memory, max_depth=max_depth, overlap=overlap)
             box[0] = {"plan": p.to_dict(), "time_s": p.time_s, "peak_bytes": p.peak_bytes}
         except UserError as exc:
             box[0] = {"error": str(exc)}
@@ -178,7 +191,8 @@ def plan_on_workers(
                                                                   process_group)  # fmt: skip
     total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
     ag, rs, _, _ = fsdp_costs(total, process_group)
-    return _on_root(name, trace, ag, rs, _budget(memory), max_depth, process_group), trace, ag, rs
+    plan = _on_root(name, trace, ag, rs, _budget(memory), max_depth, process_group, overlap_of(model))
+    return plan, trace, ag, rs
 
 
 def _mesh(model: nn.Module, group: Any) -> Any:
@@ -210,7 +224,7 @@ def _run_plan(
         t = float("nan")
         if trace is not None and ag is not None:
             f, b, _ = Modules.from_trace(trace).arrays
-            t = fsdp_time(list(run.units), f, b, m, ag, rs, depth=d, reshard=r)
+            t = fsdp_time(list(run.units), f, b, m, ag, rs, depth=d, reshard=r, overlap=overlap_of(model))
         run = replace(run, time_s=t, peak_bytes=int(peak))
     spans = sum(int(m[a : z + 1].sum()) for k, (a, z) in enumerate(run.units) if k in groups.spanning)
     return run, int(peak) + spans
@@ -238,6 +252,10 @@ def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any)
     if root is not None:
         handles[root] = model
     d = plan.depth
+    if overlap_of(model) == "gathers":
+        for h in handles.values():
+            if hasattr(h, "_set_unshard_async_op"):  # private in torch 2.13; without it gathers block
+                h._set_unshard_async_op(True)
     if d > 0:
         for k in range(len(groups.units)):
             fwd = [handles[j] for j in range(k + 1, min(k + d, last) + 1)]
@@ -333,7 +351,7 @@ def shard(
     if (trace is not None and example is not None and verify_iters > 0 and requested.method == "optimal"
             and dist.get_world_size(process_group) > 1):  # fmt: skip
         try:
-            block = _on_root("per-block", trace, ag, rs, budget, max_depth, process_group)
+            block = _on_root("per-block", trace, ag, rs, budget, max_depth, process_group, overlap_of(model))
         except UserError:  # no blocks, or per-block does not fit: nothing to time against
             block = None
         if block is not None and _shape(block) != _shape(requested):
@@ -351,6 +369,6 @@ def shard(
     apply_plan(model, run, groups, mesh)
     model.dpcomm = Sharded(
         plan=run, requested=requested, groups=groups, layer_params=layer_params, peak_bound_bytes=bound,
-        trace=trace, ag_cost=ag, rs_cost=rs, trial=trial,
+        trace=trace, ag_cost=ag, rs_cost=rs, trial=trial, overlap=overlap_of(model),
     )  # fmt: skip
     return model

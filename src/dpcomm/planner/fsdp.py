@@ -44,9 +44,11 @@ from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp_model import (
+    OVERLAPS,
     TIE_REL,
     FsdpPlan,
     Units,
+    check_overlap,
     check_units,
     fsdp_inputs,
     fsdp_time,
@@ -59,6 +61,7 @@ from dpcomm.utils.sizes import parse_size
 __all__ = [
     "FSDP_MAX_DEPTH",
     "FSDP_METHODS",
+    "OVERLAPS",
     "FsdpPlan",
     "Modules",
     "block_units",
@@ -202,11 +205,14 @@ def plan_fsdp(
     max_depth: int = FSDP_MAX_DEPTH,
     depth: int | None = None,
     reshard: bool | None = None,
+    overlap: str = "streams",
 ) -> FsdpPlan:
     """The FSDP plan of ``method`` (module docstring) for ``modules`` (or a trace), all-gather and
     reduce-scatter costs of a unit's full bytes, a budget of ``memory`` unsharded bytes (``None``: none)
     and an optimizer step of ``update_s`` seconds. ``time_s`` and ``peak_bytes`` are the model's
-    (:func:`fsdp_time`, :func:`peak_memory`); a budget nothing fits is a one-line :class:`UserError`."""
+    (:func:`fsdp_time`, :func:`peak_memory`) under ``overlap`` (:data:`OVERLAPS`: ``streams`` for FSDP2 on
+    GPUs, ``gathers`` on CPU); a budget nothing fits is a one-line :class:`UserError`."""
+    check_overlap(overlap)
     t_start = time.perf_counter()
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
     f, b, m = mods.arrays
@@ -215,18 +221,19 @@ def plan_fsdp(
     if not (math.isfinite(update_s) and update_s >= 0):
         raise UserError(f"optimizer step must be a number of seconds >= 0, got {update_s!r}")
     depths, reshards = _choices(max_depth, depth, reshard)
-    meta: dict = {"memory_bytes": None if memory is None else M}
+    meta: dict = {"memory_bytes": None if memory is None else M, "overlap": overlap}
     if name == "optimal":
         ub = np.inf
         for other in ("whole", "per-layer", "per-block"):  # the incumbent for the bound
             try:
                 got = plan_fsdp(other, mods, ag_cost, rs_cost, memory=memory, update_s=update_s,
-                                max_depth=max_depth, depth=depth, reshard=reshard)  # fmt: skip
+                                max_depth=max_depth, depth=depth, reshard=reshard,
+                                overlap=overlap)  # fmt: skip
                 ub = min(ub, got.time_s)
             except UserError:
                 continue
         res = optimal_fsdp(f, b, m, ag_cost, rs_cost, memory=M, depths=depths, reshards=reshards,
-                           update_s=update_s, incumbent_s=ub)  # fmt: skip
+                           update_s=update_s, incumbent_s=ub, overlap=overlap)  # fmt: skip
         if res is None:
             per_layer = [(i, i) for i in range(f.size)]  # no plan needs less (docs/fsdp.md)
             smallest = min(peak_memory(per_layer, m, depth=d, reshard=r) for d in depths for r in reshards)
@@ -242,7 +249,8 @@ def plan_fsdp(
                 peak = peak_memory(units, m, depth=d, reshard=r)
                 if peak > M:
                     continue
-                t = fsdp_time(units, f, b, m, ag_cost, rs_cost, depth=d, reshard=r, update_s=update_s)
+                t = fsdp_time(units, f, b, m, ag_cost, rs_cost, depth=d, reshard=r, update_s=update_s,
+                              overlap=overlap)  # fmt: skip
                 tie = TIE_REL * max(1.0, abs(best[0])) if best else 0.0
                 if best is None or t < best[0] - tie or (t <= best[0] + tie and peak < best[1]):
                     best = (t, peak, d, r)
@@ -256,7 +264,9 @@ def plan_fsdp(
         units=units,
         depth=d,
         reshard_after_forward=r,
-        time_s=fsdp_time(units, f, b, m, ag_cost, rs_cost, depth=d, reshard=r, update_s=update_s),
+        time_s=fsdp_time(
+            units, f, b, m, ag_cost, rs_cost, depth=d, reshard=r, update_s=update_s, overlap=overlap
+        ),  # fmt: skip
         peak_bytes=peak_memory(units, m, depth=d, reshard=r),
         meta=meta,
     )
@@ -271,6 +281,7 @@ def pareto_front(
     update_s: float = 0.0,
     max_depth: int = FSDP_MAX_DEPTH,
     max_points: int = 1000,
+    overlap: str = "streams",
 ) -> list[tuple[int, float, FsdpPlan]]:
     """The time-memory front of ``optimal``: ``(peak_bytes, time_s, plan)`` by rising peak, every point
     the least time at a budget of its peak and the least peak at its time. Walked down from no budget: each
@@ -282,7 +293,7 @@ def pareto_front(
     while True:
         try:
             plan = plan_fsdp("optimal", mods, ag_cost, rs_cost, memory=budget, update_s=update_s,
-                             max_depth=max_depth)  # fmt: skip
+                             max_depth=max_depth, overlap=overlap)  # fmt: skip
         except UserError:
             break
         out.append((plan.peak_bytes, plan.time_s, plan))

@@ -31,6 +31,23 @@ each unit's reduce-scatter is issued when its backward ends, on a stream of its 
     Q_p  = max(BE_p, Q_{p-1}) + R_p            (Q_0 = t0)
     t_iter = max(BE_K, Q_K) + u                (= Q_K + u, as R >= 0)
 
+Overlap ``gathers`` (FSDP2 on CPU, as :func:`dpcomm.fsdp.shard` runs it there: gloo all-gathers are
+asynchronous work waited for when the unit runs, but FSDP2 issues each reduce-scatter with ``async_op=False``
+and reads its output at once, so it blocks the thread that runs backward; all collectives queue on one link,
+first in, first out). The forward is the same. Backward, with ``T_0 = t0`` the thread's time and the link
+free: position ``p``'s pre-backward hook queues the re-gathers up to position ``p+d`` not yet queued, the
+unit waits for its own, runs ``W_p``, then its reduce-scatter queues behind them and the thread waits for
+it (``T_p``). So re-gathers never delay compute for ``d >= 1`` (each was queued before an earlier
+reduce-scatter, so it ended before it) and each position costs its own terms::
+
+    T_1 = t0 + max(W_1, A'_2 + .. + A'_{1+d}) + R_1      (d >= 1; positions past K have A' = 0)
+    T_p = T_{p-1} + max(W_p, A'_{p+d}) + R_p               (p >= 2)
+    T_p = T_{p-1} + A'_p + W_p + R_p                       (d = 0, every p; A'_1 = 0)
+    t_iter = T_K + u
+
+:func:`fsdp_time` computes it by queueing events (``overlap="gathers"``), not by the closed form, which is
+what :mod:`dpcomm.planner.fsdp_optimal` uses; the tests check they agree.
+
 Memory. Unit ``k``'s parameters are unsharded (``B_k`` bytes) from the issue of its all-gather until it is
 resharded: after its forward if ``reshard`` (except the last unit), after its backward otherwise (and after
 its backward re-gather's backward in any case). Allocation and freeing follow *program order* (FSDP2 frees
@@ -58,15 +75,21 @@ from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 
 __all__ = [
+    "OVERLAPS",
     "TIE_REL",
     "FsdpPlan",
     "Units",
+    "check_overlap",
     "check_units",
     "fsdp_inputs",
     "fsdp_time",
     "peak_memory",
     "unit_sums",
 ]
+
+OVERLAPS = ("streams", "gathers")
+"""What overlaps compute (module docstring): ``streams``, every collective on a stream of its own (FSDP2 on
+GPUs); ``gathers``, only the all-gathers, the reduce-scatters block the thread, one link (FSDP2 on CPU)."""
 
 TIE_REL = 1e-12
 """Relative difference in modelled time below which two plans tie (the one with less memory wins)."""
@@ -170,11 +193,13 @@ def fsdp_time(
     depth: int,
     reshard: bool,
     update_s: float = 0.0,
+    overlap: str = "streams",
     detail: bool = False,
 ) -> float | dict[str, float]:
-    """The model's ``t_iter`` (module docstring), seconds, by its event equations one unit at a time.
-    ``detail``: a dict of ``t_iter``, ``forward_end`` (``t0``), ``backward_end`` (``BE_K``) and
-    ``reduce_scatter_end`` (``Q_K``) instead."""
+    """The model's ``t_iter`` (module docstring), seconds, by its event equations one unit at a time, with
+    ``overlap`` one of :data:`OVERLAPS`. ``detail``: a dict of ``t_iter``, ``forward_end`` (``t0``),
+    ``backward_end`` (``BE_K``) and ``reduce_scatter_end`` (``Q_K``) instead."""
+    check_overlap(overlap)
     f, b, m = fsdp_inputs(forward_s, backward_s, param_bytes)
     check_units(units, f.size)
     d, K = int(depth), len(units)
@@ -187,6 +212,8 @@ def fsdp_time(
         G = max(E[max(k - d - 1, 0)], G) + A[k - 1]
         E[k] = max(E[k - 1], G) + F[k - 1]
     t0 = E[K]
+    if overlap == "gathers":
+        return _blocking_backward(A, W, R, t0, d, reshard, float(update_s), detail)
     BE = [t0] * (K + 1)  # BE[p] = BE_p, BE[0] = t0
     Gb, Q = t0, t0
     for p in range(1, K + 1):
@@ -198,6 +225,32 @@ def fsdp_time(
     t_iter = max(BE[K], Q) + float(update_s)
     if detail:
         return {"t_iter": t_iter, "forward_end": t0, "backward_end": BE[K], "reduce_scatter_end": Q}
+    return t_iter
+
+
+def check_overlap(overlap: str) -> str:
+    if overlap not in OVERLAPS:
+        raise UserError(f"unknown FSDP overlap {overlap!r}: use one of {', '.join(OVERLAPS)}")
+    return overlap
+
+
+def _blocking_backward(A, W, R, t0: float, d: int, reshard: bool, u: float, detail: bool):
+    """Backward under ``overlap="gathers"``: one first-in-first-out link (free at ``link``) and the thread
+    (at ``T``), event by event; see the module docstring."""
+    K = len(A)
+    T = link = t0
+    queued, ends = 0, [t0] * (K + 1)  # ends[q]: re-gather of position q done
+    BE = t0
+    for p in range(1, K + 1):
+        for q in range(queued + 1, min(p + d, K) + 1):  # pre-backward: the re-gathers now due
+            link = max(link, T) + (A[K - q] if reshard and q > 1 else 0.0)
+            ends[q] = link
+        queued = max(queued, min(p + d, K))
+        BE = max(T, ends[p]) + W[K - p]
+        T = link = max(BE, link) + R[K - p]  # the reduce-scatter blocks the thread
+    t_iter = T + u
+    if detail:
+        return {"t_iter": t_iter, "forward_end": t0, "backward_end": BE, "reduce_scatter_end": T}
     return t_iter
 
 

@@ -45,11 +45,22 @@ kept at ``i = L-1`` therefore contains an optimal partition, and the least ``t_i
 is the answer. ``tests/test_fsdp_planner.py`` checks it against exhaustive search of ``fsdp_time`` and
 ``peak_memory`` over all partitions, depths and reshard choices.
 
-Complexity. ``3d + 6`` numbers per state. With ``S_i`` states kept at module ``i``, module ``i`` makes
-``sum_{s <= i} S_{s-1}`` candidates and filters them in ``O(n * kept * d)``; with ``S`` the most kept
-anywhere, ``O(L^2 S d + L (L S)^2 d)`` per ``(d, reshard)``, ``2(D+1)`` times. ``S`` is not bounded by a
-polynomial in general (at worst every partition, ``2^(L-1)``); ``meta["dp_states"]`` reports what a plan
-kept. On the zoo's traces it stays small (GPT-2's 75 modules: ``docs/fsdp.md``).
+With ``overlap="gathers"`` (:mod:`dpcomm.planner.fsdp_model`: reduce-scatters block, one link) the
+backward is a sum of one term per unit, which needs the re-gather of the unit ``d`` before it, so the tails
+are one number and the state carries the last ``d`` units' re-gathers instead::
+
+    tails   b = the backward terms so far;   a_1 .. a_d = A' of the last 1..d units (a_1 the last)
+    b += max(W, a_d) + R  (d >= 1),   A' + W + R  (d = 0)      for every unit but the last
+    b += max(W, a_1 + .. + a_d) + R                            for the last (its A' is 0)
+
+and ``t_iter = E_K + b + u``. The same proof holds: ``b`` adds, the ``a`` are non-decreasing in the units'
+bytes and compared like the memory columns, and the bound's backward is ``b + sum b(rest) + R(rest)``.
+
+Complexity. ``3d + 6`` numbers per state (``2d + 4`` with ``gathers``). With ``S_i`` states kept at module
+``i``, module ``i`` makes ``sum_{s <= i} S_{s-1}`` candidates and filters them in ``O(n * kept * d)``; with
+``S`` the most kept anywhere, ``O(L^2 S d + L (L S)^2 d)`` per ``(d, reshard)``, ``2(D+1)`` times. ``S`` is
+not bounded by a polynomial in general (at worst every partition, ``2^(L-1)``); ``meta["dp_states"]`` reports
+what a plan kept. On the zoo's traces it stays small (GPT-2's 75 modules: ``docs/fsdp.md``).
 """
 
 from __future__ import annotations
@@ -59,7 +70,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from dpcomm.costmodel.base import CommCost, LinearCost
-from dpcomm.planner.fsdp_model import TIE_REL, Units
+from dpcomm.planner.fsdp_model import TIE_REL, Units, check_overlap
 
 __all__ = ["OptimalResult", "optimal_fsdp"]
 
@@ -91,11 +102,12 @@ def optimal_fsdp(
     reshards: list[bool],
     update_s: float = 0.0,
     incumbent_s: float = np.inf,
+    overlap: str = "streams",
 ) -> OptimalResult | None:
     """The least ``t_iter`` (then peak) over partitions of checked inputs ``f, b, m`` (seconds, bytes) with
     peak ``<= memory`` bytes, for each depth in ``depths`` and reshard choice in ``reshards`` (ties: the
     least depth, then reshard); ``None`` when nothing fits. ``incumbent_s``: a feasible plan's time, for the
-    bound (``inf``: none known)."""
+    bound (``inf``: none known). ``overlap``: the model's, :data:`~dpcomm.planner.fsdp_model.OVERLAPS`."""
     L = f.size
     cf, cb, cm = (np.concatenate(([0.0], np.cumsum(x))) for x in (f, b, m))
     span = cm[None, 1:] - cm[:-1, None]  # span[s, i] = bytes of modules s..i (s <= i)
@@ -104,7 +116,8 @@ def optimal_fsdp(
     R = _costs(rs_cost, np.where(inside, span, 0.0))
     rest = cm[L] - cm[1:]  # bytes after module i
     ctx = _Ctx(L, cf, cb, cm, span, A, R, float(memory), float(update_s),
-               _lower(ag_cost, rest), _lower(rs_cost, rest), float(f[-1]), float(b[-1]))  # fmt: skip
+               _lower(ag_cost, rest), _lower(rs_cost, rest), float(f[-1]), float(b[-1]),
+               check_overlap(overlap) == "gathers")  # fmt: skip
     total = float(cm[-1])
     # phase 1: the least time of each (d, reshard), memory columns only where the budget can bind
     ub, times, states = float(incumbent_s), {}, 0
@@ -202,6 +215,8 @@ class _Ctx:
     """The same for their reduce-scatters."""
     f_last: float
     b_last: float
+    blocking: bool
+    """``overlap="gathers"``: the reduce-scatters block the thread (module docstring)."""
 
 
 def _lower(cost: CommCost, nbytes: np.ndarray) -> np.ndarray:
@@ -218,8 +233,12 @@ def _dp(c: _Ctx, d: int, r: bool, ub: float, *, peak: bool, windows: bool):
     if not r and total > M:
         return None
     # columns: 0 G | 1..d+1 E_{k-d}..E_k | cr: sum R | cr+1: tau(BS) | g: g_p..g_{p+d} | w: w_1..w_d | peak
+    # (blocking: 0 G | 1..d+1 E | cr: b | g: a_1..a_d | w: w_1..w_d | peak)
     cr, g = d + 2, d + 4
     w = g + d + 1
+    if c.blocking:
+        g = cr + 1
+        w = g + d
     nw = d if windows else 0
     width = w + nw + int(peak)
     fronts: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per end module i: states, parent s, row
@@ -244,14 +263,23 @@ def _dp(c: _Ctx, d: int, r: bool, ub: float, *, peak: bool, windows: bool):
             Y[:, 0] = np.maximum(Gn, Y[:, 1])
             if d:
                 Y[:, 1] = Y[:, 0]  # E_{k-d} is only ever read through max(E_{k-d}, G_k)
-            tBE = np.maximum(np.maximum(Ru + X[:, cr], X[:, cr + 1]), X[:, g + d])
-            Y[:, cr] = X[:, cr] + Ru
-            Y[:, cr + 1] = Wu + tBE
-            Y[:, g] = Ap + np.maximum(Y[:, cr + 1], X[:, g])
-            Y[:, g + 1 : g + d + 1] = X[:, g : g + d]
-            if d:  # g_{p+d} is only ever read through max(tau(BS_p), g_{p+d})
-                Y[:, cr + 1] = np.maximum(Y[:, cr + 1], Y[:, g + d])
-                Y[:, g + d] = Y[:, cr + 1]
+            if c.blocking:
+                if not d:
+                    Y[:, cr] = X[:, cr] + (Ap + Wu + Ru)
+                else:
+                    ahead = X[:, g : g + d].sum(axis=1) if last else X[:, g + d - 1]
+                    Y[:, cr] = X[:, cr] + np.maximum(Wu, ahead) + Ru
+                    Y[:, g] = Ap
+                    Y[:, g + 1 : g + d] = X[:, g : g + d - 1]
+            else:
+                tBE = np.maximum(np.maximum(Ru + X[:, cr], X[:, cr + 1]), X[:, g + d])
+                Y[:, cr] = X[:, cr] + Ru
+                Y[:, cr + 1] = Wu + tBE
+                Y[:, g] = Ap + np.maximum(Y[:, cr + 1], X[:, g])
+                Y[:, g + 1 : g + d + 1] = X[:, g : g + d]
+                if d:  # g_{p+d} is only ever read through max(tau(BS_p), g_{p+d})
+                    Y[:, cr + 1] = np.maximum(Y[:, cr + 1], Y[:, g + d])
+                    Y[:, g + d] = Y[:, cr + 1]
             ok = np.ones(X.shape[0], dtype=bool)
             if r:
                 window = Bt + (X[:, w + d - 1] if nw else np.zeros(X.shape[0]))
@@ -265,8 +293,11 @@ def _dp(c: _Ctx, d: int, r: bool, ub: float, *, peak: bool, windows: bool):
                 Y[:, -1] = total
             if not last:  # the bound (module docstring, (3))
                 fwd = np.maximum(En + (c.cf[L] - c.cf[i + 1]), Y[:, 0] + c.ag_rest[i] + c.f_last)
-                bwd = np.maximum(np.maximum((c.cb[L] - c.cb[i + 1]) + Y[:, cr + 1], Y[:, g]),
-                                 Y[:, cr] + c.rs_rest[i] + c.b_last)  # fmt: skip
+                if c.blocking:
+                    bwd = Y[:, cr] + (c.cb[L] - c.cb[i + 1]) + c.rs_rest[i]
+                else:
+                    bwd = np.maximum(np.maximum((c.cb[L] - c.cb[i + 1]) + Y[:, cr + 1], Y[:, g]),
+                                     Y[:, cr] + c.rs_rest[i] + c.b_last)  # fmt: skip
                 ok &= fwd + bwd + u <= ub * (1 + _SLACK)
             idx = np.flatnonzero(ok)
             if idx.size:
@@ -278,13 +309,14 @@ def _dp(c: _Ctx, d: int, r: bool, ub: float, *, peak: bool, windows: bool):
             continue
         Y, P, Rw = np.concatenate(blocks), np.concatenate(ps), np.concatenate(pr)
         if last:
-            t = Y[:, d + 1] + Y[:, g] + u
+            t = Y[:, d + 1] + (Y[:, cr] if c.blocking else Y[:, g]) + u
             pk = Y[:, -1] if peak else np.zeros(t.size)
             finals = (t, pk)
             fronts.append((Y, P, Rw))
             states += Y.shape[0]
             break
-        keep = _prune(Y, slice(0, d + 2), slice(cr, w), slice(w, width))
+        tails = slice(cr, cr + 1) if c.blocking else slice(cr, w)
+        keep = _prune(Y, slice(0, d + 2), tails, slice(tails.stop, width))
         fronts.append((Y[keep], P[keep], Rw[keep]))
         states += keep.size
     if finals is None or finals[0].size == 0:
