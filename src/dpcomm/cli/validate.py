@@ -72,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is not a folder")
-    records, todo = [], []
+    records, todo, failed = [], [], []
     for c in cases:
         rec = None if args.fresh else load_record(out, c)
         if rec:
@@ -87,19 +87,25 @@ def run(args: argparse.Namespace) -> int:
         if why is not None:
             print(f"dpcomm validate: the emulated cluster is not available here: {why}", file=sys.stderr)
             return 2
-        records += _measure(console, todo, out, args.timeout)
+        records += _measure(console, todo, out, args.timeout, failed)
     order = {c.name: i for i, c in enumerate(cases)}
     records.sort(key=lambda r: order.get(r["case"]["name"], len(order)))
-    return _report(console, records, args, loadavg())
+    if not records:
+        raise UserError(f"no case finished ({', '.join(failed)} failed)")
+    code = _report(console, records, args, loadavg())
+    if failed:
+        print(f"dpcomm validate: {len(failed)} case(s) failed: {', '.join(failed)}", file=sys.stderr)
+        return 1
+    return code
 
 
-def _measure(console, todo, out: Path, timeout: float) -> list:
+def _measure(console, todo, out: Path, timeout: float, failed: list[str]) -> list:
     from rich.console import Console
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     from dpcomm.validate.run import loadavg, run_case
 
-    done = []
+    done: list = []
     cols = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*cols, console=Console(stderr=True), disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("cases", total=len(todo))
@@ -107,9 +113,11 @@ def _measure(console, todo, out: Path, timeout: float) -> list:
             bar.update(task, description=f"{c.name} ({c.topology} {c.rate}, {len(c.schedules)} schedules)")
             console.print(f"case {c.name}: {c.topology} at {c.rate}, emulated {c.trace}, "
                           f"{', '.join(c.schedules)}; load average {loadavg()}", highlight=False)  # fmt: skip
-            done.append(
-                run_case(c, out, timeout_s=timeout, log=lambda s: console.print(f"  {s}", highlight=False))
-            )
+            try:
+                done.append(run_case(c, out, timeout_s=timeout, log=lambda s: console.print(f"  {s}")))
+            except UserError as exc:  # the other cases still run; the exit status says one failed
+                print(f"dpcomm validate: {exc}", file=sys.stderr)
+                failed.append(c.name)
             bar.advance(task)
     return done
 

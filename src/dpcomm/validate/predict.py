@@ -169,9 +169,33 @@ def _ps(m: _Models, r: dict[str, Any], how: str) -> float:
 
     spec = parse_ps_schedule(r["schedule"])
     cost = PsCost(net=m.net(how), workers=r["nproc"], servers=spec.servers)
-    pulls = PullPlan(method=spec.pull, num_layers=m.trace.num_layers, batches=r["cost"]["pull_batches"])
-    push = make_plan(str(spec.push), m.trace, cost, max(2, r["nproc"]))
-    return simulate_ps(m.trace, pulls, push, cost).t_iter_s + r["update_s"]
+    trace = _scaled(m.trace, *_ps_compute(r))
+    pulls = PullPlan(method=spec.pull, num_layers=trace.num_layers, batches=r["cost"]["pull_batches"])
+    push = make_plan(str(spec.push), trace, cost, max(2, r["nproc"]))
+    return simulate_ps(trace, pulls, push, cost).t_iter_s + r["update_s"]
+
+
+def _ps_compute(r: dict[str, Any]) -> tuple[float, float]:
+    """The PS worker's own steady forward (its measured forward less the time it waited for pulls) and
+    backward (which holds its push hooks' CPU work) medians, seconds."""
+    import statistics
+
+    from dpcomm.train.report import steady
+
+    kept = steady(r.get("records") or [])
+    wait = statistics.median(x.get("pull_wait_s") or 0.0 for x in kept) if kept else 0.0
+    return r["forward_s"] - wait, r["backward_s"]
+
+
+def _scaled(trace: Any, t_f: float, t_b: float) -> Any:
+    """``trace`` with its forward and backward layer times scaled to sum to ``t_f`` and ``t_b``."""
+    from dataclasses import replace
+
+    f = sum(layer.forward_s for layer in trace.layers) or 1.0
+    b = sum(layer.backward_s for layer in trace.layers) or 1.0
+    layers = tuple(replace(layer, forward_s=layer.forward_s * t_f / f, backward_s=layer.backward_s * t_b / b)
+                   for layer in trace.layers)  # fmt: skip
+    return replace(trace, layers=layers)
 
 
 def _fsdp(m: _Models, r: dict[str, Any], how: str) -> float:
@@ -229,6 +253,7 @@ def predict_case(record: dict[str, Any]) -> list[Prediction]:
     for r in results:
         closed, why = _one(m, r, "closed")
         flow, _ = _one(m, r, "flow")
+        closed, flow = (float(x) if x is not None else None for x in (closed, flow))  # numpy's -> JSON's
         kept = (r.get("plan") or {}).get("schedule") or r["schedule"]
         if _kind(r["schedule"]) != "runtime":
             kept = r["schedule"]
