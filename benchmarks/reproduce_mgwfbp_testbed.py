@@ -1,6 +1,6 @@
 """MG-WFBP's 8-node K80 experiment (Shi & Chu, sec. V-B) redone on the emulated cluster, with predictions.
 
-    sudo .venv/bin/python benchmarks/reproduce_mgwfbp_testbed.py            # ~8 min; writes the JSON below
+    sudo .venv/bin/python benchmarks/reproduce_mgwfbp_testbed.py            # ~10 min; writes the JSON below
     .venv/bin/python benchmarks/reproduce_mgwfbp_testbed.py --report-only   # the tables from the JSON
 
 The paper: 8 servers (one K80 each) on 10 GbE, GoogLeNet b64 and ResNet-50 b32, WFBP, SyncEASGD (``single``)
