@@ -103,6 +103,7 @@ def test_measured_run_on_the_emulated_cluster(state_dir, capsys):
     for s in SCHEDULES:
         assert any(line.startswith(f"│ {s} ") for line in out.splitlines()), s
     assert "bitwise identical" in out and "geomean |error|" in out
+    assert "with backward slowed by communication" in out and "slowed ms" in out  # issue 31: both errors
     assert (out_dir / "timeline.png").stat().st_size > 0
     assert (out_dir / "simulated.png").stat().st_size > 0
     assert {p.name for p in out_dir.glob("trace.*.json")} == {f"trace.{s}.json" for s in SCHEDULES}

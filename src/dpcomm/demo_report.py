@@ -10,7 +10,8 @@ from typing import Any
 __all__ = ["pooled_cost", "report"]
 
 TOPOLOGY = "star:4"
-_COLUMNS = ("schedule", "what", "groups", "t_iter ms", "vs DDP", "exposed comm ms", "predicted ms", "error")
+_COLUMNS = ("schedule", "what", "groups", "t_iter ms", "vs DDP", "exposed comm ms", "predicted ms", "error",
+            "slowed ms", "error")  # fmt: skip
 _WHAT = {
     "ddp": "PyTorch DDP, default buckets",
     "wfbp": "one all-reduce per layer",
@@ -44,38 +45,44 @@ def pooled_cost(results: list[Any]) -> Any:
     return LinearCost(*fit.coef)
 
 
-def _predictions(results: list[Any], cost: Any) -> dict[str, Any]:
+def _predictions(results: list[Any], cost: Any, slowdown: Any = None) -> dict[str, Any]:
     """The simulator's result per schedule (MG-WFBP Eq. 6-8, :func:`dpcomm.sim.simulate`): the plan each
     dpcomm schedule ran, on the layer times it profiled, with the run's :func:`pooled_cost`; DDP's default
-    buckets as a plan on the layer times ``optimal`` profiled (DDP's own layers are not timed)."""
+    buckets as a plan on the layer times ``optimal`` profiled (DDP's own layers are not timed). With a
+    ``slowdown`` (:mod:`dpcomm.sim.slowdown`), each trace slowed by its plan's messages first."""
     from dpcomm.demo_sim import ddp_plan
     from dpcomm.plan import Plan
     from dpcomm.sim import simulate
+    from dpcomm.sim.slowdown import slowed_trace
     from dpcomm.trace.format import trace_from_dict
+
+    def run(trace: Any, plan: Any, r: Any) -> Any:
+        trace = slowed_trace(trace, plan, slowdown) if slowdown is not None else trace
+        return simulate(trace, plan, cost, r.nproc, update_s=r.update_s)
 
     sims: dict[str, Any] = {}
     if cost is None:
         return sims
     for r in results:
         if r.trace and r.plan:
-            trace = trace_from_dict(r.trace)
-            sims[r.schedule] = simulate(trace, Plan.from_dict(r.plan), cost, r.nproc, update_s=r.update_s)
+            sims[r.schedule] = run(trace_from_dict(r.trace), Plan.from_dict(r.plan), r)
     ref = next((r for r in results if r.schedule == "optimal" and r.trace), None)
     ref = ref or next((r for r in results if r.trace), None)
     ddp = next((r for r in results if r.schedule == "ddp"), None)
     if ref is not None and ddp is not None:
         trace = trace_from_dict(ref.trace)
-        plan = ddp_plan(trace, cost, ddp.nproc)
-        sims["ddp"] = simulate(trace, plan, cost, ddp.nproc, update_s=ddp.update_s)
+        sims["ddp"] = run(trace, ddp_plan(trace, cost, ddp.nproc), ddp)
     return sims
 
 
-def _row(r: Any, sim: Any, ddp: Any) -> list[str]:
-    """One table row: schedule, what, groups, measured, vs DDP, exposed, predicted, error."""
+def _row(r: Any, sim: Any, ddp: Any, slowed: Any = None) -> list[str]:
+    """One table row: schedule, what, groups, measured, vs DDP, exposed, predicted, error, and predicted
+    with the fitted slowdown, error."""
     kept = (r.plan or {}).get("schedule") or r.schedule
     what = _WHAT.get(r.schedule, r.schedule) + (f" (kept {kept})" if kept != r.schedule else "")
     groups = len(sim.comm) if sim is not None else len((r.plan or {}).get("groups") or [])
     err = (sim.t_iter_s - r.t_iter_s) / r.t_iter_s if sim is not None else None
+    serr = (slowed.t_iter_s - r.t_iter_s) / r.t_iter_s if slowed is not None else None
     return [
         r.schedule,
         what,
@@ -85,6 +92,8 @@ def _row(r: Any, sim: Any, ddp: Any) -> list[str]:
         f"{r.exposed_comm_s * 1e3:.1f}",
         f"{sim.t_iter_s * 1e3:.1f}" if sim is not None else "-",
         f"{err:+.1%}" if err is not None else "-",
+        f"{slowed.t_iter_s * 1e3:.1f}" if slowed is not None else "-",
+        f"{serr:+.1%}" if serr is not None else "-",
     ]
 
 
@@ -116,21 +125,34 @@ def _startup_note(results: list[Any], sim: Any, cost: Any) -> str:
     )
 
 
+def _errors(results: list[Any], sims: dict[str, Any]) -> dict[str, float]:
+    """Relative error of each predicted schedule against its measured ``t_iter``."""
+    pairs = [(r, sims[r.schedule]) for r in results if r.schedule in sims]
+    return {r.schedule: (s.t_iter_s - r.t_iter_s) / r.t_iter_s for r, s in pairs}
+
+
+def _geomean(errors: dict[str, float]) -> float:
+    return math.exp(sum(math.log(max(abs(e), 1e-6)) for e in errors.values()) / len(errors))
+
+
 def report(console: Any, results: list[Any], out: Path, rate: str) -> None:
     """The table, the summary lines and the timelines of one measured run."""
     from rich.table import Table
 
     from dpcomm.runtime.timeline import plot_measured_timeline
+    from dpcomm.sim.slowdown import fit_from_results
     from dpcomm.sim.timeline import plot_timeline
 
     cost = pooled_cost(results)
     sims = _predictions(results, cost)
+    slowdown = fit_from_results(results)
+    slowed = _predictions(results, cost, slowdown) if slowdown is not None else {}
     ddp = next((r for r in results if r.schedule == "ddp"), None)
     table = Table(title=f"{TOPOLOGY} at {rate}, emulated ResNet-20 (batch 32 per worker), one run")
     for col in _COLUMNS:
         table.add_column(col, justify="left" if col in ("schedule", "what") else "right")
     for r in results:
-        table.add_row(*_row(r, sims.get(r.schedule), ddp))
+        table.add_row(*_row(r, sims.get(r.schedule), ddp, slowed.get(r.schedule)))
     console.print(table)
     if ddp is not None:
         best = min((r for r in results if r.schedule != "ddp"), key=lambda r: r.t_iter_s)
@@ -141,17 +163,20 @@ def report(console: Any, results: list[Any], out: Path, rate: str) -> None:
             + ("schedule ended bitwise identical." if agree else "schedule did NOT agree."),
             highlight=False,
         )
-    errors = {
-        r.schedule: (s.t_iter_s - r.t_iter_s) / r.t_iter_s for r in results if (s := sims.get(r.schedule))
-    }
+    errors = _errors(results, sims)
     if errors:
-        geo = math.exp(sum(math.log(max(abs(e), 1e-6)) for e in errors.values()) / len(errors))
-        worst = max(errors, key=lambda s: abs(errors[s]))
-        console.print(
-            f"Simulator against measurement: geomean |error| {geo:.1%}, "
-            f"worst {errors[worst]:+.1%} ({worst}).",
-            highlight=False,
-        )
+        geo, worst = _geomean(errors), max(errors, key=lambda s: abs(errors[s]))
+        line = f"Simulator against measurement: geomean |error| {geo:.1%}, worst {errors[worst]:+.1%}"
+        line += f" ({worst})"
+        if slowed:
+            e2 = _errors(results, slowed)
+            w2 = max(e2, key=lambda s: abs(e2[s]))
+            line += (
+                f"; with backward slowed by communication, fitted from this run's backward times "
+                f"({slowdown.per_msg_s * 1e3:.2f} ms per all-reduce + {slowdown.per_byte_s * 1e9:.2f} ns "
+                f"per byte, {slowdown.runs} runs): {_geomean(e2):.1%}, worst {e2[w2]:+.1%} ({w2})"
+            )
+        console.print(line + ".", highlight=False)
         if worst in sims and abs(errors[worst]) > 0.05 and len(sims[worst].comm) > 10:
             console.print(_startup_note(results, sims[worst], cost), highlight=False)
     why = _why(results, sims, cost)
