@@ -15,6 +15,12 @@ median optimizer time. They differ only in what a message costs:
     ACKs (no fitted bandwidth): ``T(M) = a + t_flow(M)``; FSDP's all-gather and reduce-scatter are each
     half a ring all-reduce's flows, the parameter server's ``beta`` its push-and-pull flows' time per byte.
 
+Compute is the run's own, measured in its steady iterations: each trace's layer times are scaled so that
+their sums are the schedule's median forward and backward (:func:`dpcomm.train.report.predict` with
+``steady_compute=True``; the profiled iterations ran earlier, often under another load), the parameter
+server's forward less its waits for pulls, and FSDP, whose forward and backward hold its collectives, the
+median of the case's other schedules. What is left is the communication model's and the overlap's.
+
 Iteration models: MG-WFBP Eq. 6-8 (:func:`dpcomm.sim.simulate`) for the runtime, DDP and ``lp-alg3`` (its
 fork-join: every group after backward, one after another); the iBatch model (:func:`dpcomm.sim.ps.
 simulate_ps`, co-located) plus the server's measured update for the parameter server; the FSDP planner's
@@ -154,6 +160,8 @@ class _Models:
 def _runtime(m: _Models, r: dict[str, Any], cost: Any, trace: Any, plan: Any) -> float:
     from dpcomm.sim import simulate
 
+    trace = _scaled(trace, r["forward_s"], r["backward_s"])  # the run's steady compute (module docstring)
+
     if m.case["mode"] == "lp-alg3":  # fork-join: every group after backward, one after another
         t_c = sum(cost(sum(trace.layers[l].params for l in g) * trace.dtype_bytes) for g in plan.groups)
         t_fb = sum(layer.forward_s + layer.backward_s for layer in trace.layers)
@@ -199,10 +207,17 @@ def _scaled(trace: Any, t_f: float, t_b: float) -> Any:
 
 
 def _fsdp(m: _Models, r: dict[str, Any], how: str) -> float:
+    import statistics
+
     from dpcomm.planner.fsdp_model import FsdpPlan, fsdp_time
     from dpcomm.trace.format import trace_from_dict
 
+    # FSDP's forward and backward hold its collectives: the case's compute is the other schedules'
+    others = [x for x in m.results if _kind(x["schedule"]) in ("runtime", "ddp")]
     trace = trace_from_dict(r["trace"])
+    if others:
+        t_f = statistics.median(x["forward_s"] for x in others)
+        trace = _scaled(trace, t_f, statistics.median(x["backward_s"] for x in others))
     plan = FsdpPlan.from_dict(r["plan"])
     (aa, ab), (ra, rb) = r["cost"]["all_gather"], r["cost"]["reduce_scatter"]
     if how == "closed":
