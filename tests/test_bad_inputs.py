@@ -137,6 +137,8 @@ CASES = [
     # servers of several GPUs (docs/netsim.md "Servers with several accelerators")
     (["netsim", "--topology", "gpus:2,8,nics=3"], "nics=3 must divide the 8 GPUs"),
     (["netsim", "--topology", "gpus:2,8,nvlink=fast"], "nvlink=fast is not a rate"),
+    (["netsim", "--topology", "gpus:2,8,intra_eff=2"], "intra_eff=2 must be in (0, 1]"),
+    (["netsim", "--topology", "dgx-h100:2,nic_eff=1/0"], "nic_eff=1/0 is not a fraction"),
     (["netsim", "--topology", "dgx-h100:4096"], "has 32,768 servers, more than the 16,384"),
     (["netsim", "--topology", "star:4", "--algorithms", "nccl-tree"], "runs on servers of several GPUs"),
     ([*_SIM, "--algo", "nccl-ring"], "give --topology"),

@@ -14,6 +14,10 @@ lays them out:
 * **NICs**: ``nics=N`` per server (``N`` divides ``G``; default ``G``), each of ``nic=RATE`` each way
   (default: the fabric's ``--rate``); NIC ``n`` serves GPUs ``n G/N .. (n+1) G/N - 1`` (they share its PCIe
   switch, as in DGX servers);
+* **efficiencies**: ``intra_eff=F`` and ``nic_eff=F`` (default 1; a number in (0, 1] or a ratio such as
+  ``370/450``): the fraction of the line rate that NCCL's Simple protocol moves over the intra-server
+  fabric and over each NIC. The flow model's links carry ``RATE x F``; the rates above stay the line
+  (datasheet) rates, so both are visible. Presets set them from the published achievable rates;
 * **network**: ``net=rail`` (default): rail-optimised, NIC ``n`` of every server on rail switch ``n``
   (non-blocking); a transfer to another server leaves through the NIC on the *destination* GPU's rail,
   reaching it over the intra-server fabric first when that is not the sender's own NIC (NCCL's PXN,
@@ -58,6 +62,11 @@ class MultiGPU:
     """Each NIC's rate each way, bits/s; None: the fabric's rate (``--rate``)."""
     net: str = "rail"
     """``"rail"`` (rail-optimised, PXN routing) or ``"star"`` (one switch, the sender's own NIC)."""
+    intra_eff: float = 1.0
+    """Fraction of ``intra_bps`` that NCCL moves (its Simple protocol's overhead); the links carry the
+    product."""
+    nic_eff: float = 1.0
+    """Fraction of a NIC's line rate that NCCL moves; the links carry the product."""
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus < 1:
@@ -69,6 +78,9 @@ class MultiGPU:
         n = self.nic_count
         if not 1 <= n <= self.gpus or self.gpus % n:
             raise ValueError(f"nics={n} must divide the {self.gpus} GPUs of a server")
+        for what, eff in (("intra_eff", self.intra_eff), ("nic_eff", self.nic_eff)):
+            if not 0 < eff <= 1:
+                raise ValueError(f"{what}={eff:g} must be in (0, 1] (a fraction of the line rate)")
         for what, bps in (("intra-server rate", self.intra_bps), ("NIC rate", self.nic_bps)):
             if bps is not None and not 8e3 <= bps <= 1e15:
                 raise ValueError(f"{what} {bps:g} bit/s is outside 8kbit..1000tbit")
@@ -86,9 +98,11 @@ class MultiGPU:
     def spec(self) -> str:
         """The canonical ``gpus:`` spec (presets are spelled out)."""
         nic = f",nic={self.nic_bps / 1e9:g}gbit" if self.nic_bps is not None else ""
+        ie = f",intra_eff={self.intra_eff!r}" if self.intra_eff != 1 else ""
+        ne = f",nic_eff={self.nic_eff!r}" if self.nic_eff != 1 else ""
         return (
-            f"gpus:{self.hosts},{self.gpus},{self.intra}={_fmt(self.intra_bps)},"
-            f"nics={self.nic_count}{nic},net={self.net}"
+            f"gpus:{self.hosts},{self.gpus},{self.intra}={_fmt(self.intra_bps)}{ie},"
+            f"nics={self.nic_count}{nic}{ne},net={self.net}"
         )
 
     def host_of(self, rank: int) -> int:
@@ -118,12 +132,37 @@ PRESETS: dict[str, dict[str, object]] = {
     # one per GPU (NVIDIA DGX H100 User Guide, "Hardware Overview": "8x ... ConnectX-7 ... up to 400Gb/s
     # InfiniBand"), rail-optimised as in the DGX SuperPOD H100 reference architecture ("rail-optimized
     # ... each of the eight HCAs in a DGX connects to a different leaf switch").
-    "dgx-h100": {"gpus": 8, "intra": "nvlink", "intra_bps": 450 * _GB, "nics": 8, "nic_bps": 400e9},
+    # Achievable: NVLink 370 of 450 GB/s ("450GB/s is the line rate. With the protocol overhead (~20%)
+    # NCCL can get an effective NVLink bandwidth of 370GB/s ... when running with NCCL_ALGO=RING", NCCL
+    # maintainer sjeaugey, github.com/NVIDIA/nccl-tests/issues/212); NIC 48 of 50 GB/s ("around 48GB/s
+    # from each CX7 NIC at 400Gbps", AddyLaddy, github.com/NVIDIA/nccl-tests/issues/319; "46-48GB/s per
+    # NIC" for NDR, github.com/NVIDIA/nccl-tests/issues/290).
+    "dgx-h100": {
+        "gpus": 8,
+        "intra": "nvlink",
+        "intra_bps": 450 * _GB,
+        "intra_eff": 370 / 450,
+        "nics": 8,
+        "nic_bps": 400e9,
+        "nic_eff": 48 / 50,
+    },
     # DGX A100: 8 A100 SXM4; NVLink3 "600 GB/s" bidirectional per GPU = 12 links x 25 GB/s each way
     # (NVIDIA A100 Tensor Core GPU datasheet and architecture whitepaper); 8 ConnectX-6 200 Gb/s HDR
     # InfiniBand compute NICs (NVIDIA DGX A100 datasheet: "8x Single-Port Mellanox ConnectX-6 VPI
     # 200Gb/s HDR InfiniBand"), rail-optimised (DGX SuperPOD A100 reference architecture).
-    "dgx-a100": {"gpus": 8, "intra": "nvlink", "intra_bps": 300 * _GB, "nics": 8, "nic_bps": 200e9},
+    # Achievable: NVLink 230 of 300 GB/s ("The total effective bandwidth should therefore be 240GB/s on
+    # A100, but some other bottlenecks on the GPUs limits it to ~230GB/s", sjeaugey,
+    # github.com/NVIDIA/nccl-tests/issues/149); NIC 24 of 25 GB/s ("we usually consider 24GB/s is the
+    # peak performance per 200G NIC", sjeaugey, github.com/NVIDIA/nccl-tests/issues/119).
+    "dgx-a100": {
+        "gpus": 8,
+        "intra": "nvlink",
+        "intra_bps": 300 * _GB,
+        "intra_eff": 230 / 300,
+        "nics": 8,
+        "nic_bps": 200e9,
+        "nic_eff": 24 / 25,
+    },
 }
 PRESETS["hgx-h100"] = PRESETS["dgx-h100"]  # the HGX board is the DGX's GPU tray: same GPUs and NVSwitch
 PRESETS["hgx-a100"] = PRESETS["dgx-a100"]
@@ -132,7 +171,12 @@ _HEAD = re.compile(r"^\s*([a-z0-9-]+)\s*:\s*(.*)$")
 _INT = re.compile(r"^\s*(\d{1,9})\s*$")
 _RATE = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)\s*(GB/s|tbit|gbit|mbit|kbit)\s*$")
 _BITS = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
-_FORM = "gpus:S,G[,nvlink=RATE|pcie=RATE][,nics=N][,nic=RATE][,net=rail|star] or dgx-h100:S / dgx-a100:S"
+_EFF = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,17})?)\s*(?:/\s*(\d{1,9}(?:\.\d{1,17})?)\s*)?$")
+_KEYS = "keys: nvlink, pcie, intra_eff, nics, nic, nic_eff, net"
+_FORM = (
+    "gpus:S,G[,nvlink=RATE|pcie=RATE][,intra_eff=F][,nics=N][,nic=RATE][,nic_eff=F][,net=rail|star]"
+    " or dgx-h100:S / dgx-a100:S"
+)
 
 
 def is_multigpu_spec(spec: str) -> bool:
@@ -147,6 +191,14 @@ def _rate(key: str, text: str, shown: str) -> float:
         raise UserError(f"bad topology '{shown}': {key}={text} is not a rate (e.g. 450GB/s or 400gbit)")
     value = float(m.group(1))
     return value * _GB if m.group(2) == "GB/s" else value * _BITS[m.group(2)]
+
+
+def _eff(key: str, text: str, shown: str) -> float:
+    m = _EFF.match(text)
+    den = float(m.group(2)) if m and m.group(2) else 1.0
+    if not m or den == 0:
+        raise UserError(f"bad topology '{shown}': {key}={text} is not a fraction (e.g. 0.8 or 370/450)")
+    return float(m.group(1)) / den
 
 
 def parse_multigpu(spec: str) -> MultiGPU:
@@ -169,9 +221,7 @@ def parse_multigpu(spec: str) -> MultiGPU:
     for item in parts[counts:]:
         key, eq, value = (x.strip() for x in item.partition("="))
         if not eq or not value:
-            raise UserError(
-                f"bad topology '{shown}': '{item}' is not key=value (keys: nvlink, pcie, nics, nic, net)"
-            )
+            raise UserError(f"bad topology '{shown}': '{item}' is not key=value ({_KEYS})")
         if key in seen or (key in ("nvlink", "pcie") and seen & {"nvlink", "pcie"}):
             raise UserError(f"bad topology '{shown}': {key} given twice (or both nvlink and pcie)")
         seen.add(key)
@@ -179,6 +229,8 @@ def parse_multigpu(spec: str) -> MultiGPU:
             fields["intra"], fields["intra_bps"] = key, _rate(key, value, shown)
         elif key == "nic":
             fields["nic_bps"] = _rate(key, value, shown)
+        elif key in ("intra_eff", "nic_eff"):
+            fields[key] = _eff(key, value, shown)
         elif key == "nics":
             if not _INT.match(value):
                 raise UserError(f"bad topology '{shown}': nics={value} is not a whole number")
@@ -186,9 +238,7 @@ def parse_multigpu(spec: str) -> MultiGPU:
         elif key == "net":
             fields["net"] = value
         else:
-            raise UserError(
-                f"bad topology '{shown}': unknown key '{key}' (keys: nvlink, pcie, nics, nic, net)"
-            )
+            raise UserError(f"bad topology '{shown}': unknown key '{key}' ({_KEYS})")
     from dpcomm.topology import check_servers  # the package imports this module
 
     check_servers(int(fields["hosts"]) * int(fields.get("gpus", 1)), shown.strip())

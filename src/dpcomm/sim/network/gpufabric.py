@@ -3,6 +3,9 @@
 Endpoints are GPUs (rank ``r`` = GPU ``r mod G`` of server ``r div G``). Cables, in this order (cable
 ``c`` gives directed links ``2c`` and ``2c + 1``, as in :mod:`.fabric`):
 
+Every capacity is the line rate times its efficiency (``intra_eff``, ``nic_eff``: the fraction of the line
+rate NCCL's protocol moves, 1 unless the spec or preset gives one).
+
 * NVLink (``nvlink=RATE``): cable ``h G + g`` is GPU ``g`` of server ``h`` to its NVSwitch; link ``2c``
   the GPU's send direction, ``2c + 1`` its receive direction, each ``RATE``. A transfer inside a server
   crosses the sender's send link and the receiver's receive link (the switch itself is non-blocking).
@@ -17,7 +20,8 @@ own (``gd div k``); with ``net=rail`` the sending NIC is on the same rail (PXN: 
 own NIC, the data first crosses NVLink to the GPU beside that NIC: sender's send link, that GPU's
 receive link), with ``net=star`` it is the sender's own. With PCIe the bus is crossed on both ends.
 Routes have at most 4 links. No TCP: InfiniBand and NVLink carry no TCP/IP headers, so a multi-GPU
-fabric prices payload at the line rate (``Goodput(mtu=0)``, :func:`.fabric.make_fabric`).
+fabric adds no header overhead (``Goodput(mtu=0)``, :func:`.fabric.make_fabric`); its links carry the line
+rate times the efficiency.
 """
 
 from __future__ import annotations
@@ -34,8 +38,9 @@ def build_multigpu(t: MultiGPU, nic_Bps: float) -> tuple:
     ``nic_Bps``: a NIC's bytes/s each way when the spec gives no ``nic=``."""
     g, hosts, nics = t.gpus, t.hosts, t.nic_count
     per = g // nics  # GPUs per NIC
-    nic_c = t.nic_bps / 8 if t.nic_bps is not None else nic_Bps
-    intra_c = t.intra_bps / 8
+    # links carry the achievable rate: the line rate times NCCL's efficiency on it (1 unless given)
+    nic_c = (t.nic_bps / 8 if t.nic_bps is not None else nic_Bps) * t.nic_eff
+    intra_c = t.intra_bps / 8 * t.intra_eff
     nvlink = t.intra == "nvlink"
     base = hosts * g if nvlink else hosts  # first NIC cable
     if nvlink:

@@ -21,16 +21,17 @@ Bytes per GPU on the wire: ``2 (P-1)/P S`` (over NVLink or, for the ``C`` exit G
 NIC, ``2 (P-1)/P S / C`` per channel it serves. Time, with ``C`` a multiple of ``N_nic``:
     ``T = 2 (P-1) (alpha + S / P * max(1 / B_in, 1 / (N_nic B_nic)))``
 (per step a GPU's NVLink carries one chunk per channel, ``S/P``; a NIC ``C / N_nic`` chunks,
-``S / (P N_nic)``), so busbw ``= 2 (P-1)/P S / T -> min(B_in, N_nic B_nic)``: 400 GB/s on DGX H100 (8 x
-50 GB/s NICs), 450 GB/s on one server (NVLink).
+``S / (P N_nic)``), so busbw ``= 2 (P-1)/P S / T -> min(B_in, N_nic B_nic)``: on the ``dgx-h100`` preset,
+whose rates are NCCL's achievable ones, 370 GB/s (NVLink's 370 of 450 GB/s; the 8 NICs give 8 x 48).
 
 Source: NCCL's ring all-reduce (S. Jeaugey, "Massively Scale Your Deep Learning Training with NCCL 2.4",
 NVIDIA blog 2019; nccl-tests ``doc/PERFORMANCE.md`` for busbw); rings across servers as NCCL's topology
 search builds them (``src/graph/search.cc``: one NIC in and out per channel). Simplifications: the
 chunks of a step move as max-min fair flows and the next step starts when the last has arrived (NCCL
 pipelines each channel's chunks in ``NCCL_STEPS`` slots, so neighbours run up to a few slots apart); no
-LL/LL128 protocols, no per-chunk protocol overhead (sjeaugey, NVIDIA/nccl-tests#212: NCCL reaches about
-370 GB/s of the 450 GB/s NVLink4 line rate), no NVLink SHARP (NVLS) or CollNet.
+LL/LL128 protocols and no per-chunk protocol overhead beyond the topology's efficiency (``intra_eff``,
+``nic_eff``: sjeaugey, NVIDIA/nccl-tests#212, NCCL reaches about 370 GB/s of the 450 GB/s NVLink4 line
+rate), no NVLink SHARP (NVLS) or CollNet.
 """
 
 from __future__ import annotations
