@@ -136,4 +136,4 @@ def test_a_tiny_case_end_to_end(tmp_path, monkeypatch, capsys):
     assert (tmp_path / "r.png").stat().st_size > 0 and (tmp_path / "out" / "tiny.json").exists()
     assert "removed" in capsys.readouterr().out
     assert cli(args) == 0  # resumed from out/tiny.json: nothing measured again
-    assert "testbed" not in capsys.readouterr().out
+    assert "testbed '" not in capsys.readouterr().out
