@@ -11,7 +11,7 @@ from typing import Any
 
 from dpcomm.validate.predict import Prediction, predict_case
 
-__all__ = ["HOW", "build_report", "geomean_abs", "plot", "summarize", "table"]
+__all__ = ["HOW", "build_report", "geomean_abs", "markdown", "plot", "summarize", "summary_lines", "table"]
 
 HOW = ("closed", "flow")
 """The two predictions: the closed form with fitted costs, and the flow model on the testbed's links."""
@@ -154,3 +154,27 @@ def plot(report: dict[str, Any], path: str) -> str:
     plt.close(fig)
     atomic_write_bytes(path, buf.getvalue())
     return path
+
+
+def markdown(report: dict[str, Any]) -> str:
+    """The table as Markdown (docs/validate.md), one row per (case, schedule), then the summary lines."""
+    cases = {c["name"]: c for c in report["cases"]}
+    head = "| case | setting | load | schedule | kept | measured ms | closed ms | error | flow ms | error |"
+    lines = [head, "|" + " --- |" * 10]
+    last = None
+    for r in report["rows"]:
+        c = cases.get(r["case"], {})
+        extra = [x for x in (c.get("collective"), c.get("mode")) if x not in (None, "native", "overlap")]
+        setting = f"`{c.get('topology')}` {c.get('rate')} {c.get('trace', '').split('-cpu')[0]}"
+        setting += "".join(f" {x}" for x in extra)
+        first, last = r["case"] != last, r["case"]
+        load = (c.get("loadavg_before") or "").split(" ")[0]
+        err = [f"{e:+.1%}" if e is not None else "-" for e in (r["err_closed"], r["err_flow"])]
+        err = [f"**{e}**" if e != "-" and abs(float(e.rstrip("%"))) > 10 else e for e in err]
+        lines.append(
+            f"| {r['case'] if first else ''} | {setting if first else ''} | {load if first else ''} | "
+            f"`{r['schedule']}` | {r['kept'] if r['kept'] != r['schedule'] else ''} | "
+            f"{_ms(r['measured_s'])} | "
+            f"{_ms(r['closed_s'])} | {err[0]} | {_ms(r['flow_s'])} | {err[1]} |"
+        )
+    return "\n".join(lines + [""] + [f"- {s}" for s in summary_lines(report)]) + "\n"
