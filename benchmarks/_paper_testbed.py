@@ -67,9 +67,9 @@ def run_launches(
     out: Path,
     timeout_s: float,
 ) -> list[dict[str, Any]]:
-    """Build the testbed ``name``, run each launch (``{"key", "trace", "schedules", "iters"}``: the node program
-    on every server with the trace file), take the testbed down (also on SIGTERM or an error). Returns per
-    launch the results (TrainResult dicts) with the load average and CPU share around it."""
+    """Build the testbed ``name``, run each launch (``{"key", "trace", "schedules", "iters"}``: the node
+    program on every server with the trace file), take the testbed down (also on SIGTERM or an error).
+    Returns per launch the results (TrainResult dicts) with the load average and CPU share around it."""
     from dpcomm.demo_node import ENV_TRACE
     from dpcomm.testbed import TestbedConfig, down, launch_workers, parse_rate, up
 

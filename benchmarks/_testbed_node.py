@@ -1,8 +1,8 @@
 """One emulated server's process for the paper reproductions on the testbed: every schedule side by side.
 
-``benchmarks/reproduce_mgwfbp_testbed.py`` and ``benchmarks/reproduce_lp_table2.py`` start this script once per
-server through :func:`dpcomm.testbed.launch_workers` (which appends ``--nnodes N --node-rank i --master-addr
-A --master-port P``). It trains the model emulated from the trace file ``$DPCOMM_DEMO_TRACE``
+``benchmarks/reproduce_mgwfbp_testbed.py`` and ``benchmarks/reproduce_lp_table2.py`` start this script once
+per server through :func:`dpcomm.testbed.launch_workers` (which appends ``--nnodes N --node-rank i
+--master-addr A --master-port P``). It trains the model emulated from the trace file ``$DPCOMM_DEMO_TRACE``
 (:func:`dpcomm.demo_node.register_emulated`: the trace's layers and sizes, compute that sleeps its times) with
 :func:`dpcomm.train.compare_schedules`: one replica per schedule, interleaved iteration by iteration on the
 same batches, so every schedule meets the same machine load. Node 0 writes every
@@ -11,8 +11,8 @@ same batches, so every schedule meets the same machine load. Node 0 writes every
 Besides the planner names (``wfbp``, ``single``, ``mgwfbp``, ``optimal``) and ``ddp``, it takes
 ``bsp:MODE:COLLECTIVE:PLANNER`` (e.g. ``bsp:lp-alg2:mst:single``): dpcomm's runtime replica with its own mode
 and collective, so the LP paper's BSP algorithms under every collective run in one launch (``dpcomm train``
-gives one ``--mode`` and ``--collective`` to every schedule of a run). The kind is registered at import, so the
-spawned training workers, which import this script as their main module, know it too.
+gives one ``--mode`` and ``--collective`` to every schedule of a run). The kind is registered at import, so
+the spawned training workers, which import this script as their main module, know it too.
 """
 
 from __future__ import annotations
