@@ -82,6 +82,9 @@ def run(args: argparse.Namespace) -> int:
     if args.no_run:
         if not records:
             raise UserError(f"--no-run: {out} holds none of the cases asked for")
+        missing = [c.name for c in cases if not any(r["case"]["name"] == c.name for r in records)]
+        if missing:
+            console.print(f"Not measured in {out} (left out): {', '.join(missing)}", highlight=False)
     elif todo:
         why = cluster_unavailable()
         if why is not None:
