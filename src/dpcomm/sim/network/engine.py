@@ -7,17 +7,29 @@ each completion the rates of the remaining flows are recomputed; the step ends w
 Completions within a relative ``0.1%`` of the next one are taken together (a ring chunk one element longer
 than its neighbour's must not cost a second rate computation; the error is below 0.1% of a step).
 
-Speed and memory (4,096 servers: every algorithm in seconds, well under 2 GB):
+Speed and memory (4,096 servers: every algorithm in a few seconds, under 2 GB):
 
 * Caches keyed by a digest of the arrays (BLAKE2b, 20 bytes), not by their bytes: the rates of a set of
   flows by its ``(src, dst)``, a whole step's time by ``(src, dst, bytes, lane)``. A ring's ``2(P-1)``
-  steps, all alike, cost one rate computation, and a step is routed only when its signature is new. The
-  rate cache holds at most :data:`_CACHE_FLOWS` flows' rates, the step cache :data:`_CACHE_MAX` entries.
-* Routes of the ``(src, dst)`` pairs already seen are kept in a table (at most :data:`_TABLE_MAX` pairs), so
-  LP's thousands of pipeline stages, which reuse the chain's ``2(P-1)`` pairs, are routed once.
-* Max-min filling works on flat ``(flow, link, weight)`` entries (:func:`.maxmin.fill`); a step of more
-  than :data:`_CHUNK_ENTRIES` entries (a parameter server's 16.8 M flows at 4,096 servers) is filled chunk
-  by chunk, its routes recomputed per chunk, never held whole (:func:`.maxmin.fill_chunked`).
+  steps, all alike, cost one rate computation. The rate cache holds at most :data:`_CACHE_FLOWS` flows'
+  rates, the step cache :data:`_CACHE_MAX` entries.
+* Steps are priced many at once (:meth:`FlowModel.step_times`): up to :data:`_BATCH_FLOWS` flows of
+  distinct steps are filled together as independent problems (:func:`.maxmin.fill_many`: each its own
+  rounds, so each step's rates are those of filling it alone, bit for bit), and their completions advance
+  together, so LP's ~11,000 pipeline stages cost a few dozen numpy passes, not ~22,000 separate solves.
+* After a completion the remaining flows keep their rates, without a new filling, where that is exact:
+  when every one of them still has a bottleneck, a link that froze it and that no departed flow crossed
+  (that link's flows and load are unchanged, so it is still full and the flow's rate still its highest;
+  a rate vector in which every flow has such a link is the max-min fair one, Bertsekas & Gallager sec.
+  6.5.2). A step where some flow lost all its bottlenecks is filled again. The two agree to the filling's
+  own tie tolerance (1e-9), which ``tests/test_netsim.py`` checks against filling after every completion.
+* Routes of the ``(src, dst)`` pairs already seen are kept as a table of their links (at most
+  :data:`_TABLE_MAX` pairs, found through a dense ``src * P + dst`` index where ``P^2`` is small), so
+  LP's stages, which reuse the chain's ``2(P-1)`` pairs, are routed once.
+* A step of more than :data:`_CHUNK_ENTRIES` entries (a parameter server's 16.8 M flows at 4,096 servers)
+  is filled on its forward links only, in chunks, held as 16-bit link ids where they fit in
+  :data:`_HOLD_BYTES` (else recomputed per round): a flow's ACK links are its forward links ``^ 1``, so a
+  link's load is ``fwd x count(l) + ack x count(l ^ 1)``.
 """
 
 from __future__ import annotations
@@ -30,15 +42,19 @@ import numpy as np
 
 from dpcomm.collectives.schedule import Step
 from dpcomm.sim.network.fabric import Fabric
-from dpcomm.sim.network.maxmin import fill, fill_chunked
+from dpcomm.sim.network.maxmin import _TIE, fill, fill_many
 
 __all__ = ["FlowModel", "FlowRun"]
 
 _TOGETHER = 1e-3  # completions within 0.1% of the next one end together
 _CACHE_MAX = 4096  # step-time entries before that cache is emptied
 _CACHE_FLOWS = 1 << 25  # flows whose rates the rate cache holds (8 bytes each: 256 MiB) before it is emptied
-_TABLE_MAX = 1 << 19  # routed (src, dst) pairs kept (int32 rows of 2 x hops: at most 48 MiB for BCube(2,12))
+_TABLE_MAX = 1 << 19  # routed (src, dst) pairs kept (int32 links, at most 12 a pair: <= 50 MiB with weights)
+_DENSE_MAX = 1 << 25  # a dense src * P + dst -> table row index where P^2 <= this (int32: <= 128 MiB)
 _CHUNK_ENTRIES = 1 << 22  # (flow, link) entries per chunk of a step too large to fill at once
+_BATCH_FLOWS = 1 << 17  # flows of the steps priced together (a few hundred bytes each while they are)
+_BATCH_LINKS = 1 << 23  # steps x links of a batch (the dense index that numbers each step's links)
+_HOLD_BYTES = 1 << 29  # a large step's forward links kept between rounds up to this size (512 MiB)
 
 
 def _hasher(*arrays: np.ndarray):
@@ -52,6 +68,12 @@ def _hasher(*arrays: np.ndarray):
     return h
 
 
+def _segments(owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Starts and lengths of the runs of equal values in a sorted ``owner``."""
+    starts = np.flatnonzero(np.diff(owner, prepend=-1))
+    return starts, np.diff(np.append(starts, len(owner)))
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FlowRun:
     """The priced schedule: total time, each step's duration, and the bytes each link carried."""
@@ -62,6 +84,18 @@ class FlowRun:
     labels: tuple[str, ...]
     link_bytes: np.ndarray | None
     """Payload bytes per directed link over the whole schedule (None unless asked for)."""
+
+
+@dataclass(slots=True)
+class _Flows:
+    """Flows of one or more steps, concatenated: ``starts[i]`` is where step ``i``'s begin."""
+
+    src: np.ndarray
+    dst: np.ndarray
+    pair: np.ndarray
+    left: np.ndarray
+    """Payload bytes still to send (float)."""
+    starts: np.ndarray
 
 
 class FlowModel:
@@ -78,10 +112,9 @@ class FlowModel:
         self._rates_cache: dict[bytes, np.ndarray] = {}
         self._rate_flows = 0
         self._steps: dict[bytes, float] = {}
-        self._pair_key = np.zeros(0, dtype=np.int64)  # sorted src * P + dst of the routed pairs
-        self._pair_row = np.zeros((0, len(self._cols)), dtype=np.int32)  # their links (the used columns)
+        self._reset_table()
         self.rate_solves = 0
-        """How many times max-min rates were computed (the rest came from the cache)."""
+        """How many max-min problems were filled (the rest came from the cache or kept their rates)."""
 
     # ------------------------------------------------------------------------------------------ routes
 
@@ -94,60 +127,165 @@ class FlowModel:
         out[:, fwd.shape[1] :] = fwd ^ 1  # the ACKs go back over the same cables
         return out if len(self._cols) == out.shape[1] else out[:, self._cols]
 
-    def _links(self, pair: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """:meth:`_route` through the table of pairs already routed (int32); ``pair`` is ``src * P + dst``."""
-        if len(pair) > _TABLE_MAX or self.fabric.hops <= 2:  # a star's route is cheaper than the lookup
-            return self._route(src, dst)
-        table = self._pair_key
-        pos = np.searchsorted(table, pair)
-        if len(table):
-            hit = table[np.minimum(pos, len(table) - 1)] == pair
-        if not len(table) or not hit.all():
-            new = np.unique(pair if not len(table) else pair[~hit])
-            rows = self._route(new // self.fabric.servers, new % self.fabric.servers)
-            if len(table) + len(new) > _TABLE_MAX:  # start over rather than grow without bound
-                self._pair_key, self._pair_row = new, rows
-            else:
-                keys = np.concatenate([table, new])
-                order = np.argsort(keys, kind="stable")
-                self._pair_key, self._pair_row = keys[order], np.concatenate([self._pair_row, rows])[order]
-            pos = np.searchsorted(self._pair_key, pair)
-        return self._pair_row[pos]
+    def _reset_table(self) -> None:
+        """The table of routed pairs: row ``i`` holds ``_row_link[_row_ptr[i]:_row_ptr[i + 1]]`` (and their
+        weights), found by ``_dense[pair]`` or by ``_pair_key`` (sorted) and ``_key_row``."""
+        p = self.fabric.servers
+        self._dense = None if p * p > _DENSE_MAX or self.fabric.hops <= 2 else np.zeros(0, dtype=np.int32)
+        self._pair_key = np.zeros(0, dtype=np.int64)
+        self._key_row = np.zeros(0, dtype=np.int64)
+        self._row_ptr = np.zeros(1, dtype=np.int64)
+        self._row_link = np.zeros(0, dtype=np.int32)
+        self._row_wt = np.zeros(0)
 
-    def _entries(self, links: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        use = links >= 0  # pads are negative
-        flow_of, col = np.nonzero(use)
-        return flow_of, links[use], self._wcol[col]
+    def _find(self, pair: np.ndarray) -> np.ndarray:
+        """Table rows of ``pair`` (-1 where not routed yet)."""
+        if self._dense is not None:
+            if not len(self._dense):  # made on first use: a model that never routes a batch needs none
+                p = self.fabric.servers
+                self._dense = np.full(p * p, -1, dtype=np.int32)
+            return self._dense[pair]
+        table = self._pair_key
+        if not len(table):
+            return np.full(len(pair), -1, dtype=np.int64)
+        pos = np.minimum(np.searchsorted(table, pair), len(table) - 1)
+        return np.where(table[pos] == pair, self._key_row[pos], -1)
+
+    def _add_rows(self, new: np.ndarray) -> None:
+        """Route the pairs ``new`` (distinct, not in the table) and append them as rows."""
+        p = self.fabric.servers
+        links = self._route(new // p, new % p)
+        use = links >= 0
+        n_rows = len(self._row_ptr) - 1
+        rows = np.arange(n_rows, n_rows + len(new))
+        self._row_ptr = np.concatenate([self._row_ptr, self._row_ptr[-1] + np.cumsum(use.sum(axis=1))])
+        self._row_link = np.concatenate([self._row_link, links[use]])
+        self._row_wt = np.concatenate([self._row_wt, np.broadcast_to(self._wcol, links.shape)[use]])
+        if self._dense is not None:
+            self._dense[new] = rows
+        else:
+            keys = np.concatenate([self._pair_key, new])
+            order = np.argsort(keys, kind="stable")
+            self._pair_key, self._key_row = keys[order], np.concatenate([self._key_row, rows])[order]
+
+    def _entries(
+        self, pair: np.ndarray, src: np.ndarray, dst: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(flow, link, weight)`` of every (flow, link) pair of positive weight, flow by flow, each flow's
+        links in route order (forward, then ACK): the entries :func:`.maxmin.fill` takes."""
+        if self._dense is None and (self.fabric.hops <= 2 or len(pair) > _TABLE_MAX):
+            links = self._route(src, dst)  # a star's route is cheaper than the lookup
+            if links.min(initial=0) >= 0:  # no pads: every flow has every column
+                f = np.repeat(np.arange(len(src)), links.shape[1])
+                return f, links.ravel(), np.tile(self._wcol, len(src))
+            use = links >= 0
+            f, col = np.nonzero(use)
+            return f, links[use], self._wcol[col]
+        row = self._find(pair)
+        miss = row < 0
+        if miss.any():
+            new = np.unique(pair[miss])
+            if len(self._row_ptr) - 1 + len(new) > _TABLE_MAX:  # start over rather than grow without bound
+                self._reset_table()
+                self._find(new)
+            self._add_rows(new)
+            row = self._find(pair)
+        ptr = self._row_ptr
+        count = ptr[row + 1] - ptr[row]
+        f = np.repeat(np.arange(len(pair)), count)
+        first = np.cumsum(count) - count  # where each flow's entries begin in the output
+        at = np.arange(len(f)) + np.repeat(ptr[row] - first, count)
+        return f, self._row_link[at], self._row_wt[at]
 
     # ------------------------------------------------------------------------------------------ rates
 
     def _per_chunk(self) -> int:
         return max(1, _CHUNK_ENTRIES // max(1, len(self._cols)))
 
-    def _solve(self, pair: np.ndarray, src: np.ndarray, dst: np.ndarray, links=None) -> np.ndarray:
-        f_count, cap, per = len(src), self.fabric.capacity, self._per_chunk()
-        if f_count <= per:
-            links = self._links(pair, src, dst) if links is None else links()
-            return fill(cap, *self._entries(links), f_count)
-        chunks = [(i, min(i + per, f_count)) for i in range(0, f_count, per)]
-        return fill_chunked(
-            cap, f_count, chunks, lambda i0, i1: self._entries(self._route(src[i0:i1], dst[i0:i1]))
-        )
+    def _solve(self, pair: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        if len(src) <= self._per_chunk():
+            return fill(self.fabric.capacity, *self._entries(pair, src, dst), len(src))
+        return self._fill_large(src, dst)
 
-    def _rates(
-        self, key: bytes, pair: np.ndarray, src: np.ndarray, dst: np.ndarray, links=None
-    ) -> np.ndarray:
-        """Rates by cache key; ``links``: a callable giving the flows' links, if the caller holds them."""
+    def _fill_large(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """:func:`.maxmin.fill` of a step too large for its entries, on forward links only: a flow's ACK
+        links are its forward links ``^ 1``, so a link's load is ``fwd * n(l) + ack * n(l ^ 1)`` with
+        ``n`` the count of forward entries (the same rates up to rounding, 1e-15). Routes are computed
+        chunk by chunk and kept as (16-bit where the links fit) ids + 1 (0: no link) within
+        :data:`_HOLD_BYTES`, else recomputed each round."""
+        fab, g = self.fabric, self.fabric.goodput
+        n_links, f_count = fab.links, len(src)
+        per = max(1, _CHUNK_ENTRIES // fab.hops)
+        chunks = [(i, min(i + per, f_count)) for i in range(0, f_count, per)]
+        kind = np.int16 if n_links < np.iinfo(np.int16).max else np.int32
+        hold = f_count * fab.hops * np.dtype(kind).itemsize <= _HOLD_BYTES
+        held: dict[int, np.ndarray] = {}
+
+        def rows(i0: int, i1: int) -> np.ndarray:
+            got = held.get(i0)
+            if got is None:
+                got = (fab.routes(src[i0:i1], dst[i0:i1]) + 1).astype(kind)
+                if hold:
+                    held[i0] = got
+            return got
+
+        mirror = np.arange(n_links) ^ 1
+        rate = np.full(f_count, np.inf)
+        active = np.ones(f_count, dtype=bool)
+        left = np.array(fab.capacity, dtype=float)
+        level = 0.0
+        while True:
+            count = np.zeros(n_links + 1, dtype=np.int64)
+            for i0, i1 in chunks:
+                act = active[i0:i1]
+                if act.any():
+                    r = rows(i0, i1)
+                    count += np.bincount((r if act.all() else r[act]).ravel(), minlength=n_links + 1)
+            n = count[1:].astype(float)
+            load = g.fwd * n + g.ack * n[mirror] if g.ack > 0 else g.fwd * n
+            loaded = load > 0
+            if not loaded.any():
+                return rate
+            share = np.full(n_links, np.inf)
+            np.divide(left, load, out=share, where=loaded)
+            d = max(float(share.min()), 0.0)
+            level += d
+            full = loaded & (share <= d * (1 + _TIE))
+            if not (loaded & ~full).any():  # every loaded link full: every growing flow freezes here
+                rate[active] = level
+                return rate
+            left -= d * load
+            left[full] = 0.0
+            hit = np.concatenate([[False], full | full[mirror] if g.ack > 0 else full])
+            for i0, i1 in chunks:
+                act = active[i0:i1]
+                if not act.any():
+                    continue
+                r = rows(i0, i1)
+                frozen = hit[r[:, 0]]  # the sender's uplink first: often it decides alone
+                if not frozen.all():
+                    frozen |= hit[r[:, 1:]].any(axis=1)
+                frozen &= act
+                rate[i0:i1][frozen] = level
+                act[frozen] = False
+            if not active.any():
+                return rate
+
+    def _rates(self, key: bytes, pair: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Rates by cache key."""
         got = self._rates_cache.get(key)
         if got is None:
-            got = self._solve(pair, src, dst, links)
+            got = self._solve(pair, src, dst)
             self.rate_solves += 1
-            if self._rate_flows + len(got) > _CACHE_FLOWS:  # empty it; a step larger than it still fits
-                self._rates_cache.clear()
-                self._rate_flows = 0
-            self._rates_cache[key] = got
-            self._rate_flows += len(got)
+            self._remember(key, got)
         return got
+
+    def _remember(self, key: bytes, rates: np.ndarray) -> None:
+        if self._rate_flows + len(rates) > _CACHE_FLOWS:  # empty it; a step larger than it still fits
+            self._rates_cache.clear()
+            self._rate_flows = 0
+        self._rates_cache[key] = rates
+        self._rate_flows += len(rates)
 
     def rates(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Max-min payload rates (bytes/s) of flows ``src[i] -> dst[i]`` running together (cached by the
@@ -157,76 +295,231 @@ class FlowModel:
         pair = src * self.fabric.servers + dst
         return self._rates(_hasher(pair).digest(), pair, src, dst)
 
-    def flows_time(
-        self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, *, _key: bytes | None = None
+    # ------------------------------------------------------------------------------------------ times
+
+    def _waves(self, fl: _Flows) -> tuple[np.ndarray, np.ndarray]:
+        """Seconds of each step of ``fl`` (each to its last completion) and every flow's first rates.
+
+        All steps are filled together (:func:`.maxmin.fill_many`, each step its own problem with its own
+        links); then, wave after wave, each step advances to its next completion; a step whose remaining
+        flows all keep a bottleneck that no departed flow crossed keeps their rates, the others are filled
+        again (from the entries already built)."""
+        fab = self.fabric
+        n, f_count, n_links = len(fl.starts) - 1, len(fl.src), fab.links
+        step = np.repeat(np.arange(n), np.diff(fl.starts))
+        flow_of, link, wt = self._entries(fl.pair, fl.src, fl.dst)
+        key = step[flow_of] * n_links + link  # each step numbers its own links
+        if n * n_links <= _BATCH_LINKS:
+            used = np.zeros(n * n_links, dtype=bool)
+            used[key] = True
+            lkey = np.flatnonzero(used)
+            number = np.cumsum(used, dtype=np.int32) - 1
+            cid = number[key]
+        else:
+            lkey, cid = np.unique(key, return_inverse=True)
+        lstart = np.searchsorted(lkey, np.arange(n) * n_links)
+        cap = fab.capacity[lkey % n_links]
+        rate, froze, full_at = fill_many(cap, lstart, flow_of, cid, wt, step)
+        self.rate_solves += n
+        first = rate.copy()
+        valid = full_at[cid] == froze[flow_of]  # the entry's link is one of the flow's bottlenecks
+        eptr = np.searchsorted(flow_of, np.arange(f_count + 1))  # flow f's entries: eptr[f]..eptr[f+1]-1
+        t = np.zeros(n)
+        left = fl.left
+        alive = np.arange(f_count)
+        running = np.ones(f_count, dtype=bool)
+        touched = np.zeros(len(cap), dtype=bool)
+        while True:
+            need = left[alive] / rate[alive]
+            at, size = _segments(step[alive])
+            dt = np.minimum.reduceat(need, at)
+            dt_f = np.repeat(dt, size)
+            done = need <= dt_f * (1 + _TOGETHER)
+            t[step[alive[at]]] += dt
+            left[alive] -= rate[alive] * dt_f
+            gone = alive[done]
+            alive = alive[~done]
+            if not alive.size:
+                return t, first
+            running[gone] = False
+            # links a departed flow crossed: no longer a bottleneck of anyone (gone's entries, by offsets)
+            count = eptr[gone + 1] - eptr[gone]
+            at_e = np.arange(count.sum()) + np.repeat(eptr[gone] - (np.cumsum(count) - count), count)
+            touched[:] = False
+            touched[cid[at_e]] = True
+            valid &= ~touched[cid]
+            held = np.logical_or.reduceat(valid, eptr[:-1])  # every flow has an entry
+            lost = np.zeros(n, dtype=bool)  # steps with a flow that lost every bottleneck: fill again
+            lost[step[alive[~held[alive]]]] = True
+            if lost.any():  # those steps alone, on their own links
+                again = lost[step[flow_of]] & running[flow_of]
+                ls = np.flatnonzero(lost)
+                size = np.append(lstart[1:], len(cap))[ls] - lstart[ls]
+                sub_start = np.cumsum(size) - size
+                shift = np.zeros(n, dtype=np.int64)
+                shift[ls] = lstart[ls] - sub_start
+                sub_link = np.arange(size.sum()) + np.repeat(shift[ls], size)
+                rank = np.zeros(n, dtype=np.int64)
+                rank[ls] = np.arange(len(ls))
+                sub_cid = cid[again] - shift[step[flow_of[again]]]
+                f_again = flow_of[again]
+                r2, f2, a2 = fill_many(cap[sub_link], sub_start, f_again, sub_cid, wt[again], rank[step])
+                self.rate_solves += len(ls)
+                redo = alive[lost[step[alive]]]
+                rate[redo] = r2[redo]
+                valid[again] = a2[sub_cid] == f2[f_again]
+
+    def _times(self, items: list[tuple[np.ndarray, np.ndarray, np.ndarray, bytes | None]]) -> list[float]:
+        """Seconds until the last flow of each item ``(src, dst, nbytes, rates key)`` completes (no
+        start-up); the flows of an item run together, items are independent."""
+        p = self.fabric.servers
+        out = [0.0] * len(items)
+        small: list[int] = []
+        flows: list[tuple] = []
+        for i, (src, dst, nbytes, key) in enumerate(items):
+            src = np.asarray(src, dtype=np.int64)
+            dst = np.asarray(dst, dtype=np.int64)
+            keep = (nbytes > 0) & (src != dst)
+            if not keep.all():  # a copy only when some flow is dropped
+                src, dst, nbytes, key = src[keep], dst[keep], nbytes[keep], None
+            pair = src * p + dst
+            flows.append((src, dst, pair, nbytes.astype(float), key))
+            if len(src) > self._per_chunk():
+                out[i] = self._large_time(*flows[i])
+            elif len(src):
+                small.append(i)
+        # each distinct flow set not in the cache is filled once, many together; the rest use its rates
+        batch: list[int] = []
+        fresh: dict[bytes, int] = {}
+        reuse: list[int] = []
+        for i in small:
+            key = flows[i][4] or _hasher(flows[i][2]).digest()
+            flows[i] = (*flows[i][:4], key)
+            if key in self._rates_cache or key in fresh:
+                reuse.append(i)
+            else:
+                fresh[key] = i
+                batch.append(i)
+        for part in self._parts(batch, [len(flows[i][0]) for i in batch]):
+            fl = self._concat([flows[i][:4] for i in part])
+            t, first = self._waves(fl)
+            for j, i in enumerate(part):
+                out[i] = float(t[j])
+                self._remember(flows[i][4], first[fl.starts[j] : fl.starts[j + 1]])
+        rest: list[tuple[int, tuple]] = []
+        for i in reuse:
+            src, dst, pair, left, key = flows[i]
+            r = self._rates_cache.get(key)
+            if r is None:  # emptied since (the cache holds a bounded number of flows)
+                r = self._rates(key, pair, src, dst)
+            need = left / r
+            dt = float(need.min())
+            out[i] = dt
+            done = need <= dt * (1 + _TOGETHER)
+            if not done.all():
+                left = left - r * dt
+                rest.append((i, (src[~done], dst[~done], pair[~done], left[~done])))
+        for part in self._parts(list(range(len(rest))), [len(x[1][0]) for x in rest]):
+            t, _ = self._waves(self._concat([rest[j][1] for j in part]))
+            for j, tj in zip(part, t, strict=True):
+                out[rest[j][0]] += float(tj)
+        return out
+
+    def _parts(self, idx: list[int], sizes: list[int]) -> list[list[int]]:
+        """``idx`` cut into runs of at most :data:`_BATCH_FLOWS` flows (a larger item alone)."""
+        out: list[list[int]] = []
+        cur: list[int] = []
+        total = 0
+        for i, n in zip(idx, sizes, strict=True):
+            if cur and (total + n > _BATCH_FLOWS or (len(cur) + 1) * self.fabric.links > _BATCH_LINKS):
+                out.append(cur)
+                cur, total = [], 0
+            cur.append(i)
+            total += n
+        return [*out, cur] if cur else out
+
+    @staticmethod
+    def _concat(parts: list[tuple]) -> _Flows:
+        sizes = [len(x[0]) for x in parts]
+        return _Flows(
+            src=np.concatenate([x[0] for x in parts]),
+            dst=np.concatenate([x[1] for x in parts]),
+            pair=np.concatenate([x[2] for x in parts]),
+            left=np.concatenate([x[3] for x in parts]),
+            starts=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+        )
+
+    def _large_time(
+        self, src: np.ndarray, dst: np.ndarray, pair: np.ndarray, left: np.ndarray, key: bytes | None
     ) -> float:
-        """Seconds until the last of these concurrent flows completes (no start-up)."""
-        src = np.asarray(src, dtype=np.int64)
-        dst = np.asarray(dst, dtype=np.int64)
-        keep = (nbytes > 0) & (src != dst)
-        if not keep.all():  # a copy only when some flow is dropped
-            src, dst, nbytes, _key = src[keep], dst[keep], nbytes[keep], None
-        if not len(src):
-            return 0.0
-        pair = src * self.fabric.servers + dst
-        left = nbytes.astype(float)
+        """Seconds of a step too large to batch: rates filled again after each completion (rarely more
+        than once: a parameter server's shards differ by at most an element)."""
         idx = None  # None: every flow still running (no index arrays for a step's millions of flows)
-        held: list[np.ndarray] = []  # the step's links, routed once whatever the events (small steps)
-
-        def links(sub: np.ndarray | None = None):
-            if not held:
-                held.append(self._links(pair, src, dst))
-            return held[0] if sub is None else held[0][sub]
-
-        small = len(src) <= self._per_chunk()
         t = 0.0
         while idx is None or idx.size:
             if idx is None:
-                r = self._rates(_key or _hasher(pair).digest(), pair, src, dst, links if small else None)
+                r = self._rates(key or _hasher(pair).digest(), pair, src, dst)
                 need = left / r
             else:
-                p, sub = pair[idx], idx
-                r = self._rates(
-                    _hasher(p).digest(),
-                    p,
-                    src[idx],
-                    dst[idx],
-                    (lambda sub=sub: links(sub)) if small else None,
-                )
+                p = pair[idx]
+                r = self._rates(_hasher(p).digest(), p, src[idx], dst[idx])
                 need = left[idx] / r
             dt = float(need.min())
             done = need <= dt * (1 + _TOGETHER)
             t += dt
             if idx is None:
-                left -= r * dt
+                left = left - r * dt
                 idx = np.flatnonzero(~done)
             else:
                 left[idx] -= r * dt
                 idx = idx[~done]
         return t
 
-    def step_time(self, step: Step) -> float:
-        """Seconds of one step: ``alpha`` x the busiest sender's messages, then its flows."""
-        pair = step.src * self.fabric.servers + step.dst
-        h = _hasher(pair)
+    def flows_time(
+        self, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, *, _key: bytes | None = None
+    ) -> float:
+        """Seconds until the last of these concurrent flows completes (no start-up)."""
+        return self._times([(src, dst, np.asarray(nbytes), _key)])[0]
+
+    def _step_key(self, step: Step) -> tuple[bytes, bytes]:
+        """``(step key, rates key)``: digests of ``(src, dst, bytes, lane)`` and of ``(src, dst)``."""
+        h = _hasher(step.src * self.fabric.servers + step.dst)
         rates_key = h.copy().digest()  # the flows' signature, as :meth:`rates` keys it
         lane = step.lane if step.lane is not None else np.zeros(0, dtype=np.int64)
         h.update(b"|")
         for a in (step.nbytes, lane):
             h.update(f"{a.dtype.str}{a.shape}".encode())
             h.update(memoryview(np.ascontiguousarray(a)).cast("B"))
-        key = h.digest()
-        got = self._steps.get(key)
-        if got is None:
+        return h.digest(), rates_key
+
+    def _start(self, step: Step) -> float:
+        """``alpha`` x the most messages one sender (one thread of it) posts in the step."""
+        if not self.alpha_s or not len(step.src):
+            return 0.0
+        who = step.src if step.lane is None else step.src * (int(step.lane.max()) + 1) + step.lane
+        return self.alpha_s * int(np.bincount(who).max())
+
+    def step_times(self, steps: Sequence[Step]) -> list[float]:
+        """Seconds of each step: ``alpha`` x the busiest sender's messages, then its flows (steps not
+        priced before are priced together)."""
+        keys = [self._step_key(st) for st in steps]
+        todo: dict[bytes, int] = {}
+        for i, (key, _) in enumerate(keys):
+            if key not in self._steps and key not in todo:
+                todo[key] = i
+        new = list(todo.values())
+        flows = self._times([(steps[i].src, steps[i].dst, steps[i].nbytes, keys[i][1]) for i in new])
+        got = {keys[i][0]: self._start(steps[i]) + t for i, t in zip(new, flows, strict=True)}
+        out = [got[k] if k in got else self._steps[k] for k, _ in keys]
+        for k, t in got.items():
             if len(self._steps) >= _CACHE_MAX:
                 self._steps.clear()
-            start = 0.0
-            if self.alpha_s and len(step.src):
-                who = step.src if step.lane is None else step.src * (int(step.lane.max()) + 1) + step.lane
-                start = self.alpha_s * int(np.bincount(who).max())
-            got = start + self.flows_time(step.src, step.dst, step.nbytes, _key=rates_key)
-            self._steps[key] = got
-        return got
+            self._steps[k] = t
+        return out
+
+    def step_time(self, step: Step) -> float:
+        """Seconds of one step: ``alpha`` x the busiest sender's messages, then its flows."""
+        return self.step_times([step])[0]
 
     def link_bytes(self, steps: Sequence[Step]) -> np.ndarray:
         """Payload bytes each directed link carries over ``steps`` (routed in chunks)."""
@@ -242,7 +535,7 @@ class FlowModel:
 
     def run(self, steps: Sequence[Step], *, links: bool = False) -> FlowRun:
         """Price a whole schedule (steps one after the other)."""
-        times = tuple(self.step_time(st) for st in steps)
+        times = tuple(self.step_times(steps))
         return FlowRun(
             time_s=float(sum(times)),
             step_s=times,

@@ -10,7 +10,10 @@ fills at least one link, so there are at most ``L`` rounds; a step of a symmetri
 :func:`fill` is the same filling on a flat list of ``(flow, link, weight)`` entries, the form the flow
 model builds (and, for a step too large to hold, :func:`fill_chunked` streams the entries chunk by chunk,
 keeping only per-flow and per-link arrays): each round touches only the entries of flows still growing, and
-a frozen flow's rate is the filling level it was frozen at.
+a frozen flow's rate is the filling level it was frozen at. :func:`fill_many` fills many independent problems
+at once (each its own rounds, its own level: the same arithmetic, so the same rates bit for bit as
+:func:`fill` on each), and says which link froze each flow, so the flow model can tell when a flow set's
+rates still hold after some flows have left (:mod:`.engine`).
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["fill", "fill_chunked", "maxmin_rates"]
+__all__ = ["fill", "fill_chunked", "fill_many", "maxmin_rates"]
 
 _TIE = 1e-9  # links whose share is within 1e-9 of the least one fill in the same round
 
@@ -65,6 +68,59 @@ def fill(
         keep = active[flow_of]
         flow_of, link_of, wt = flow_of[keep], link_of[keep], wt[keep]
     return rate
+
+
+def fill_many(
+    capacity: np.ndarray,
+    lstart: np.ndarray,
+    flow_of: np.ndarray,
+    link_of: np.ndarray,
+    wt: np.ndarray,
+    prob_of: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`fill` of ``len(lstart)`` independent problems in one pass per round: problem ``i`` owns links
+    ``lstart[i] .. lstart[i+1]-1`` (``capacity`` holds every problem's links, each problem's at least one)
+    and flows ``f`` with ``prob_of[f] == i``; entries as for :func:`fill`, a problem's in the order
+    :func:`fill` would get them. Each problem fills with its own increments and level, so its rates are
+    :func:`fill`'s bit for bit (a link's load sums its entries in the same order).
+
+    Returns ``(rate, froze, full_at)``: the rates (``inf`` for a flow without entries), the round in which
+    each flow froze (0: none) and the round in which each link became full (0: never). A flow's links with
+    ``full_at == froze`` are its bottlenecks: full, and no flow on them has a higher rate."""
+    n_links, f_count = len(capacity), len(prob_of)
+    lprob = np.repeat(np.arange(len(lstart)), np.diff(np.append(lstart, n_links)))
+    rate = np.full(f_count, np.inf)
+    froze = np.zeros(f_count, dtype=np.int32)
+    full_at = np.zeros(n_links, dtype=np.int32)
+    active = np.zeros(f_count, dtype=bool)
+    active[flow_of] = True
+    left = np.array(capacity, dtype=float)
+    level = np.zeros(len(lstart))
+    share = np.empty(n_links)
+    rnd = 0
+    while flow_of.size:
+        rnd += 1
+        load = np.bincount(link_of, weights=wt, minlength=n_links)
+        loaded = load > 0
+        share.fill(np.inf)
+        np.divide(left, load, out=share, where=loaded)
+        d = np.maximum(np.minimum.reduceat(share, lstart), 0.0)  # inf: a problem with nothing growing
+        live = np.isfinite(d)
+        level[live] += d[live]
+        dl = np.where(live, d, 0.0)[lprob]  # a finished problem's links are unloaded: share inf, load 0
+        full = share <= dl * (1 + _TIE)
+        np.copyto(full_at, rnd, where=full)
+        left -= dl * load
+        np.copyto(left, 0.0, where=full)
+        frozen = flow_of[full[link_of]]  # where every loaded link is full, all of a problem's flows
+        rate[frozen] = level[prob_of[frozen]]
+        froze[frozen] = rnd
+        active[frozen] = False
+        if not active.any():
+            break
+        keep = active[flow_of]
+        flow_of, link_of, wt = flow_of[keep], link_of[keep], wt[keep]
+    return rate, froze, full_at
 
 
 def fill_chunked(
