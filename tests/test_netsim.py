@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from dpcomm.cli.main import main
 from dpcomm.collectives import bcube as bml_code
+from dpcomm.collectives.schedule import Step
 from dpcomm.costmodel.collective import collective_cost
 from dpcomm.costmodel.network import Network
 from dpcomm.sim.network import FlowModel, Goodput, bml_steps, make_fabric, maxmin_rates, simulate_allreduce
@@ -104,6 +105,67 @@ def test_vectorised_and_chunked_filling_equal_the_naive_one():
 
         chunks = [(i, min(i + 4, n_flows)) for i in range(0, n_flows, 4)]
         assert fill_chunked(cap, n_flows, chunks, entries) == pytest.approx(want, rel=1e-9)
+
+
+def test_batched_filling_is_the_single_filling_bit_for_bit():
+    from dpcomm.sim.network.maxmin import fill, fill_many
+
+    rng = np.random.default_rng(2)
+    caps, flows, links, wts, probs, lstart, f0, l0 = [], [], [], [], [], [], 0, 0
+    want = []
+    for i in range(12):  # 12 independent problems, each its own links, filled together
+        n_links, n_flows = int(rng.integers(1, 7)), int(rng.integers(1, 9))
+        cap = rng.uniform(0.5, 5, n_links)
+        f = np.repeat(np.arange(n_flows), rng.integers(1, min(3, n_links) + 1, n_flows))
+        lk = np.concatenate([rng.choice(n_links, int((f == j).sum()), replace=False) for j in range(n_flows)])
+        w = rng.uniform(0.1, 2, len(f))
+        want.append(fill(cap, f, lk, w, n_flows))
+        caps.append(cap), flows.append(f + f0), links.append(lk + l0), wts.append(w)
+        probs.append(np.full(n_flows, i)), lstart.append(l0)
+        f0, l0 = f0 + n_flows, l0 + n_links
+    rate, froze, full_at = fill_many(
+        np.concatenate(caps), np.array(lstart), *map(np.concatenate, (flows, links, wts, probs))
+    )
+    assert np.array_equal(rate, np.concatenate(want)) and (froze > 0).all()
+
+
+def _flows_time_ref(fabric, src, dst, nbytes):
+    """The step's time filled again after every completion (the flow model's definition), by the plain
+    :func:`maxmin_rates` on the fabric's routes: the general path the engine's shortcuts must equal."""
+    g = fabric.goodput
+    keep = (nbytes > 0) & (src != dst)
+    src, dst, left = src[keep], dst[keep], nbytes[keep].astype(float)
+    routes = fabric.routes(src, dst)
+    links = np.concatenate([routes, np.where(routes >= 0, routes ^ 1, -1)], axis=1)
+    w = np.array([g.fwd] * fabric.hops + [g.ack] * fabric.hops)
+    t, idx, fills = 0.0, np.arange(len(src)), 0
+    while idx.size:
+        r = maxmin_rates(fabric.capacity, links[idx], w)
+        fills += 1
+        need = left[idx] / r
+        dt = need.min()
+        done = need <= dt * (1 + 1e-3)
+        t += dt
+        left[idx] -= r * dt
+        idx = idx[~done]
+    return t, fills
+
+
+def test_batched_steps_and_kept_rates_equal_filling_after_every_completion():
+    rng = np.random.default_rng(3)
+    for spec in ("star:6", "fattree:4", "bcube:2,3", "leafspine:2,4,2"):
+        fabric = make_fabric(spec, 1e9)
+        model = FlowModel(fabric)
+        steps = []
+        for i in range(8):  # random flow sets, uneven sizes: several completions each
+            n = int(rng.integers(1, 3 * fabric.servers))
+            src, dst = rng.integers(0, fabric.servers, (2, n))
+            nbytes = rng.choice([0, 1000, 1000, 1500, 4000], n) * (1 + (rng.random(n) < 0.3))
+            steps.append(Step(label=str(i), src=src, dst=dst, nbytes=nbytes))
+        got = model.step_times(steps)
+        want, fills = zip(*(_flows_time_ref(fabric, st.src, st.dst, st.nbytes) for st in steps), strict=True)
+        assert got == pytest.approx(want, rel=1e-9), spec
+        assert len(steps) < model.rate_solves < sum(fills), spec  # some rates kept, some filled again
 
 
 def test_chunked_steps_and_the_route_table_price_as_the_plain_path(monkeypatch):
