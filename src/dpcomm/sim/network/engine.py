@@ -375,17 +375,16 @@ class FlowModel:
         p = self.fabric.servers
         out = [0.0] * len(items)
         small: list[int] = []
-        flows: list[tuple] = []
+        flows: list[tuple] = []  # (src, dst, bytes, key): no per-flow copies until a batch is priced
         for i, (src, dst, nbytes, key) in enumerate(items):
             src = np.asarray(src, dtype=np.int64)
             dst = np.asarray(dst, dtype=np.int64)
             keep = (nbytes > 0) & (src != dst)
             if not keep.all():  # a copy only when some flow is dropped
                 src, dst, nbytes, key = src[keep], dst[keep], nbytes[keep], None
-            pair = src * p + dst
-            flows.append((src, dst, pair, nbytes.astype(float), key))
+            flows.append((src, dst, nbytes, key))
             if len(src) > self._per_chunk():
-                out[i] = self._large_time(*flows[i])
+                out[i] = self._large_time(src, dst, src * p + dst, nbytes.astype(float), key)
             elif len(src):
                 small.append(i)
         # each distinct flow set not in the cache is filled once, many together; the rest use its rates
@@ -393,34 +392,36 @@ class FlowModel:
         fresh: dict[bytes, int] = {}
         reuse: list[int] = []
         for i in small:
-            key = flows[i][4] or _hasher(flows[i][2]).digest()
-            flows[i] = (*flows[i][:4], key)
+            src, dst, nbytes, key = flows[i]
+            key = key or _hasher(src * p + dst).digest()
+            flows[i] = (src, dst, nbytes, key)
             if key in self._rates_cache or key in fresh:
                 reuse.append(i)
             else:
                 fresh[key] = i
                 batch.append(i)
         for part in self._parts(batch, [len(flows[i][0]) for i in batch]):
-            fl = self._concat([flows[i][:4] for i in part])
+            fl = self._concat([flows[i][:3] for i in part], p)
             t, first = self._waves(fl)
             for j, i in enumerate(part):
                 out[i] = float(t[j])
-                self._remember(flows[i][4], first[fl.starts[j] : fl.starts[j + 1]])
+                self._remember(flows[i][3], first[fl.starts[j] : fl.starts[j + 1]])
         rest: list[tuple[int, tuple]] = []
         for i in reuse:
-            src, dst, pair, left, key = flows[i]
+            src, dst, nbytes, key = flows[i]
             r = self._rates_cache.get(key)
             if r is None:  # emptied since (the cache holds a bounded number of flows)
-                r = self._rates(key, pair, src, dst)
+                r = self._rates(key, src * p + dst, src, dst)
+            left = nbytes.astype(float)
             need = left / r
             dt = float(need.min())
             out[i] = dt
             done = need <= dt * (1 + _TOGETHER)
             if not done.all():
                 left = left - r * dt
-                rest.append((i, (src[~done], dst[~done], pair[~done], left[~done])))
+                rest.append((i, (src[~done], dst[~done], left[~done])))
         for part in self._parts(list(range(len(rest))), [len(x[1][0]) for x in rest]):
-            t, _ = self._waves(self._concat([rest[j][1] for j in part]))
+            t, _ = self._waves(self._concat([rest[j][1] for j in part], p))
             for j, tj in zip(part, t, strict=True):
                 out[rest[j][0]] += float(tj)
         return out
@@ -439,14 +440,16 @@ class FlowModel:
         return [*out, cur] if cur else out
 
     @staticmethod
-    def _concat(parts: list[tuple]) -> _Flows:
-        sizes = [len(x[0]) for x in parts]
+    def _concat(parts: list[tuple], p: int) -> _Flows:
+        """Flows ``(src, dst, bytes)`` of several steps as one :class:`_Flows` (``p``: servers)."""
+        src = np.concatenate([x[0] for x in parts])
+        dst = np.concatenate([x[1] for x in parts])
         return _Flows(
-            src=np.concatenate([x[0] for x in parts]),
-            dst=np.concatenate([x[1] for x in parts]),
-            pair=np.concatenate([x[2] for x in parts]),
-            left=np.concatenate([x[3] for x in parts]),
-            starts=np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64),
+            src=src,
+            dst=dst,
+            pair=src * p + dst,
+            left=np.concatenate([x[2] for x in parts]).astype(float),
+            starts=np.concatenate([[0], np.cumsum([len(x[0]) for x in parts])]).astype(np.int64),
         )
 
     def _large_time(
