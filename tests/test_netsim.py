@@ -129,6 +129,31 @@ def test_batched_filling_is_the_single_filling_bit_for_bit():
     assert np.array_equal(rate, np.concatenate(want)) and (froze > 0).all()
 
 
+@pytest.mark.parametrize("ack", [0.25, 0.0])
+def test_paired_filling_is_the_filling_of_forward_and_reverse_entries_bit_for_bit(ack):
+    from dpcomm.sim.network.maxmin import fill_many, fill_paired
+
+    rng = np.random.default_rng(4)
+    lstart, flows, probs, n_links, f0 = [], [], [], 0, 0
+    for i in range(12):  # 12 problems, each its own cables (links 2j, 2j + 1), each flow one way per cable
+        cables, n_flows = int(rng.integers(1, 5)), int(rng.integers(1, 9))
+        for _ in range(n_flows):
+            c = rng.choice(cables, int(rng.integers(1, min(3, cables) + 1)), replace=False)
+            flows.append(n_links + 2 * c + rng.integers(0, 2, len(c)))
+        probs.append(np.full(n_flows, i)), lstart.append(n_links)
+        n_links, f0 = n_links + 2 * cables, f0 + n_flows
+    cap = rng.choice([1.0, 2.0, 3.5], n_links)  # equal capacities: ties, as in symmetric steps
+    count = np.array([len(x) for x in flows])
+    flow_of, link, prob = np.repeat(np.arange(f0), count), np.concatenate(flows), np.concatenate(probs)
+    got = fill_paired(cap, np.array(lstart), flow_of, link, prob, 1.1, ack)
+    # the plain entries: each flow's forward links with weight 1.1, then their reverses with ``ack``
+    rows = [np.concatenate([x, x ^ 1]) if ack else x for x in flows]
+    wts = [np.repeat([1.1, ack], len(x)) if ack else np.full(len(x), 1.1) for x in flows]
+    f_all = np.repeat(np.arange(f0), [len(x) for x in rows])
+    want = fill_many(cap, np.array(lstart), f_all, np.concatenate(rows), np.concatenate(wts), prob)
+    assert all(np.array_equal(a, b) for a, b in zip(got, want, strict=True))
+
+
 def _flows_time_ref(fabric, src, dst, nbytes):
     """The step's time filled again after every completion (the flow model's definition), by the plain
     :func:`maxmin_rates` on the fabric's routes: the general path the engine's shortcuts must equal."""
@@ -166,6 +191,13 @@ def test_batched_steps_and_kept_rates_equal_filling_after_every_completion():
         want, fills = zip(*(_flows_time_ref(fabric, st.src, st.dst, st.nbytes) for st in steps), strict=True)
         assert got == pytest.approx(want, rel=1e-9), spec
         assert len(steps) < model.rate_solves < sum(fills), spec  # some rates kept, some filled again
+        for step in steps:  # each step's first rates (filled in one batch, cached) are the plain filling's
+            keep = (step.nbytes > 0) & (step.src != step.dst)
+            src, dst = step.src[keep], step.dst[keep]
+            routes = fabric.routes(src, dst)
+            links = np.concatenate([routes, np.where(routes >= 0, routes ^ 1, -1)], axis=1)
+            w = [fabric.goodput.fwd] * fabric.hops + [fabric.goodput.ack] * fabric.hops
+            assert np.array_equal(model.rates(src, dst), maxmin_rates(fabric.capacity, links, w)), spec
 
 
 def test_chunked_steps_and_the_route_table_price_as_the_plain_path(monkeypatch):
@@ -200,6 +232,9 @@ def test_routes_are_contiguous_paths_between_the_right_servers(spec):
         names = _path(f, a, b)
         assert names[0].startswith(f"s{a}>") and names[-1].endswith(f">s{b}"), names
         assert all(x.split(">")[1] == y.split(">")[0] for x, y in zip(names, names[1:], strict=False)), names
+    routes = f.routes(*np.array(pairs).T)
+    cable = np.where(routes >= 0, routes // 2, -1 - np.arange(routes.shape[1]))  # no path crosses a cable
+    assert (np.sort(cable, axis=1)[:, 1:] != np.sort(cable, axis=1)[:, :-1]).all()  # twice (the ACKs' order)
     assert not _path(f, 1, 1)
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -57,3 +58,20 @@ def test_schedules_are_what_the_algorithms_send(p):
     for name, mod in MODULES.items():
         assert sent[name] == message_counts(mod.steps(p, NUMEL, 4)), name
     assert sent["lp"] == message_counts(lp.steps(p, NUMEL, 4, block_bytes=LP_BLOCK))
+
+
+@pytest.mark.parametrize("p", [2, 3, 5, 8])
+def test_lp_stages_are_the_docstring_s_stage_by_stage(p):
+    """``lp.steps`` (two runs of senders per stage, cut by slices) against its docstring written out: in
+    stage ``t`` position ``c < p - 1`` sends up-block ``t - c`` to ``c + 1`` and ``c >= 1`` down-block
+    ``t - 2p + 2 + c`` to ``c - 1``, for the blocks that exist; same messages, same order."""
+    for numel, block in [(1, 4), (NUMEL, LP_BLOCK), (NUMEL, 8), (100, 4), (5, 1000)]:
+        size = [4 * (b - a) for a, b in _p2p.block_bounds(numel, 4, block)]
+        stages = lp.steps(p, numel, 4, block_bytes=block)
+        assert len(stages) == len(size) + 2 * p - 2
+        for t, st in enumerate(stages):
+            nb, back = len(size), t - 2 * p + 2  # down-block of position c: back + c
+            up = [(c, c + 1, size[t - c]) for c in range(p - 1) if 0 <= t - c < nb]
+            down = [(c, c - 1, size[back + c]) for c in range(1, p) if 0 <= back + c < nb]
+            assert st.transfers() == up + down, (numel, block, t)
+            assert st.src.dtype == st.dst.dtype == st.nbytes.dtype == np.int64

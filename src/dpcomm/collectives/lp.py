@@ -82,20 +82,22 @@ def steps(p: int, numel: int, elem_size: int = 4, *, block_bytes: int) -> list[S
     size = np.array([b - a for a, b in block_bounds(numel, elem_size, block_bytes)], dtype=np.int64)
     size *= elem_size
     nb = len(size)
-    c = np.arange(p, dtype=np.int64)
+    c = np.arange(p + 1, dtype=np.int64)
+    rev = size[::-1]  # up-block t - c for c = lo..hi is rev[nb - 1 - t + lo : nb - t + hi]
     out = []
     for t in range(nb + 2 * p - 2):
-        up = t - c[:-1]
-        down = t - 2 * p + 2 + c[1:]
-        u_ok, d_ok = (up >= 0) & (up < nb), (down >= 0) & (down < nb)
-        src = np.concatenate([c[:-1][u_ok], c[1:][d_ok]])
-        dst = np.concatenate([c[:-1][u_ok] + 1, c[1:][d_ok] - 1])
+        # the positions that send are two runs: up senders c in [u0, u1), down senders c in [d0, d1)
+        u0, u1 = max(0, t - nb + 1), min(p - 1, t + 1)
+        d0, d1 = max(1, 2 * p - 2 - t), min(p, 2 * p - 2 - t + nb)
+        u1, d1 = max(u0, u1), max(d0, d1)
         out.append(
             Step(
                 label=f"stage {t}",
-                src=src,
-                dst=dst,
-                nbytes=np.concatenate([size[up[u_ok]], size[down[d_ok]]]),
+                src=np.concatenate([c[u0:u1], c[d0:d1]]),
+                dst=np.concatenate([c[u0 + 1 : u1 + 1], c[d0 - 1 : d1 - 1]]),
+                nbytes=np.concatenate(
+                    [rev[nb - 1 - t + u0 : nb - 1 - t + u1], size[t - 2 * p + 2 + d0 : t - 2 * p + 2 + d1]]
+                ),
             )
         )
     return out

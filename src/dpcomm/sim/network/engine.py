@@ -14,9 +14,14 @@ Speed and memory (4,096 servers: every algorithm in a few seconds, under 2 GB):
   steps, all alike, cost one rate computation. The rate cache holds at most :data:`_CACHE_FLOWS` flows'
   rates, the step cache :data:`_CACHE_MAX` entries.
 * Steps are priced many at once (:meth:`FlowModel.step_times`): up to :data:`_BATCH_FLOWS` flows of
-  distinct steps are filled together as independent problems (:func:`.maxmin.fill_many`: each its own
+  distinct steps are filled together as independent problems (:func:`.maxmin.fill_paired`: each its own
   rounds, so each step's rates are those of filling it alone, bit for bit), and their completions advance
   together, so LP's ~11,000 pipeline stages cost a few dozen numpy passes, not ~22,000 separate solves.
+* A flow is held by its forward links only (its ACK links are their reverses, ``l ^ 1``, which each step's
+  numbering keeps: a link and its reverse are numbered ``2j, 2j + 1``): half the entries to number, fill,
+  and check for bottlenecks after each completion. A link's load still adds its flows' weights one flow
+  after the other, so the rates are those of the plain entries bit for bit. After a completion only the
+  steps still running are looked at, and only the flows whose bottleneck a departed flow crossed.
 * After a completion the remaining flows keep their rates, without a new filling, where that is exact:
   when every one of them still has a bottleneck, a link that froze it and that no departed flow crossed
   (that link's flows and load are unchanged, so it is still full and the flow's rate still its highest;
@@ -42,7 +47,7 @@ import numpy as np
 
 from dpcomm.collectives.schedule import Step
 from dpcomm.sim.network.fabric import Fabric
-from dpcomm.sim.network.maxmin import _TIE, fill, fill_many
+from dpcomm.sim.network.maxmin import _TIE, fill_paired
 
 __all__ = ["FlowModel", "FlowRun"]
 
@@ -106,9 +111,7 @@ class FlowModel:
             raise ValueError(f"alpha must be >= 0 s, got {alpha_s}")
         self.fabric, self.alpha_s = fabric, float(alpha_s)
         g = fabric.goodput
-        weights = np.array([g.fwd] * fabric.hops + [g.ack] * fabric.hops)
-        self._cols = np.flatnonzero(weights > 0)  # a link a flow loads with weight 0 is not its constraint
-        self._wcol = weights[self._cols]
+        self._fwd, self._ack = g.fwd, g.ack  # wire bytes per payload byte on its links, on their reverses
         self._rates_cache: dict[bytes, np.ndarray] = {}
         self._rate_flows = 0
         self._steps: dict[bytes, float] = {}
@@ -118,25 +121,15 @@ class FlowModel:
 
     # ------------------------------------------------------------------------------------------ routes
 
-    def _route(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-        """``(F, C)`` links of each flow, forward then reverse (ACK) links, the columns of positive weight;
-        negative where unused (``-1 ^ 1 = -2``: a pad stays a pad)."""
-        fwd = self.fabric.routes(src, dst)
-        out = np.empty((len(fwd), 2 * fwd.shape[1]), dtype=np.int32)
-        out[:, : fwd.shape[1]] = fwd
-        out[:, fwd.shape[1] :] = fwd ^ 1  # the ACKs go back over the same cables
-        return out if len(self._cols) == out.shape[1] else out[:, self._cols]
-
     def _reset_table(self) -> None:
-        """The table of routed pairs: row ``i`` holds ``_row_link[_row_ptr[i]:_row_ptr[i + 1]]`` (and their
-        weights), found by ``_dense[pair]`` or by ``_pair_key`` (sorted) and ``_key_row``."""
+        """The table of routed pairs: row ``i`` holds the forward links ``_row_link[_row_ptr[i]:_row_ptr[i +
+        1]]``, found by ``_dense[pair]`` or by ``_pair_key`` (sorted) and ``_key_row``."""
         p = self.fabric.servers
         self._dense = None if p * p > _DENSE_MAX or self.fabric.hops <= 2 else np.zeros(0, dtype=np.int32)
         self._pair_key = np.zeros(0, dtype=np.int64)
         self._key_row = np.zeros(0, dtype=np.int64)
         self._row_ptr = np.zeros(1, dtype=np.int64)
         self._row_link = np.zeros(0, dtype=np.int32)
-        self._row_wt = np.zeros(0)
 
     def _find(self, pair: np.ndarray) -> np.ndarray:
         """Table rows of ``pair`` (-1 where not routed yet)."""
@@ -154,13 +147,12 @@ class FlowModel:
     def _add_rows(self, new: np.ndarray) -> None:
         """Route the pairs ``new`` (distinct, not in the table) and append them as rows."""
         p = self.fabric.servers
-        links = self._route(new // p, new % p)
+        links = self.fabric.routes(new // p, new % p)
         use = links >= 0
         n_rows = len(self._row_ptr) - 1
         rows = np.arange(n_rows, n_rows + len(new))
         self._row_ptr = np.concatenate([self._row_ptr, self._row_ptr[-1] + np.cumsum(use.sum(axis=1))])
-        self._row_link = np.concatenate([self._row_link, links[use]])
-        self._row_wt = np.concatenate([self._row_wt, np.broadcast_to(self._wcol, links.shape)[use]])
+        self._row_link = np.concatenate([self._row_link, links[use].astype(np.int32)])
         if self._dense is not None:
             self._dense[new] = rows
         else:
@@ -171,16 +163,16 @@ class FlowModel:
     def _entries(
         self, pair: np.ndarray, src: np.ndarray, dst: np.ndarray
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(flow, link, weight)`` of every (flow, link) pair of positive weight, flow by flow, each flow's
-        links in route order (forward, then ACK): the entries :func:`.maxmin.fill` takes."""
+        """``(flow, link, count)``: every (flow, forward link) pair, flow by flow, each flow's links in route
+        order (the entries :func:`.maxmin.fill_paired` takes; the reverse links are ``link ^ 1``), and how
+        many links each flow has."""
         if self._dense is None and (self.fabric.hops <= 2 or len(pair) > _TABLE_MAX):
-            links = self._route(src, dst)  # a star's route is cheaper than the lookup
+            links = self.fabric.routes(src, dst)  # a star's route is cheaper than the lookup
             if links.min(initial=0) >= 0:  # no pads: every flow has every column
                 f = np.repeat(np.arange(len(src)), links.shape[1])
-                return f, links.ravel(), np.tile(self._wcol, len(src))
+                return f, links.ravel(), np.full(len(src), links.shape[1])
             use = links >= 0
-            f, col = np.nonzero(use)
-            return f, links[use], self._wcol[col]
+            return np.nonzero(use)[0], links[use], use.sum(axis=1)
         row = self._find(pair)
         miss = row < 0
         if miss.any():
@@ -195,16 +187,21 @@ class FlowModel:
         f = np.repeat(np.arange(len(pair)), count)
         first = np.cumsum(count) - count  # where each flow's entries begin in the output
         at = np.arange(len(f)) + np.repeat(ptr[row] - first, count)
-        return f, self._row_link[at], self._row_wt[at]
+        return f, self._row_link[at], count
 
     # ------------------------------------------------------------------------------------------ rates
 
     def _per_chunk(self) -> int:
-        return max(1, _CHUNK_ENTRIES // max(1, len(self._cols)))
+        """Most flows of a step filled at once: :data:`_CHUNK_ENTRIES` (flow, link) entries, ACK links
+        counted."""
+        return max(1, _CHUNK_ENTRIES // (self.fabric.hops * (2 if self._ack > 0 else 1)))
 
     def _solve(self, pair: np.ndarray, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         if len(src) <= self._per_chunk():
-            return fill(self.fabric.capacity, *self._entries(pair, src, dst), len(src))
+            flow_of, link, _ = self._entries(pair, src, dst)
+            one = np.zeros(len(src), dtype=np.int64)
+            cap = self.fabric.capacity
+            return fill_paired(cap, one[:1], flow_of, link, one, self._fwd, self._ack)[0]
         return self._fill_large(src, dst)
 
     def _fill_large(self, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -300,57 +297,85 @@ class FlowModel:
     def _waves(self, fl: _Flows) -> tuple[np.ndarray, np.ndarray]:
         """Seconds of each step of ``fl`` (each to its last completion) and every flow's first rates.
 
-        All steps are filled together (:func:`.maxmin.fill_many`, each step its own problem with its own
-        links); then, wave after wave, each step advances to its next completion; a step whose remaining
-        flows all keep a bottleneck that no departed flow crossed keeps their rates, the others are filled
-        again (from the entries already built)."""
-        fab = self.fabric
+        All steps are filled together (:func:`.maxmin.fill_paired`, each step its own problem with its own
+        links, a flow's entries on its forward links only); then, wave after wave, each step advances to
+        its next completion; a step whose remaining flows all keep a bottleneck that no departed flow
+        crossed keeps their rates, the others are filled again (from the entries already built)."""
+        fab, fwd, ack = self.fabric, self._fwd, self._ack
         n, f_count, n_links = len(fl.starts) - 1, len(fl.src), fab.links
         step = np.repeat(np.arange(n), np.diff(fl.starts))
-        flow_of, link, wt = self._entries(fl.pair, fl.src, fl.dst)
-        key = step[flow_of] * n_links + link  # each step numbers its own links
+        flow_of, link, count = self._entries(fl.pair, fl.src, fl.dst)
+        key = step[flow_of] * n_links + link  # each step numbers its own links (a link's reverse: key ^ 1)
         if n * n_links <= _BATCH_LINKS:
             used = np.zeros(n * n_links, dtype=bool)
             used[key] = True
+            if ack > 0:  # the reverse links carry the ACKs
+                used[key ^ 1] = True
             lkey = np.flatnonzero(used)
-            number = np.cumsum(used, dtype=np.int32) - 1
+            number = np.empty(n * n_links, dtype=np.int32)
+            number[lkey] = np.arange(len(lkey), dtype=np.int32)
             cid = number[key]
         else:
-            lkey, cid = np.unique(key, return_inverse=True)
+            both = np.concatenate([key, key ^ 1]) if ack > 0 else key
+            lkey, inv = np.unique(both, return_inverse=True)
+            cid = inv[: len(key)]
         lstart = np.searchsorted(lkey, np.arange(n) * n_links)
         cap = fab.capacity[lkey % n_links]
-        rate, froze, full_at = fill_many(cap, lstart, flow_of, cid, wt, step)
+        # the numbered links are closed under ^ 1 and sorted: a link and its reverse stay a pair 2j, 2j + 1
+        rate, froze, full_at = fill_paired(cap, lstart, flow_of, cid, step, fwd, ack)
         self.rate_solves += n
         first = rate.copy()
-        valid = full_at[cid] == froze[flow_of]  # the entry's link is one of the flow's bottlenecks
-        eptr = np.searchsorted(flow_of, np.arange(f_count + 1))  # flow f's entries: eptr[f]..eptr[f+1]-1
+        # the entry's link, or its reverse, is one of the flow's bottlenecks
+        fz = froze[flow_of]
+        valid = full_at[cid] == fz
+        if ack > 0:
+            valid |= full_at[cid ^ 1] == fz
+        eptr = np.zeros(f_count + 1, dtype=np.int64)  # flow f's entries: eptr[f]..eptr[f+1]-1
+        np.cumsum(count, out=eptr[1:])
         t = np.zeros(n)
         left = fl.left
         alive = np.arange(f_count)
         running = np.ones(f_count, dtype=bool)
         touched = np.zeros(len(cap), dtype=bool)
+        busy = np.zeros(n, dtype=bool)
+        every = slice(None)  # the first wave: every flow runs (no index arrays)
         while True:
-            need = left[alive] / rate[alive]
-            at, size = _segments(step[alive])
+            sel = every if len(alive) == f_count else alive
+            need = left[sel] / rate[sel]
+            at, size = (fl.starts[:-1], np.diff(fl.starts)) if sel is every else _segments(step[alive])
             dt = np.minimum.reduceat(need, at)
             dt_f = np.repeat(dt, size)
             done = need <= dt_f * (1 + _TOGETHER)
             t[step[alive[at]]] += dt
-            left[alive] -= rate[alive] * dt_f
+            left[sel] -= rate[sel] * dt_f
             gone = alive[done]
             alive = alive[~done]
             if not alive.size:
                 return t, first
             running[gone] = False
-            # links a departed flow crossed: no longer a bottleneck of anyone (gone's entries, by offsets)
-            count = eptr[gone + 1] - eptr[gone]
-            at_e = np.arange(count.sum()) + np.repeat(eptr[gone] - (np.cumsum(count) - count), count)
+            # links a departed flow crossed, forward or ACK, in a step still running: no longer a
+            # bottleneck of anyone (gone's entries, by offsets); a link and its reverse are touched
+            # together, so an entry's flag covers both its links
+            busy[:] = False
+            busy[step[alive]] = True
+            gone = gone[busy[step[gone]]]
+            cnt = count[gone]
+            at_e = np.arange(cnt.sum()) + np.repeat(eptr[gone] - (np.cumsum(cnt) - cnt), cnt)
             touched[:] = False
             touched[cid[at_e]] = True
-            valid &= ~touched[cid]
-            held = np.logical_or.reduceat(valid, eptr[:-1])  # every flow has an entry
+            if ack > 0:
+                touched[cid[at_e] ^ 1] = True
+            # a flow that had a bottleneck after the last wave keeps one unless an entry of it was touched
+            lost_e = valid & touched[cid]
+            valid &= ~lost_e
+            chk = flow_of[lost_e]
+            chk = np.unique(chk[running[chk]])
+            cnt = count[chk]
+            first_e = np.cumsum(cnt) - cnt
+            at_e = np.arange(cnt.sum()) + np.repeat(eptr[chk] - first_e, cnt)
+            held = np.logical_or.reduceat(valid[at_e], first_e) if len(chk) else np.ones(0, dtype=bool)
             lost = np.zeros(n, dtype=bool)  # steps with a flow that lost every bottleneck: fill again
-            lost[step[alive[~held[alive]]]] = True
+            lost[step[chk[~held]]] = True
             if lost.any():  # those steps alone, on their own links
                 again = lost[step[flow_of]] & running[flow_of]
                 ls = np.flatnonzero(lost)
@@ -361,13 +386,16 @@ class FlowModel:
                 sub_link = np.arange(size.sum()) + np.repeat(shift[ls], size)
                 rank = np.zeros(n, dtype=np.int64)
                 rank[ls] = np.arange(len(ls))
-                sub_cid = cid[again] - shift[step[flow_of[again]]]
                 f_again = flow_of[again]
-                r2, f2, a2 = fill_many(cap[sub_link], sub_start, f_again, sub_cid, wt[again], rank[step])
+                sub_cid = cid[again] - shift[step[f_again]]
+                r2, f2, a2 = fill_paired(cap[sub_link], sub_start, f_again, sub_cid, rank[step], fwd, ack)
                 self.rate_solves += len(ls)
                 redo = alive[lost[step[alive]]]
                 rate[redo] = r2[redo]
-                valid[again] = a2[sub_cid] == f2[f_again]
+                ok = a2[sub_cid] == f2[f_again]
+                if ack > 0:
+                    ok |= a2[sub_cid ^ 1] == f2[f_again]
+                valid[again] = ok
 
     def _times(self, items: list[tuple[np.ndarray, np.ndarray, np.ndarray, bytes | None]]) -> list[float]:
         """Seconds until the last flow of each item ``(src, dst, nbytes, rates key)`` completes (no

@@ -13,7 +13,10 @@ keeping only per-flow and per-link arrays): each round touches only the entries 
 a frozen flow's rate is the filling level it was frozen at. :func:`fill_many` fills many independent problems
 at once (each its own rounds, its own level: the same arithmetic, so the same rates bit for bit as
 :func:`fill` on each), and says which link froze each flow, so the flow model can tell when a flow set's
-rates still hold after some flows have left (:mod:`.engine`).
+rates still hold after some flows have left (:mod:`.engine`). :func:`fill_paired` is :func:`fill_many` for
+the flow model's own weights, with each flow's entries on its forward links only: a flow loads its link
+``l`` with ``fwd`` and the reverse link ``l ^ 1`` with ``ack`` (its ACKs). Half the entries to carry from
+round to round, and the same rates bit for bit (a link's load is summed in the same order).
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-__all__ = ["fill", "fill_chunked", "fill_many", "maxmin_rates"]
+__all__ = ["fill", "fill_chunked", "fill_many", "fill_paired", "maxmin_rates"]
 
 _TIE = 1e-9  # links whose share is within 1e-9 of the least one fill in the same round
 
@@ -120,6 +123,72 @@ def fill_many(
             break
         keep = active[flow_of]
         flow_of, link_of, wt = flow_of[keep], link_of[keep], wt[keep]
+    return rate, froze, full_at
+
+
+def fill_paired(
+    capacity: np.ndarray,
+    lstart: np.ndarray,
+    flow_of: np.ndarray,
+    link_of: np.ndarray,
+    prob_of: np.ndarray,
+    fwd: float,
+    ack: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`fill_many` where entry ``i`` loads link ``link_of[i]`` with ``fwd`` and its reverse
+    ``link_of[i] ^ 1`` with ``ack`` (>= 0): links come in pairs ``2j, 2j + 1`` (each problem's links
+    too, where ``ack > 0``), as a fabric numbers a cable's two directions; entries flow by flow.
+
+    The same arithmetic as :func:`fill_many` on each flow's forward entries followed by its reverse ones
+    (weights ``fwd``, ``ack``): a link's load adds its flows' weights one flow after the other, in the same
+    order, so the rates are :func:`fill_many`'s bit for bit, provided no flow crosses a cable both ways
+    (then a link gets at most one weight per flow and the order within a flow does not matter). A flow
+    freezes when one of its links or their reverses fills. Returns ``(rate, froze, full_at)`` as
+    :func:`fill_many`: a flow's bottlenecks are its links ``l`` or ``l ^ 1`` with ``full_at == froze``."""
+    n_links, f_count = len(capacity), len(prob_of)
+    lsize = np.diff(np.append(lstart, n_links))
+    froze = np.zeros(f_count, dtype=np.int32)
+    full_at = np.zeros(n_links, dtype=np.int32)
+    left = np.array(capacity, dtype=float)
+    level = np.zeros(len(lstart))
+    levels = [level.copy()]  # each problem's level after each round: a flow's rate is its round's level
+    share = np.empty(n_links)
+    per = 2 if ack > 0 else 1
+    wt = np.tile([fwd, ack][:per], len(flow_of))  # an entry's weights: fwd on its link, ack on the reverse
+    event = np.empty(per * len(flow_of), dtype=link_of.dtype)
+    rnd = 0
+    while flow_of.size:
+        rnd += 1
+        m = per * len(link_of)
+        event[:m:per] = link_of
+        if ack > 0:
+            np.bitwise_xor(link_of, 1, out=event[1:m:2])
+        load = np.bincount(event[:m], weights=wt[:m], minlength=n_links)  # summed flow after flow
+        loaded = load > 0
+        share.fill(np.inf)
+        np.divide(left, load, out=share, where=loaded)
+        d = np.maximum(np.minimum.reduceat(share, lstart), 0.0)  # inf: a problem with nothing growing
+        live = np.isfinite(d)
+        level[live] += d[live]
+        levels.append(level.copy())
+        dl = np.repeat(np.where(live, d, 0.0), lsize)  # a finished problem's links: share inf, load 0
+        full = share <= dl * (1 + _TIE)
+        np.copyto(full_at, rnd, where=full)
+        left -= dl * load
+        np.copyto(left, 0.0, where=full)
+        hit = full
+        if ack > 0:  # a flow is frozen by its links and by their reverses
+            hit = full.copy()
+            hit[0::2] |= full[1::2]
+            hit[1::2] |= full[0::2]
+        froze[flow_of[hit[link_of]]] = rnd
+        keep = froze[flow_of] == 0
+        if not keep.any():
+            break
+        flow_of, link_of = flow_of[keep], link_of[keep]
+    rate = np.full(f_count, np.inf)  # a flow without entries: inf
+    done = froze > 0
+    rate[done] = np.stack(levels)[froze[done], prob_of[done]]
     return rate, froze, full_at
 
 
