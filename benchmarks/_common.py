@@ -10,15 +10,9 @@ import signal
 import sys
 from pathlib import Path
 
+from dpcomm.testbed.owned import loadavg
+
 __all__ = ["busy_share", "cpu_ticks", "loadavg", "sigterm_exits"]
-
-
-def loadavg() -> str:
-    """The 1, 5 and 15 minute load averages from ``/proc/loadavg`` (``"n/a"`` where there is none)."""
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def cpu_ticks() -> tuple[int, int] | None:

@@ -38,7 +38,6 @@ import argparse
 import json
 import os
 import platform
-import re
 import signal
 import sys
 import time
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from dpcomm.demo_report import TOPOLOGY, pooled_cost, report
+from dpcomm.testbed.owned import loadavg, owned_name, remove_stale
 
 __all__ = ["SCHEDULES", "TRACE", "cluster_unavailable", "main", "pooled_cost", "testbed_name"]
 
@@ -54,20 +54,12 @@ TRACE = "resnet20-cpu-b32"
 """The shipped trace the emulated model follows (ResNet-20, batch 32, measured on this kind of CPU)."""
 
 
-def _load() -> str:
-    """The 1, 5 and 15 minute load averages (other jobs on the machine slow the network's CPU work)."""
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
-
-
 def _machine() -> str:
     import torch
 
     return (
         f"Machine: {platform.machine()}, {os.cpu_count()} CPU cores, torch {torch.__version__}, "
-        f"load average {_load()}"
+        f"load average {loadavg()}"
     )
 
 
@@ -87,30 +79,12 @@ def cluster_unavailable() -> str | None:
 
 def testbed_name(pid: int | None = None) -> str:
     """This process's testbed name, ``dm`` and the pid in hex (at most 8 characters: pids are < 2**22)."""
-    return f"dm{os.getpid() if pid is None else pid:x}"
+    return owned_name("dm", pid)
 
 
 def _remove_stale() -> None:
-    """Take down the testbeds of demos that were killed outright (SIGKILL skips ``finally``): named
-    ``dm<hex pid>`` with that pid gone and nothing running inside (their workers died with them)."""
-    from dpcomm.testbed import down, leftovers
-    from dpcomm.testbed.shell import run
-
-    names = {ns.removeprefix("dpc-").rsplit("-", 1)[0] for ns in leftovers()}
-    for name in sorted(names):
-        m = re.fullmatch(r"dm([0-9a-f]{1,6})", name)
-        if m is None or name != testbed_name(int(m.group(1), 16)):
-            continue
-        try:
-            os.kill(int(m.group(1), 16), 0)
-            continue  # that demo still runs
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        if any(run(["ip", "netns", "pids", ns], check=False).strip() for ns in leftovers(name)):
-            continue
-        down(name)
+    """Take down the testbeds of demos killed outright (:func:`dpcomm.testbed.owned.remove_stale`)."""
+    remove_stale("dm")
 
 
 def run_cluster(args: argparse.Namespace, console: Any, t0: float) -> int:
@@ -164,7 +138,7 @@ def run_cluster(args: argparse.Namespace, console: Any, t0: float) -> int:
         return 1
     results = [TrainResult(**d) for d in json.loads(results_path.read_text())]
     report(console, results, out, args.rate)
-    console.print(f"Took {time.perf_counter() - t0:.0f} s; load average now {_load()}.", highlight=False)
+    console.print(f"Took {time.perf_counter() - t0:.0f} s; load average now {loadavg()}.", highlight=False)
     return 0
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import re
 import signal
 import sys
 import threading
@@ -24,6 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from dpcomm.errors import UserError
+from dpcomm.testbed.owned import loadavg, owned_name
+from dpcomm.testbed.owned import remove_stale as _remove_owned
 from dpcomm.validate.cases import Case
 
 __all__ = [
@@ -37,14 +38,6 @@ __all__ = [
 ]
 
 _PREFIX = "vl"
-
-
-def loadavg() -> str:
-    """The 1, 5 and 15 minute load averages (other jobs slow the network's CPU work)."""
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "n/a"
 
 
 def machine() -> dict[str, Any]:
@@ -64,29 +57,12 @@ def cluster_unavailable() -> str | None:
 
 def testbed_name(pid: int | None = None) -> str:
     """``vl`` and the pid in hex (at most 8 characters: pids are < 2**22)."""
-    return f"{_PREFIX}{os.getpid() if pid is None else pid:x}"
+    return owned_name(_PREFIX, pid)
 
 
 def remove_stale() -> None:
-    """Take down testbeds of validate runs killed outright (SIGKILL skips ``finally``): named ``vl<hex pid>``
-    with that pid gone and nothing running inside."""
-    from dpcomm.testbed import down, leftovers
-    from dpcomm.testbed.shell import run
-
-    for name in sorted({ns.removeprefix("dpc-").rsplit("-", 1)[0] for ns in leftovers()}):
-        m = re.fullmatch(_PREFIX + r"([0-9a-f]{1,6})", name)
-        if m is None or name != testbed_name(int(m.group(1), 16)):
-            continue
-        try:
-            os.kill(int(m.group(1), 16), 0)
-            continue  # that run still goes on
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            continue
-        if any(run(["ip", "netns", "pids", ns], check=False).strip() for ns in leftovers(name)):
-            continue
-        down(name)
+    """Take down testbeds of validate runs killed outright (:func:`dpcomm.testbed.owned.remove_stale`)."""
+    _remove_owned(_PREFIX)
 
 
 def load_record(out: Path, case: Case) -> dict[str, Any] | None:
