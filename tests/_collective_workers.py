@@ -4,6 +4,7 @@
 process group, checks each result against ``native`` (exact: rank-valued inputs), counts every algorithm's
 sends and bytes and compares them with the formula in its module docstring (:func:`expected_traffic`,
 written out here independently of the algorithms' code). It returns a compact list of failures.
+``matrices`` runs it on a group of every size 1..world in one launch (one set of spawned workers).
 
 ``dead_peer`` runs one algorithm's allreduce in freshly forked workers where one worker exits at its first
 send (after its receives are posted); every other worker must raise ``CollectiveError`` naming the algorithm
@@ -145,7 +146,7 @@ def expected_traffic(algo, op: str, n: int, e: int, p: int, rank: int, root: int
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _algorithms(p: int) -> tuple[dict, list[str]]:
+def _algorithms(p: int, group) -> tuple[dict, list[str]]:
     """Every registered algorithm but noop; bcube only where P is n^k (it rejects other P by design)."""
     algos, skipped = {}, []
     for name in sorted(names()):
@@ -154,7 +155,7 @@ def _algorithms(p: int) -> tuple[dict, list[str]]:
         try:
             algos[name] = get(name)
             if name == "bcube" and p > 1:  # the shape is checked against the group on the first call
-                algos[name].allreduce(torch.zeros(1))
+                algos[name].allreduce(torch.zeros(1), group=group)
         except UserError:
             skipped.append(name)
             algos.pop(name, None)
@@ -162,18 +163,40 @@ def _algorithms(p: int) -> tuple[dict, list[str]]:
     return algos, skipped
 
 
-def _run(algo, op: str, x: torch.Tensor, root: int, group=None) -> None:
+def _run(algo, op: str, x: torch.Tensor, root: int, group) -> None:
     if op == "allreduce":
         algo.allreduce(x, group=group)
     else:
         getattr(algo, op)(x, root=root, group=group)
 
 
-def matrix() -> dict:
-    """Every algorithm x op x count x dtype against native on the default group (+ a sub-group check)."""
+def matrices() -> dict[int, dict]:
+    """:func:`matrix` on a group of every size P = 1..world, one after another: the last P ranks (group rank =
+    global rank - (world - P), so every peer and root goes through the group-to-global translation), the
+    whole world on the default group (``group=None``). Returns {P: result} for the groups this rank is in."""
     torch.set_num_threads(1)
-    rank, p = init_worker(timeout_s=60)
-    algos, skipped = _algorithms(p)
+    rank, world = init_worker(timeout_s=60)
+    # new_group is collective over the default group: every rank creates every group, in the same order.
+    # Groups under test keep the 60 s timeout (new_group's default is 30 min); the barrier group waits while
+    # a whole matrix runs on the others (up to 7 s per P measured under load), so it gets 600 s.
+    groups = {
+        p: dist.new_group(list(range(world - p, world)), timeout=datetime.timedelta(seconds=60))
+        for p in range(1, world)
+    }
+    between = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=600))
+    out = {}
+    for p in range(1, world + 1):
+        if rank >= world - p:
+            out[p] = matrix(groups.get(p))
+        dist.barrier(group=between)  # ranks outside the group wait here, not in the next group's first call
+    dist.destroy_process_group()
+    return out
+
+
+def matrix(group=None) -> dict:
+    """Every algorithm x op x count x dtype against native on ``group`` (this rank is a member)."""
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    algos, skipped = _algorithms(p, group)
     fails: list[str] = []
     ran = 0
     for n in counts(p):
@@ -182,7 +205,7 @@ def matrix() -> dict:
             for i, op in enumerate(OPS):
                 root = (n + i) % p
                 ref = (rank + 1) * f
-                _run(algos["native"], op, ref, root)
+                _run(algos["native"], op, ref, root, group)
                 exact = (root + 1) * f if op == "broadcast" else p * (p + 1) // 2 * f
                 check = op != "reduce" or rank == root
                 if check and not torch.equal(ref, exact):
@@ -195,7 +218,7 @@ def matrix() -> dict:
                     x = (rank + 1) * f
                     try:
                         with _p2p.count_traffic() as t:
-                            _run(algo, op, x, root)
+                            _run(algo, op, x, root, group)
                     except Exception as exc:  # keep going: one failure should not hide the others
                         fails.append(f"{name} {op} n={n} {dtype} root={root}: {type(exc).__name__}: {exc}")
                         continue
@@ -207,37 +230,7 @@ def matrix() -> dict:
                     want = expected_traffic(algo, op, n, f.element_size(), p, rank, root)
                     if want is not None and (t.sends, t.bytes) != want:
                         fails.append(f"{where}: sent {t.sends} msgs/{t.bytes} B, docstring says {want}")
-    fails += _subgroup(algos, rank, p)
-    dist.destroy_process_group()
     return {"rank": rank, "fails": fails, "ran": ran, "algos": sorted(algos), "skipped": skipped}
-
-
-def _subgroup(algos: dict, rank: int, p: int) -> list[str]:
-    """Ranks 1..P-1 as their own group (group rank = global rank - 1): peers and roots are group ranks."""
-    if p < 3:
-        return []
-    members = list(range(1, p))
-    group = dist.new_group(members)
-    if rank == 0:
-        return []
-    g, q = rank - 1, p - 1
-    f = pattern(1001, torch.float32)
-    fails = []
-    for name, algo in algos.items():
-        if name == "bcube":
-            continue  # bcube needs q = n^k; its own tests cover groups
-        for i, op in enumerate(OPS):
-            root = (i + 1) % q
-            x = (g + 1) * f
-            try:
-                _run(algo, op, x, root, group)
-            except Exception as exc:
-                fails.append(f"{name} {op} on a sub-group: {type(exc).__name__}: {exc}")
-                continue
-            want = (root + 1) * f if op == "broadcast" else q * (q + 1) // 2 * f
-            if (op != "reduce" or g == root) and not torch.equal(x, want):
-                fails.append(f"{name} {op} on a sub-group of {q} (group rank {g}, root {root}): wrong result")
-    return fails
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -314,6 +307,8 @@ def dead_peer(
                 break
             out[rank] = (kind, msg, secs)
     finally:
+        if absent:  # every survivor has reported (or the deadline passed): the victim sleeps 3 x timeout_s
+            procs[victim].kill()
         for pr in procs:
             pr.join(timeout=max(0.1, end - time.monotonic()))
             if pr.is_alive():

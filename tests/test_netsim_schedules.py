@@ -1,14 +1,17 @@
 """The schedules the network simulator prices are the messages the real algorithms send.
 
 Each collective module's ``steps()`` is compared with what its allreduce posts on spawned gloo processes:
-the point-to-point layer is instrumented (every ``P2P.isend`` records ``(rank, peer, bytes)``) and the
+the point-to-point layer is instrumented (every ``P2P.isend`` records ``(group rank, peer, bytes)``) and the
 multiset of messages must equal the schedule's, for P = 4, 5, 6 (non-powers of two included), an element
-count that is not a multiple of P, and LP cut into several blocks. One launch per P (~5 s each here).
+count that is not a multiple of P, and LP cut into several blocks. Budget: one launch of 6 ranks runs every
+P on its own group (11-28 s on the 2-core machine under load average 6-10 from other jobs, where one launch
+per P took 60-63 s under the same load, 15 s quiet).
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 
 import numpy as np
 import pytest
@@ -22,39 +25,58 @@ from dpcomm.launch import init_worker, launch
 NUMEL = 37  # float32: 148 bytes, not a multiple of any P tried
 LP_BLOCK = 40  # bytes: 4 blocks of 10 elements
 MODULES = {"ring": ring, "be": be, "mst": mst, "ps": ps}
+SIZES = (4, 5, 6)  # P: non-powers of two included
 
 
-def _record_sends() -> list[tuple[str, int, int, int]]:
-    """Run every algorithm's allreduce once with ``P2P.isend`` wrapped to record each message."""
+def _record_sends() -> dict[int, list[tuple[str, int, int, int]]]:
+    """Run every algorithm's allreduce once on a group of each size in ``SIZES`` with ``P2P.isend`` wrapped to
+    record each message: {P: [(algorithm, group rank, peer, bytes)]}. A group is the last P ranks (group
+    rank = global rank - (world - P)); the whole world is the default group."""
     torch.set_num_threads(1)
-    rank, _ = init_worker(timeout_s=60)
-    seen: list[tuple[str, int, int, int]] = []
-    current = [""]
+    rank, world = init_worker(timeout_s=60)
+    # collective over the default group: every rank creates every group, in the same order
+    timeout = timedelta(seconds=60)  # new_group's default is 30 min
+    groups = {p: dist.new_group(list(range(world - p, world)), timeout=timeout) for p in SIZES if p < world}
+    seen: dict[int, list[tuple[str, int, int, int]]] = {}
+    current: list = [0, ""]  # size, algorithm
     real = _p2p.P2P.isend
 
     def isend(self, tensor, peer, step):
-        seen.append((current[0], self.rank, peer, tensor.numel() * tensor.element_size()))
+        seen[current[0]].append((current[1], self.rank, peer, tensor.numel() * tensor.element_size()))
         return real(self, tensor, peer, step)
 
     _p2p.P2P.isend = isend
     try:
-        for name in (*MODULES, "lp"):
-            current[0] = name
-            algo = get(name, block_bytes=LP_BLOCK) if name == "lp" else get(name)
-            algo.allreduce(torch.arange(NUMEL, dtype=torch.float32) + rank)
+        for p in SIZES:
+            if rank < world - p:
+                continue  # not a member (the groups nest: it waits in the next one's first call, ~ms)
+            group = groups.get(p)
+            seen[p] = []
+            for name in (*MODULES, "lp"):
+                current[:] = [p, name]
+                algo = get(name, block_bytes=LP_BLOCK) if name == "lp" else get(name)
+                algo.allreduce(torch.arange(NUMEL, dtype=torch.float32) + dist.get_rank(group), group=group)
     finally:
         _p2p.P2P.isend = real
     dist.destroy_process_group()
     return seen
 
 
+@pytest.fixture(scope="module")
+def sends_by_size() -> dict[int, dict[str, Counter]]:
+    """One launch of max(SIZES) ranks: {P: {algorithm: Counter of (src, dst, bytes)}}."""
+    sent: dict[int, dict[str, Counter]] = {p: {} for p in SIZES}
+    for by_size in launch(_record_sends, max(SIZES)):
+        for p, rows in by_size.items():
+            for name, src, dst, nbytes in rows:
+                sent[p].setdefault(name, Counter())[(src, dst, nbytes)] += 1
+    return sent
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("p", [4, 5, 6])
-def test_schedules_are_what_the_algorithms_send(p):
-    sent: dict[str, Counter] = {}
-    for rows in launch(_record_sends, p):
-        for name, src, dst, nbytes in rows:
-            sent.setdefault(name, Counter())[(src, dst, nbytes)] += 1
+@pytest.mark.parametrize("p", SIZES)
+def test_schedules_are_what_the_algorithms_send(sends_by_size, p):
+    sent = sends_by_size[p]
     for name, mod in MODULES.items():
         assert sent[name] == message_counts(mod.steps(p, NUMEL, 4)), name
     assert sent["lp"] == message_counts(lp.steps(p, NUMEL, 4, block_bytes=LP_BLOCK))
