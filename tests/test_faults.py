@@ -4,8 +4,8 @@ ends the run, a taken port is one line before any worker starts; ``testbed launc
 
 Multi-process cases run the real CLI in a process of its own (a new session, as a terminal's job) with
 ``TMPDIR`` in the test's folder, so what a run leaves in the temporary directory can be seen; they are
-marked slow. Budget: ~150 s on the 2-core VM at load 7-14 (ten runs of 2-3 workers, most stopped early),
-~5 s for the testbed cases; the in-process cases take a second or less each.
+marked slow. Budget: ~75 s on the 2-core VM at load 6 (ten launches of 2-3 workers, most stopped early;
+two resumed runs share one), ~5 s for the testbed cases; the in-process cases take a second or less each.
 """
 
 from __future__ import annotations
@@ -387,12 +387,14 @@ def test_a_train_interrupted_by_sigterm_keeps_its_last_checkpoint(tmp_path):
 def test_resume_keeps_the_plan_that_was_kept_with_mgwfbp(tmp_path):
     """mgwfbp picks its plan from timings, so two fresh runs may differ on P = 3. A periodic checkpoint waits
     until the plan is kept and carries it; a resumed run uses it (no profiling) and is then a function of
-    the checkpoint alone: two resumes of one checkpoint agree bit for bit."""
+    the checkpoint alone: two resumes of one checkpoint agree bit for bit (run one after the other in one
+    launch: a run that timed its plans again would still see other timings)."""
     import shutil as sh
 
     from dpcomm.launch import WorkerFailure
     from dpcomm.runtime.checkpoint import load_checkpoint
     from dpcomm.train import TrainConfig, train
+    from tests._train_workers import train_runs
 
     def cfg(ckpt: Path, **kw) -> TrainConfig:
         base = {"model": "lenet5", "batch_size": 4, "schedule": "mgwfbp", "nproc": 3, "iters": 8}
@@ -415,8 +417,7 @@ def test_resume_keeps_the_plan_that_was_kept_with_mgwfbp(tmp_path):
     # completes iteration 5 is a race (rank 1's last sends of it may or may not be through): 5 or 6
     assert state["iteration"] in (5, 6) and state["plan"] is not None
     sh.copytree(tmp_path / "late", tmp_path / "again")
-    one = train(cfg(tmp_path / "late", resume=True))
-    two = train(cfg(tmp_path / "again", resume=True))
+    (one,), (two,) = train_runs([(cfg(tmp_path / d, resume=True), None) for d in ("late", "again")])
     assert one.start_iteration == two.start_iteration == state["iteration"]
     assert one.plan == two.plan == state["plan"]
     assert not any("measured t_f" in line or "timing" in line for line in one.log)  # no planning again

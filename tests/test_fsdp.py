@@ -1,8 +1,9 @@
 """``dpcomm.fsdp``: FSDP plans run by stock PyTorch FSDP2, and ``dpcomm train --schedule fsdp:PLANNER``.
 
 Fast tier: schedule parsing, the unit-to-module mapping and its coarsening (no processes), and the budget
-refusals through ``shard`` on a one-rank gloo group in this process. Slow tier: one launch per model of 3
-gloo workers training every FSDP planner side by side with DDP, and a checkpointed half run resumed.
+refusals through ``shard`` on a one-rank gloo group in this process. Slow tier: one launch of 3 gloo
+workers that trains, per model, every FSDP planner side by side with DDP, then a checkpointed half run of
+one planner and its resume (one launch, not four: starting the workers costs more than the iterations).
 
 Tolerance: FSDP2 averages gradients with a reduce-scatter, DDP with a ring all-reduce; with 3 ranks the
 float32 sums are taken in another order, so a few ulps differ per step. After 4 SGD steps at lr 0.05 the
@@ -143,18 +144,29 @@ def test_budgets_are_refused_in_one_line(one_rank):
 
 PLANNERS = ["per-block", "optimal", "whole", "per-layer", "size:256KB"]
 BASE = dict(nproc=3, iters=4, batch_size=4, threads=1, profile_iters=1, verify_iters=1, progress=False)
+RESUMED = "fsdp:size:256KB"
 
 
 @pytest.fixture(scope="module")
-def runs():
-    """Per model, one launch of 3 workers: DDP and every FSDP planner side by side (interleaved)."""
-    from dpcomm.train import compare_schedules
+def runs(tmp_path_factory):
+    """One launch of 3 workers: per model, DDP and every FSDP planner side by side (interleaved); then half
+    the LeNet-5 run of one planner with a checkpoint (kept as a copy), and that half resumed
+    (``tests/_train_workers.py``)."""
+    from tests._train_workers import train_runs
 
-    out = {}
-    for model in ("gpt2-tiny", "lenet5"):
-        cfg = TrainConfig(model=model, **BASE)
-        out[model] = compare_schedules(cfg, ["ddp"] + [f"fsdp:{p}" for p in PLANNERS])
-    return out
+    tmp = tmp_path_factory.mktemp("fsdp")
+    half, kept = tmp / "ckpt", tmp / "half"
+    one = dict(model="lenet5", schedule=RESUMED, **BASE)
+    schedules = ["ddp"] + [f"fsdp:{p}" for p in PLANNERS]
+    gpt, lenet, _, (resumed,) = train_runs(
+        [
+            (TrainConfig(model="gpt2-tiny", **BASE), schedules),
+            (TrainConfig(model="lenet5", **BASE), schedules),
+            (TrainConfig(**{**one, "iters": 2, "checkpoint": str(half)}), None, str(kept)),
+            (TrainConfig(**{**one, "checkpoint": str(half), "resume": True}), None),
+        ]
+    )
+    return {"gpt2-tiny": gpt, "lenet5": lenet, "resumed": (resumed, kept)}
 
 
 @pytest.mark.slow
@@ -169,22 +181,18 @@ def test_every_fsdp_planner_trains_like_ddp(runs, model):
 
 
 @pytest.mark.slow
-def test_fsdp_resumes_bitwise(runs, tmp_path):
+def test_fsdp_resumes_bitwise(runs):
     # half the run with a checkpoint, then resumed: bitwise the uninterrupted run of the same schedule
-    # (the one in the side-by-side launch: interleaving changes no value, every replica is seeded alike)
+    # (the one in the side-by-side run: interleaving changes no value, every replica is seeded alike)
     from dpcomm.models import get_model
     from dpcomm.runtime.checkpoint import load_checkpoint
-    from dpcomm.train import train
 
-    base = dict(model="lenet5", schedule="fsdp:size:256KB", **BASE)
-    whole = next(r for r in runs["lenet5"] if r.schedule == "fsdp:size:256KB")
-    half = tmp_path / "ckpt"
-    train(TrainConfig(**{**base, "iters": 2, "checkpoint": str(half)}))
+    resumed, half = runs["resumed"]  # half: a copy of the half run's checkpoint folder, as it wrote it
+    whole = next(r for r in runs["lenet5"] if r.schedule == RESUMED)
     state = load_checkpoint(half)
     assert state["iteration"] == 2 and state["replica"]["layer_params"]
     assert not any(type(v).__name__ == "DTensor" for v in state["model"].values())  # full tensors
     fresh = get_model("lenet5").state_dict()
     assert {k: v.shape for k, v in state["model"].items()} == {k: v.shape for k, v in fresh.items()}
-    resumed = train(TrainConfig(**{**base, "checkpoint": str(half), "resume": True}))
     assert resumed.start_iteration == 2
     assert resumed.params_sha256 == whole.params_sha256 and len(set(whole.params_sha256)) == 1
