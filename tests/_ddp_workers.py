@@ -4,8 +4,6 @@
 recording comm hook (``GradBucket.parameters()``), two iterations each. ``unit_cases`` does the same through
 ``dpcomm.ddp.wrap`` for transformers (GPT-2 from the zoo; a hand-written GPT with a tied embedding, a frozen
 LayerNorm and an unused head under ``find_unused_parameters=True``) and trains each next to plain DDP.
-``hook_cases`` checks dpcomm collectives as DDP comm hooks against DDP's own all-reduce on integer-valued
-gradients.
 """
 
 from __future__ import annotations
@@ -229,57 +227,4 @@ def bucket_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             }
         )
         del ddp
-    return out
-
-
-def _int_model(seed: int) -> nn.Module:
-    torch.manual_seed(seed)
-    model = nn.Sequential(nn.Linear(6, 5), nn.ReLU(), nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 3))
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randint(-3, 4, p.shape).float())
-    return model
-
-
-def hook_cases(names: list[str], world_expected: int) -> dict[str, Any]:
-    """Per collective and state kind: max |grad(DDP + dpcomm hook) - grad(DDP)| over all parameters."""
-    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import fp16_compress_wrapper
-
-    from dpcomm.ddp import HookState, collective_hook, wrap
-
-    rank, world = init_worker()
-    torch.set_num_threads(1)
-    assert world == world_expected
-    torch.manual_seed(100 + rank)
-    x = torch.randint(-2, 3, (4, 6)).float()
-
-    def grads(ddp: nn.Module) -> list[torch.Tensor]:
-        for _ in range(2):  # the second iteration runs the rebuilt buckets
-            for p in ddp.parameters():
-                p.grad = None
-            ddp(x).sum().backward()
-        return [p.grad.clone() for p in ddp.parameters()]
-
-    reference = grads(wrap(_int_model(0), "wfbp", example=x))
-    out: dict[str, Any] = {}
-    for name in names:
-        for mode in ("inline", "thread", "fp16"):
-            ddp = wrap(_int_model(0), "wfbp", example=x)
-            inner, calls = collective_hook(name), [0]
-
-            def hook(state, bucket, inner=inner, calls=calls):  # counts the buckets DDP hands over
-                calls[0] += 1
-                return inner(state, bucket)
-
-            state: Any = HookState() if mode == "thread" else None
-            ddp.register_comm_hook(state, fp16_compress_wrapper(hook) if mode == "fp16" else hook)
-            try:
-                got = grads(ddp)
-                diff = max(float((a - b).abs().max()) for a, b in zip(got, reference, strict=True))
-                scale = max(float(g.abs().max()) for g in got)
-                out[f"{name}/{mode}"] = {"diff": diff, "scale": scale, "calls": calls[0]}
-            except Exception as exc:  # noqa: BLE001 - reported to the test
-                out[f"{name}/{mode}"] = {"error": f"{type(exc).__name__}: {exc}"}
-            if isinstance(state, HookState):
-                state.close()
     return out
