@@ -1,13 +1,16 @@
 """Worker functions for tests/test_ps.py (module level: the launcher spawns processes that import them).
 
-One launch of ``W + S`` processes runs every case back to back: co-located cases on the group of the first
-``W`` ranks (the others sit them out), dedicated ones on all ranks.
+One launch of ``W + S`` processes (:func:`run_all`) runs every case back to back: co-located cases on the
+group of the first ``W`` ranks (the others sit them out), dedicated ones on all ranks; then the one-off
+checks, each on the first ranks it needs and process groups of its own (one launch instead of five: a
+process start, torch's import and the first optimizer's ``torch._dynamo`` import cost more than any check).
 """
 
 from __future__ import annotations
 
 import copy
 import functools
+import os
 import time
 from typing import Any
 
@@ -35,6 +38,7 @@ def _build(seed: int = 0):
     return model, opt
 
 
+@functools.cache  # batches are a function of (seed, epoch, iteration): one parse of the digits per rank
 def _data(rank: int, workers: int, batch: int) -> TrainData:
     return TrainData(
         "digits",
@@ -122,6 +126,45 @@ def run_cases(cases: list[dict[str, Any]], workers: int, servers: int) -> list[d
     return out
 
 
+def run_all(
+    cases: list[dict[str, Any]], workers: int, servers: int, methods: list[str], iters: int, batch: int
+) -> dict[str, Any]:
+    """:func:`run_cases`, then on the first ranks :func:`request_order` (2), :func:`push_after_pulls` (3),
+    :func:`user_gpt` (2) and :func:`googlenet_layers` (1), each on process groups of its own over those
+    ranks (the roles by rank as in a launch of that many), and on the last worker the all-reduce
+    :func:`reference` of ``iters`` iterations; this rank's results by name."""
+    rank, _world = init_worker("gloo", timeout_s=30)
+    timeout = group_timeout()  # the run's 30 s, not new_group's default of 30 minutes
+
+    def lanes(members: list[int]) -> tuple[Any, ...]:
+        return tuple(dist.new_group(members, timeout=timeout) for _ in range(3))
+
+    # every group now, on every rank and in one order (new_group is a call of the whole default group)
+    pair, trio, gpt, solo = lanes([0, 1]), lanes([0, 1, 2]), lanes([0, 1]), lanes([0])
+    gpt_group, solo_group = dist.new_group([0, 1], timeout=timeout), dist.new_group([0], timeout=timeout)
+    out: dict[str, Any] = {"cases": run_cases(cases, workers, servers)}  # ends in a barrier of every rank
+    # a check that raises fails its own test, not the launch (its partners' waits end in the 30 s timeout)
+    if rank < 2:
+        out["request_order"] = _caught(request_order, pair)
+    if rank < 3:
+        out["push_after_pulls"] = _caught(push_after_pulls, trio)
+    if rank == workers - 1:  # a worker (its digits are loaded) that is done with the checks
+        out["reference"] = reference(iters, workers, batch)
+    if rank < 2:
+        out["user_gpt"] = _caught(user_gpt, methods, gpt_group, gpt)
+    if rank == 0:  # last: nobody waits for it; the other ranks are done, so it may have every core
+        torch.set_num_threads(os.cpu_count() or 1)
+        out["googlenet"] = _caught(googlenet_layers, solo_group, solo)
+    return out
+
+
+def _caught(fn: Any, *args: Any) -> dict[str, Any]:
+    try:
+        return fn(*args)
+    except Exception as exc:  # noqa: BLE001 - handed to the check's test
+        return {"error": f"{type(exc).__name__}: {exc}"}
+
+
 def reference(iters: int, workers: int, batch: int) -> torch.Tensor:
     """All-reduce S-SGD in one process: every worker's batch with its own dropout seed, gradients averaged
     (what ``--schedule single`` computes, up to the order of the float sums)."""
@@ -142,16 +185,17 @@ def reference(iters: int, workers: int, batch: int) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 
-def googlenet_layers() -> dict[str, Any]:
-    """One rank's PS set-up and one iteration on GoogLeNet (64x64 inputs): its layer order and the loss."""
+def googlenet_layers(group: Any, lanes: tuple[Any, ...]) -> dict[str, Any]:
+    """One rank's PS set-up and one iteration on GoogLeNet (64x64 inputs): its layer order and the loss.
+    ``group`` and ``lanes``: process groups of this rank alone."""
     from dpcomm.models import learnable_layers
 
-    init_worker("gloo", timeout_s=30)
     torch.manual_seed(0)
     model = get_model("googlenet", 10)
     opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x, y = torch.randn(2, 3, 64, 64), torch.tensor([1, 2])
-    ps = PsRank(model, opt, PsSpec(pull="ibatch", probe_rounds=1), rank=0, workers=1, sample=x, stop=1)
+    spec = PsSpec(pull="ibatch", probe_rounds=1)
+    ps = PsRank(model, opt, spec, rank=0, workers=1, sample=x, stop=1, group=group, lanes=lanes)
     names = {id(m): n for n, m in model.named_modules()}
     loss = ps.iteration(x, y)
     ps.finish()
@@ -164,15 +208,15 @@ def googlenet_layers() -> dict[str, Any]:
     }
 
 
-def request_order() -> dict[str, Any]:
+def request_order(lanes: tuple[Any, ...]) -> dict[str, Any]:
     """Rank 0 a worker, rank 1 a dedicated server of three one-tensor layers: three pulls in request mode,
-    then three in send mode (tags apart); the worker's tickets say when each unit was asked for and in."""
-    rank, _world = init_worker("gloo", timeout_s=30)
+    then three in send mode (tags apart); the worker's tickets say when each unit was asked for and in.
+    ``lanes``: process groups of ranks 0 and 1."""
+    rank = dist.get_rank()
     layout = Layout(
         workers=1, servers=1, colocated=False, numels=(1000,) * 3, layer_params=((0,), (1,), (2,))
     )
     units = [(0, 0), (1, 1), (2, 2)]
-    lanes = tuple(dist.new_group(timeout=group_timeout()) for _ in range(3))
     modes = (("request", 500000), ("send", 600000))
     if rank == 1:
         params = [torch.full((1000,), float(i + 1)) for i in range(3)]
@@ -192,16 +236,16 @@ def request_order() -> dict[str, Any]:
     return out
 
 
-def push_after_pulls() -> dict[str, Any]:
+def push_after_pulls(lanes: tuple[Any, ...]) -> dict[str, Any]:
     """Ranks 0 and 1 workers, rank 2 a dedicated server, request mode, two iterations. Worker 1 asks for
     its first pull a second late; worker 0 pulls at once and pushes again. Each says when (``time.time()``)
-    its second push was taken (worker 0) or it woke to ask (worker 1)."""
-    rank, _world = init_worker("gloo", timeout_s=30)
+    its second push was taken (worker 0) or it woke to ask (worker 1). ``lanes``: process groups of ranks
+    0-2."""
+    rank = dist.get_rank()
     layout = Layout(
         workers=2, servers=1, colocated=False, numels=(1000,) * 3, layer_params=((0,), (1,), (2,))
     )
     units, pushes = [(0, 0), (1, 1), (2, 2)], [(0, 2)]
-    lanes = tuple(dist.new_group(timeout=group_timeout()) for _ in range(3))
     if rank == 2:
         server = PsServer(
             layout, 0, [torch.zeros(1000) for _ in range(3)], pushes, lr=0.1, momentum=0.0, group=lanes
@@ -229,14 +273,14 @@ def push_after_pulls() -> dict[str, Any]:
     return out
 
 
-def user_gpt(methods: list[str]) -> dict[str, Any]:
+def user_gpt(methods: list[str], group: Any, lanes: tuple[Any, ...]) -> dict[str, Any]:
     """A user's small GPT (tests/_ddp_workers.HandGPT: a tied embedding, a frozen LayerNorm, an unused
     head, nn.MultiheadAttention whose out_proj weight the attention applies inline) trained 4 iterations by
-    the co-located parameter server with each pull method; this rank's parameter hash and loss per method."""
+    the co-located parameter server with each pull method; this rank's parameter hash and loss per method.
+    ``group`` and ``lanes``: process groups of the ranks that train (ranks 0 and 1)."""
     from tests._ddp_workers import HandGPT
 
-    rank, world = init_worker("gloo", timeout_s=30)
-    torch.set_num_threads(1)
+    rank, world = dist.get_rank(), dist.get_world_size(group)
     g = torch.Generator().manual_seed(1)
     x, y = torch.randint(0, 32, (4, 8), generator=g), torch.randint(0, 32, (4, 8), generator=g)
     out = {}
@@ -244,9 +288,8 @@ def user_gpt(methods: list[str]) -> dict[str, Any]:
         torch.manual_seed(0)
         model = HandGPT()
         opt = torch.optim.SGD([p for p in model.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
-        ps = PsRank(
-            model, opt, PsSpec(pull=method, probe_rounds=1), rank=rank, workers=world, sample=x, stop=4
-        )
+        spec = PsSpec(pull=method, probe_rounds=1)
+        ps = PsRank(model, opt, spec, rank=rank, workers=world, sample=x, stop=4, group=group, lanes=lanes)
         losses = [ps.iteration(x, y) for _ in range(4)]
         ps.finish()
         ps.close()

@@ -1,7 +1,9 @@
 """The parameter server end to end: replicas bitwise identical for every pull method and both placements,
 equal to all-reduce SGD within rounding, sparse pushes, checkpoint/resume of the server shards, a killed
 rank failing the others in one line. One launch of 5 processes (3 workers, 2 dedicated servers) runs the
-cases back to back; a second, short one kills a worker. Budget: ~60-90 s on the 2-core VM.
+cases back to back, then the one-off checks (request mode's order, GoogLeNet's layer order, a user's GPT)
+on its first ranks; four short training runs of 2-3 processes kill or stall a rank. Budget: ~45-60 s on
+the 2-core VM (it was ~70-85 s with a launch per one-off check and digits data in the failure runs).
 """
 
 import time
@@ -11,14 +13,7 @@ import torch
 
 from dpcomm.launch import WorkerFailure, launch
 from dpcomm.planner.pull import PULL_METHODS, confirm_plan, fit_slowdown, ibatch_margin, plan_pulls
-from tests._ps_workers import (
-    googlenet_layers,
-    push_after_pulls,
-    reference,
-    request_order,
-    run_cases,
-    user_gpt,
-)
+from tests._ps_workers import run_all
 
 W, S, ITERS, BATCH = 3, 2, 2, 4
 # LeNet-5 after 2 iterations: the server sums W gradients and divides by W, the reference averages one
@@ -27,7 +22,9 @@ ATOL = 2e-6
 
 
 @pytest.fixture(scope="module")
-def results():
+def launched():
+    """The module's one launch of ``W + S`` processes: the cases, then the one-off checks
+    (``tests/_ps_workers.run_all``); every rank's results."""
     cases = [
         {"spec": {"pull": m, "servers": s}, "iters": ITERS, "batch": BATCH}
         for s in (0, S)
@@ -58,14 +55,39 @@ def results():
     # the paper's model alone (no probe); a slowdown fitted to the probe and planned with
     cases += [{"spec": {"pull": "optimal", "probe": "none"}, "iters": ITERS, "batch": BATCH}]
     cases += [{"spec": {"pull": "ibatch", "probe": "slowdown"}, "iters": ITERS, "batch": BATCH}]
-    per_rank = launch(run_cases, W + S, cases, W, S)
-    return cases, per_rank
+    return cases, launch(run_all, W + S, cases, W, S, list(PULL_METHODS), ITERS, BATCH)
+
+
+@pytest.fixture(scope="module")
+def results(launched):
+    cases, per_rank = launched
+    return cases, [r["cases"] for r in per_rank]
+
+
+@pytest.fixture(scope="module")
+def ref(launched):
+    """All-reduce S-SGD's parameters (``tests/_ps_workers.reference``, computed in the launch)."""
+    return launched[1][W - 1]["reference"]
+
+
+@pytest.fixture(scope="module")
+def checks(launched):
+    """The one-off checks' results by name, each a list by rank over the ranks that ran it."""
+    names = ("request_order", "push_after_pulls", "user_gpt", "googlenet")
+    return {n: [r[n] for r in launched[1] if n in r] for n in names}
+
+
+def _ran(checks, name):
+    """Check ``name``'s results by rank, or this test fails with the error a rank's check raised."""
+    errors = [f"rank {r}: {row['error']}" for r, row in enumerate(checks[name]) if "error" in row]
+    if errors:
+        pytest.fail(f"{name}: {'; '.join(errors)}", pytrace=False)
+    return checks[name]
 
 
 @pytest.mark.slow
-def test_replicas_identical_and_equal_to_allreduce_sgd(results):
+def test_replicas_identical_and_equal_to_allreduce_sgd(results, ref):
     cases, per_rank = results
-    ref = reference(ITERS, W, BATCH)
     for i, case in enumerate(cases):
         rows = [per_rank[r][i] for r in range(W)]
         assert len({row["sha"] for row in rows}) == 1, case  # bitwise identical workers
@@ -145,8 +167,8 @@ def test_resume_from_server_state_is_bitwise(results):
 
 
 @pytest.mark.slow
-def test_request_mode_asks_for_each_batch_once_the_last_is_in():
-    worker, _server = launch(request_order, 2)
+def test_request_mode_asks_for_each_batch_once_the_last_is_in(checks):
+    worker, _server = _ran(checks, "request_order")
     times = worker["request"]["times"]
     assert all(asked is not None and arrived >= asked for asked, arrived in times)
     # one request outstanding: unit k is asked for only once unit k-1 is in
@@ -158,10 +180,10 @@ def test_request_mode_asks_for_each_batch_once_the_last_is_in():
 
 
 @pytest.mark.slow
-def test_request_mode_takes_the_next_pushes_once_every_pull_is_answered():
+def test_request_mode_takes_the_next_pushes_once_every_pull_is_answered(checks):
     # worker 0 pulls and pushes again at once; worker 1 asks for its pull a second later: the server
     # takes worker 0's push only after answering worker 1 (before, it took it at once, 1 s earlier)
-    w0, w1, _server = launch(push_after_pulls, 3)
+    w0, w1, _server = _ran(checks, "push_after_pulls")
     assert w0["pushed"][1] >= w1["woke"], (w0["pushed"], w1["woke"])
     assert w0["pushed"][0] < w1["woke"] - 0.5  # the first pushes, with no pull under way, went at once
     two_steps = torch.full((1000,), -0.1) - 0.1  # lr 0.1, every gradient 1, two updates
@@ -172,8 +194,11 @@ def test_request_mode_takes_the_next_pushes_once_every_pull_is_answered():
 def _dedicated(pulls: str, timeout: float, servers: int = 1):
     from dpcomm.train import TrainConfig
 
+    # synthetic batches: no scikit-learn import (digits) in the workers, so a run starts sooner and its
+    # ranks reach the set-up's first process group together (the server, which takes no data, waited
+    # 2.5-2.8 s there for the workers' digits at a load of 10 on the 2-core VM; 0.5-1.0 s without)
     where = f",servers={servers}" if servers else ""
-    return TrainConfig(model="lenet5", nproc=2, data="digits", iters=6, batch_size=8, timeout_s=timeout,
+    return TrainConfig(model="lenet5", nproc=2, data="synthetic", iters=6, batch_size=8, timeout_s=timeout,
                        schedule=f"ps:layer{where},pulls={pulls}", progress=False)  # fmt: skip
 
 
@@ -205,7 +230,10 @@ def test_a_stalled_worker_fails_the_others_within_the_timeout(monkeypatch):
     from dpcomm.train import train
 
     monkeypatch.setenv("DPCOMM_TEST_STALL", "1:2")
-    timeout = 8.0  # also bounds the set-up's group creation: 5 s failed there on a loaded 2-core machine
+    # the run waits out the whole timeout. It also bounds the set-up's group creation: 5 s failed there on
+    # a loaded 2-core machine with digits data (the workers' scikit-learn import); with synthetic data
+    # (_dedicated) the ranks arrive within ~1 s of each other at a load of 10
+    timeout = 5.0
     t0 = time.monotonic()
     with pytest.raises(WorkerFailure) as exc:
         train(_dedicated("request", timeout))
@@ -215,10 +243,10 @@ def test_a_stalled_worker_fails_the_others_within_the_timeout(monkeypatch):
 
 
 @pytest.mark.slow
-def test_layers_in_forward_order_and_aux_heads_trained():
+def test_layers_in_forward_order_and_aux_heads_trained(checks):
     # GoogLeNet registers its aux heads last but runs aux1 after inception4a: the PS pulls (and shards) the
     # layers in the order the forward runs them, and the loss includes the aux heads' (a tuple output)
-    got = launch(googlenet_layers, 1)[0]
+    (got,) = _ran(checks, "googlenet")
     assert got["ps"] == got["forward"] != got["registered"]
     order = got["ps"]
     first_4b = next(i for i, n in enumerate(order) if n.startswith("inception4b"))
@@ -227,11 +255,12 @@ def test_layers_in_forward_order_and_aux_heads_trained():
 
 
 @pytest.mark.slow
-def test_a_users_gpt_trains_the_same_with_every_pull_method():
+def test_a_users_gpt_trains_the_same_with_every_pull_method(checks):
     # out_proj of nn.MultiheadAttention never runs its own forward: its pull must be waited for where the
     # attention runs, or a plan of several batches trains with last iteration's weights (it did: ibatch's
     # loss after 4 iterations was 7.33 against 6.98)
-    got = launch(user_gpt, 2, list(PULL_METHODS))
+    got = _ran(checks, "user_gpt")
+    assert len(got) == 2
     for r in got:
         assert len({row["sha"] for row in r.values()}) == 1, {m: row["plan"] for m, row in r.items()}
     assert got[0]["all"]["sha"] == got[1]["all"]["sha"]

@@ -34,7 +34,7 @@ def test_ps_kind_is_registered_and_checks_its_schedule():
 def test_ps_trains_like_allreduce_and_resumes_bitwise(tmp_path):
     from dpcomm.train import TrainConfig, compare_schedules, train
 
-    cfg = TrainConfig(model="lenet5", nproc=3, data="digits", iters=6, batch_size=8, progress=False)
+    cfg = TrainConfig(model="lenet5", nproc=3, data="digits", iters=4, batch_size=8, progress=False)
     # (every pull method and mode against all-reduce SGD: tests/test_ps.py, without the loop)
     single, *pss = compare_schedules(cfg, ["single", "ps:ibatch,pulls=request"])
     for ps in pss:
@@ -45,12 +45,14 @@ def test_ps_trains_like_allreduce_and_resumes_bitwise(tmp_path):
     # dedicated servers (the checkpoint is in state_dict form, whoever held the shards); the same parameters
     # and loss as the uninterrupted co-located run, the same JSON keys, a Chrome trace with the servers in it
     ck, trace = str(tmp_path / "ck"), tmp_path / "trace.json"
-    half = TrainConfig(model="lenet5", nproc=3, data="digits", iters=3, batch_size=8, progress=False,
+    # (two iterations either side of the checkpoint: a run's first iteration, resumed or not, pulls nothing
+    # and its second trains on pulled parameters; the checkpoint carries the servers' momentum of two steps)
+    half = TrainConfig(model="lenet5", nproc=3, data="digits", iters=2, batch_size=8, progress=False,
                        schedule="ps:layer", checkpoint=ck)  # fmt: skip
     train(half)
-    more = {"iters": 6, "resume": True, "chrome_trace": str(trace), "schedule": "ps:layer,servers=2"}
+    more = {"iters": 4, "resume": True, "chrome_trace": str(trace), "schedule": "ps:layer,servers=2"}
     resumed = train(TrainConfig(**{**_fields(half), **more}))
-    assert resumed.start_iteration == 3 and resumed.nproc == 3
+    assert resumed.start_iteration == 2 and resumed.nproc == 3
     assert resumed.params_sha256 == pss[0].params_sha256  # bitwise: placement and resume change nothing
     assert resumed.loss_final == pss[0].loss_final and resumed.test_accuracy == pss[0].test_accuracy
     assert set(resumed.to_json()) == set(pss[0].to_json())
