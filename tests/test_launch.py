@@ -59,3 +59,21 @@ def test_the_one_multi_node_option_set():
     add_launch_arguments(server, required=True)
     with pytest.raises(SystemExit):
         server.parse_args(["--nnodes", "2"])  # a testbed server is always told all four
+
+
+def test_a_failure_names_the_rank_that_caused_it_not_the_ones_that_waited():
+    """A stalled worker 1: the server's request from it timed out, and worker 0's pull from the server too.
+    Whichever rank's error arrives first, the message is the server's, which names the stalled rank."""
+    from dpcomm.train.loop import _role, _waited_on_a_waiter
+
+    failures = {
+        0: "TimeoutError: pull 2 from rank 3 timed out after 5 s",
+        3: "TimeoutError: request of pull 2 from rank 1 timed out after 5 s",
+        1: "worker stopped: a peer failed",
+    }
+    named = WorkerFailure(failures).named(lambda r: _role(r, 3), _waited_on_a_waiter(failures))
+    assert str(named).startswith("server rank 3 failed: TimeoutError: request of pull 2 from rank 1"), named
+    alone = {0: failures[0]}  # the server's error lost: the waiting worker is still named
+    assert str(WorkerFailure(alone).named(lambda r: _role(r, 3), _waited_on_a_waiter(alone))).startswith(
+        "worker rank 0 failed"
+    )

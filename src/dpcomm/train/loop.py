@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import time
 from typing import Any
 
@@ -90,11 +91,27 @@ def _launch(cfg: TrainConfig, schedules: list[tuple[str, Any]], servers: int = 0
     try:
         per_rank = launch(_worker, opts, cfg, schedules, servers)
     except WorkerFailure as exc:
-        # the cause first: a rank that died itself, not one that stopped because a peer did (_worker's line)
-        raise exc.named(lambda r: _role(r, cfg.world_size), lambda msg: " stopped" in msg) from None
+        raise exc.named(lambda r: _role(r, cfg.world_size), _waited_on_a_waiter(exc.failures)) from None
     finally:
         spawn_log.setLevel(level)
     return [TrainResult(**r) for r in per_rank[0]]
+
+
+_FROM_RANK = re.compile(r"from rank (\d+)")
+
+
+def _waited_on_a_waiter(failures: dict[int, str]) -> Any:
+    """Which failures are not the cause: a rank that stopped because a peer did (``_worker``'s line), or one
+    whose wait timed out on a peer that was itself waiting on another (a worker's pull from a server that
+    waited for a stalled worker's request: the server's message names the stalled rank)."""
+
+    def secondary(msg: str) -> bool:
+        peer = _FROM_RANK.search(msg)
+        return " stopped" in msg or (
+            peer is not None and _FROM_RANK.search(failures.get(int(peer.group(1)), "")) is not None
+        )
+
+    return secondary
 
 
 def _role(rank: int, workers: int) -> str:
