@@ -142,6 +142,32 @@ def test_budgets_are_refused_in_one_line(one_rank):
     assert type(model.h[0]).__name__ == "FSDPBlock"
 
 
+@pytest.mark.slow  # a process group in this process (rank 0 plans and broadcasts)
+def test_a_planners_plan_over_the_bound_is_planned_again_under_a_lower_budget(one_rank):
+    from dpcomm.costmodel.base import LinearCost
+    from dpcomm.fsdp.shard import _run_plan, _within_bound
+    from dpcomm.planner.fsdp import plan_fsdp
+    from dpcomm.trace.format import Layer, Trace
+
+    model, layers, names = _gpt_tiny()
+    size = {n: p.numel() for n, p in model.named_parameters()}
+    trace = Trace(model="gpt2-tiny", batch_size=2, device="cpu", dtype_bytes=4, layers=tuple(
+        Layer(name=u, params=sum(size[n] for n in ps), forward_s=1e-3, backward_s=2e-3, param_names=tuple(ps))
+        for u, ps in zip(names, layers, strict=True)
+    ))  # fmt: skip
+    cost = LinearCost(1e-3, 8e-9)  # 1 ms + 8 ns/B, both collectives
+
+    def bound(plan):
+        return _run_plan(model, plan, shard_groups(model, plan, layers), layers, trace, cost, cost)[1]
+
+    budget = 834_304  # a quarter of the parameters: optimal's plan fits it, FSDP2's tied unit 0 does not
+    first = plan_fsdp("optimal", trace, cost, cost, memory=budget, max_depth=2, overlap="gathers")
+    assert first.peak_bytes <= budget < bound(first)
+    kept = _within_bound("optimal", first, model, layers, trace, cost, cost, budget, 2, None)
+    assert bound(kept) <= budget and kept.peak_bytes < first.peak_bytes, kept
+    assert kept.method == "optimal" and kept.time_s >= first.time_s  # the lower budget's optimum
+
+
 PLANNERS = ["per-block", "optimal", "whole", "per-layer", "size:256KB"]
 BASE = dict(nproc=3, iters=4, batch_size=4, threads=1, profile_iters=1, verify_iters=1, progress=False)
 RESUMED = "fsdp:size:256KB"

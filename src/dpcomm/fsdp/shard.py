@@ -31,7 +31,8 @@ and the plan is made under the model's ``overlap="gathers"``: the reduce-scatter
 
 What was decided is ``model.dpcomm`` (:class:`Sharded`). A plan whose peak (the model's, plus the bytes of
 units FSDP2 keeps unsharded longer, a tied weight's: :attr:`Sharded.peak_bound_bytes`) exceeds ``memory``
-is refused in one line before anything is sharded.
+is planned again under a budget lowered by the excess (a planner name), else refused in one line before
+anything is sharded.
 """
 
 from __future__ import annotations
@@ -306,6 +307,36 @@ def _shape(p: FsdpPlan) -> tuple[Any, ...]:
     return (p.units, p.depth, p.reshard_after_forward)
 
 
+REPLANS = 4
+"""At most this many plans again under a lowered budget when FSDP2's peak exceeds the model's
+(:func:`_within_bound`)."""
+
+
+def _within_bound(
+    method: str, plan: FsdpPlan, model: nn.Module, layer_params: Any, trace: Trace, ag: Any, rs: Any,
+    budget: int | None, max_depth: int, group: Any,
+) -> FsdpPlan:  # fmt: skip
+    """``plan`` (planner ``method``'s), or ``method``'s plan under a budget lowered by what FSDP2 keeps
+    unsharded beyond the model's peak (a tied weight's unit, kept to its last module's forward:
+    :attr:`Sharded.peak_bound_bytes`) until that bound fits ``budget`` (at most :data:`REPLANS` times; every
+    rank alike, the bound is a function of the plan). A plan that still does not fit is returned, and
+    ``shard`` refuses it in one line."""
+    if budget is None:
+        return plan
+    lowered = budget
+    for _ in range(REPLANS):
+        groups = shard_groups(model, plan, layer_params)
+        over = _run_plan(model, plan, groups, layer_params, trace, ag, rs)[1] - budget
+        if over <= 0 or lowered - over < 0:
+            return plan
+        lowered -= over
+        try:
+            plan = _on_root(method, trace, ag, rs, lowered, max_depth, group, overlap_of(model))
+        except UserError:  # nothing fits the lowered budget
+            return plan
+    return plan
+
+
 def shard(
     model: nn.Module,
     plan: FsdpPlan | str,
@@ -346,12 +377,17 @@ def shard(
         if layer_params is None:
             layer_params = _layer_params(model, example, loss_fn)
         layer_params = tuple(tuple(x) for x in layer_params)
+    if trace is not None:
+        requested = _within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
+                                  budget, max_depth, process_group)  # fmt: skip
     kept = requested
     mesh = _mesh(model, process_group)
     if (trace is not None and example is not None and verify_iters > 0 and requested.method == "optimal"
             and dist.get_world_size(process_group) > 1):  # fmt: skip
         try:
             block = _on_root("per-block", trace, ag, rs, budget, max_depth, process_group, overlap_of(model))
+            block = _within_bound("per-block", block, model, layer_params, trace, ag, rs, budget, max_depth,
+                                  process_group)  # fmt: skip
         except UserError:  # no blocks, or per-block does not fit: nothing to time against
             block = None
         if block is not None and _shape(block) != _shape(requested):
