@@ -6,9 +6,11 @@ Scripts run as ``python benchmarks/<name>.py``, so this folder is first on ``sys
 
 from __future__ import annotations
 
+import json
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 from dpcomm.testbed.owned import loadavg
 
@@ -36,3 +38,10 @@ def sigterm_exits() -> None:
     """Make SIGTERM (``timeout``, ``kill``) a ``SystemExit``, so a script's ``finally`` still takes its
     testbed down; Python's default for SIGTERM ends the process at once and left the namespaces up."""
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+
+
+def without_folder(data: Any, folder: Path | str) -> Any:
+    """``data`` (JSON-able) with ``folder/`` cut from every string in it: a run's temporary folder is no
+    result, and a results file keeps no machine paths (``emulated:/tmp/x/a.json`` -> ``emulated:a.json``)."""
+    prefix = json.dumps(f"{folder}/")[1:-1]
+    return json.loads(json.dumps(data).replace(prefix, ""))
