@@ -145,7 +145,7 @@ def test_budgets_are_refused_in_one_line(one_rank):
 @pytest.mark.slow  # a process group in this process (rank 0 plans and broadcasts)
 def test_a_planners_plan_over_the_bound_is_planned_again_under_a_lower_budget(one_rank):
     from dpcomm.costmodel.base import LinearCost
-    from dpcomm.fsdp.shard import _run_plan, _within_bound
+    from dpcomm.fsdp.planning import as_run, within_bound
     from dpcomm.planner.fsdp import plan_fsdp
     from dpcomm.trace.format import Layer, Trace
 
@@ -158,12 +158,12 @@ def test_a_planners_plan_over_the_bound_is_planned_again_under_a_lower_budget(on
     cost = LinearCost(1e-3, 8e-9)  # 1 ms + 8 ns/B, both collectives
 
     def bound(plan):
-        return _run_plan(model, plan, shard_groups(model, plan, layers), layers, trace, cost, cost)[1]
+        return as_run(model, plan, shard_groups(model, plan, layers), layers, trace, cost, cost)[1]
 
     budget = 834_304  # a quarter of the parameters: optimal's plan fits it, FSDP2's tied unit 0 does not
     first = plan_fsdp("optimal", trace, cost, cost, memory=budget, max_depth=2, overlap="gathers")
     assert first.peak_bytes <= budget < bound(first)
-    kept = _within_bound("optimal", first, model, layers, trace, cost, cost, budget, 2, None)
+    kept = within_bound("optimal", first, model, layers, trace, cost, cost, budget, 2, None)
     assert bound(kept) <= budget and kept.peak_bytes < first.peak_bytes, kept
     assert kept.method == "optimal" and kept.time_s >= first.time_s  # the lower budget's optimum
 

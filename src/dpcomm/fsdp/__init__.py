@@ -2,7 +2,8 @@
 
 - :func:`shard`: profile on the workers, fit all-gather and reduce-scatter, plan on rank 0
   (:mod:`dpcomm.planner.fsdp`), check the hash, optionally time the plan against ``per-block``, then
-  ``fully_shard`` the planned units with their prefetch and reshard choice (:mod:`dpcomm.fsdp.shard`);
+  ``fully_shard`` the planned units with their prefetch and reshard choice (:mod:`dpcomm.fsdp.shard`; the
+  planning on the workers: :mod:`dpcomm.fsdp.planning`);
 - :func:`shard_groups`: which modules each unit hands to ``fully_shard``, and where FSDP2 forces a
   coarser plan (:mod:`dpcomm.fsdp.groups`);
 - :func:`fsdp_costs`: the two collectives measured and fitted (:mod:`dpcomm.fsdp.costs`).

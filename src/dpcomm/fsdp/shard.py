@@ -40,22 +40,28 @@ from __future__ import annotations
 import copy
 import statistics
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.fsdp.costs import fsdp_costs
 from dpcomm.fsdp.groups import ROOT, ShardGroups, shard_groups
-from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, Modules, fsdp_time, peak_memory, plan_fsdp
+from dpcomm.fsdp.planning import (
+    as_run,
+    budget_bytes,
+    call_model,
+    overlap_of,
+    plan_on_root,
+    plan_on_workers,
+    within_bound,
+)
+from dpcomm.planner.fsdp import FSDP_MAX_DEPTH
 from dpcomm.planner.fsdp_model import FsdpPlan
-from dpcomm.trace.format import Layer, Trace
-from dpcomm.utils.sizes import parse_size
+from dpcomm.trace.format import Trace
 
 __all__ = ["Sharded", "apply_plan", "overlap_of", "plan_on_workers", "shard"]
 
@@ -88,114 +94,6 @@ class Sharded:
     """The model's overlap the plan was made and timed under: ``gathers`` on CPU, else ``streams``."""
 
 
-def overlap_of(model: nn.Module) -> str:
-    """The FSDP model's overlap for where ``model`` lives: ``gathers`` on CPU (asynchronous all-gathers,
-    blocking reduce-scatters), ``streams`` elsewhere (module docstring)."""
-    return "gathers" if next(model.parameters()).device.type == "cpu" else "streams"
-
-
-def _budget(memory: int | str | None) -> int | None:
-    if memory is None:
-        return None
-    if isinstance(memory, str):
-        return parse_size(memory, what="FSDP memory budget", minimum=0)
-    if isinstance(memory, bool) or not isinstance(memory, int) or memory < 0:
-        raise UserError(f"FSDP memory budget must be a number of bytes >= 0, got {memory!r}")
-    return memory
-
-
-def _call(model: nn.Module, example: Any) -> Any:
-    return model(*example) if isinstance(example, tuple) else model(example)
-
-
-def _profile(model: nn.Module, example: Any, loss_fn: Any, iters: int, group: Any) -> Trace:
-    """Step 1: the gradient units' times on every rank, averaged; buffers and RNG as they were."""
-    from dpcomm.planner.autoplan import rank_mean
-    from dpcomm.trace.profiler import profile
-
-    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-    with torch.random.fork_rng(devices=[]):
-        local = profile(model, example, iters=iters, warmup=1, device=next(model.parameters()).device,
-                        loss_fn=loss_fn)  # fmt: skip
-    with torch.no_grad():
-        for n, b in model.named_buffers():
-            b.copy_(buffers[n])
-    n = local.num_layers
-    fb = rank_mean([x.forward_s for x in local.layers] + [x.backward_s for x in local.layers], group)
-    layers = tuple(
-        replace(x, forward_s=fb[i], backward_s=fb[n + i], extra={}) for i, x in enumerate(local.layers)
-    )
-    return replace(
-        local, model=type(model).__name__, layers=layers, extra={"measured_by": "dpcomm.fsdp.shard"}
-    )
-
-
-def _sizes_trace(model: nn.Module) -> Trace:
-    """Sizes only: the learnable layers in registration order (no example to run)."""
-    from dpcomm.models.layers import learnable_layers
-    from dpcomm.trace.units import layer_units, unit_params
-
-    units = layer_units(model, learnable_layers(model))
-    rows = tuple(
-        Layer(name=u.name, params=sum(p.numel() for p in ps), forward_s=0.0, backward_s=0.0,
-              param_names=u.param_names)
-        for u, ps in zip(units, unit_params(model, units), strict=True)
-    )  # fmt: skip
-    dtype_bytes = next(model.parameters()).element_size()
-    return Trace(
-        model=type(model).__name__, batch_size=1, device="none", dtype_bytes=dtype_bytes, layers=rows
-    )
-
-
-def _on_root(method: str, trace: Trace, ag: CommCost, rs: CommCost, memory: int | None, max_depth: int,
-             group: Any, overlap: str) -> FsdpPlan:  # fmt: skip
-    """Step 3: rank 0 plans, every rank gets the plan or rank 0's one-line error, and checks the hash."""
-    box: list[Any] = [None]
-    if dist.get_rank(group) == 0:
-        try:
-            p = plan_fsdp(method, trace, ag, rs, memory=memory, max_depth=max_depth, overlap=overlap)
-            box[0] = {"plan": p.to_dict(), "time_s": p.time_s, "peak_bytes": p.peak_bytes}
-        except UserError as exc:
-            box[0] = {"error": str(exc)}
-    dist.broadcast_object_list(
-        box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group
-    )
-    if "error" in box[0]:
-        raise UserError(box[0]["error"])
-    plan = replace(
-        FsdpPlan.from_dict(box[0]["plan"]), time_s=box[0]["time_s"], peak_bytes=box[0]["peak_bytes"]
-    )
-    hashes: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(hashes, plan.sha256(), group=group)
-    if len(set(hashes)) > 1:
-        raise UserError(f"ranks hold different FSDP plans (sha256 {', '.join(h[:12] for h in hashes)})")
-    return plan
-
-
-def plan_on_workers(
-    model: nn.Module,
-    method: str,
-    *,
-    example: Any | None = None,
-    loss_fn: Any = None,
-    memory: int | str | None = None,
-    profile_iters: int = 3,
-    max_depth: int = FSDP_MAX_DEPTH,
-    process_group: Any = None,
-) -> tuple[FsdpPlan, Trace, CommCost, CommCost]:
-    """Steps 1-3 of the module docstring on every rank of ``process_group``: ``(plan, trace, T_ag, T_rs)``,
-    the same on every rank. ``optimal`` needs ``example`` (one input batch)."""
-    name = str(method).strip().lower()
-    if example is None and name == "optimal":
-        raise UserError("FSDP planner 'optimal' needs the units' times: pass example=<one input batch>")
-    trace = _sizes_trace(model) if example is None else _profile(model, example, loss_fn, profile_iters,
-                                                                  process_group)  # fmt: skip
-    total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
-    ag, rs, _, _ = fsdp_costs(total, process_group)
-    plan = _on_root(name, trace, ag, rs, _budget(memory), max_depth, process_group, overlap_of(model))
-    return plan, trace, ag, rs
-
-
 def _mesh(model: nn.Module, group: Any) -> Any:
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
@@ -203,32 +101,6 @@ def _mesh(model: nn.Module, group: Any) -> Any:
     if group is None:
         return init_device_mesh(kind, (dist.get_world_size(),))
     return DeviceMesh.from_group(group, kind)
-
-
-def _run_plan(
-    model: nn.Module,
-    plan: FsdpPlan,
-    groups: ShardGroups,
-    layer_params: Any,
-    trace: Trace | None,
-    ag: Any,
-    rs: Any,
-) -> tuple[FsdpPlan, int]:
-    """The plan with the units FSDP2 runs (re-modelled where merged and the trace is known), and the peak
-    bound: the model's peak plus the spanning units' bytes (bytes from the model's own parameters)."""
-    size = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
-    m = np.array([sum(size[n] for n in names) for names in layer_params], dtype=float)
-    run = replace(plan, units=groups.units) if tuple(plan.units) != groups.units else plan
-    d, r = run.depth, run.reshard_after_forward
-    peak = peak_memory(list(run.units), m, depth=d, reshard=r)
-    if run is not plan:
-        t = float("nan")
-        if trace is not None and ag is not None:
-            f, b, _ = Modules.from_trace(trace).arrays
-            t = fsdp_time(list(run.units), f, b, m, ag, rs, depth=d, reshard=r, overlap=overlap_of(model))
-        run = replace(run, time_s=t, peak_bytes=int(peak))
-    spans = sum(int(m[a : z + 1].sum()) for k, (a, z) in enumerate(run.units) if k in groups.spanning)
-    return run, int(peak) + spans
 
 
 def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any) -> nn.Module:
@@ -293,7 +165,7 @@ def _trial(model, plans, layer_params, example, loss_fn, iters, mesh, group) -> 
             for p in copies[k].parameters():
                 p.grad = None
             t0 = time.perf_counter()
-            (loss_fn or default_loss)(_call(copies[k], example)).backward()
+            (loss_fn or default_loss)(call_model(copies[k], example)).backward()
             if step >= len(plans):
                 times[k].append(time.perf_counter() - t0)
     medians = slowest([statistics.median(t) for t in times], group)
@@ -305,36 +177,6 @@ def _trial(model, plans, layer_params, example, loss_fn, iters, mesh, group) -> 
 
 def _shape(p: FsdpPlan) -> tuple[Any, ...]:
     return (p.units, p.depth, p.reshard_after_forward)
-
-
-REPLANS = 4
-"""At most this many plans again under a lowered budget when FSDP2's peak exceeds the model's
-(:func:`_within_bound`)."""
-
-
-def _within_bound(
-    method: str, plan: FsdpPlan, model: nn.Module, layer_params: Any, trace: Trace, ag: Any, rs: Any,
-    budget: int | None, max_depth: int, group: Any,
-) -> FsdpPlan:  # fmt: skip
-    """``plan`` (planner ``method``'s), or ``method``'s plan under a budget lowered by what FSDP2 keeps
-    unsharded beyond the model's peak (a tied weight's unit, kept to its last module's forward:
-    :attr:`Sharded.peak_bound_bytes`) until that bound fits ``budget`` (at most :data:`REPLANS` times; every
-    rank alike, the bound is a function of the plan). A plan that still does not fit is returned, and
-    ``shard`` refuses it in one line."""
-    if budget is None:
-        return plan
-    lowered = budget
-    for _ in range(REPLANS):
-        groups = shard_groups(model, plan, layer_params)
-        over = _run_plan(model, plan, groups, layer_params, trace, ag, rs)[1] - budget
-        if over <= 0 or lowered - over < 0:
-            return plan
-        lowered -= over
-        try:
-            plan = _on_root(method, trace, ag, rs, lowered, max_depth, group, overlap_of(model))
-        except UserError:  # nothing fits the lowered budget
-            return plan
-    return plan
 
 
 def shard(
@@ -363,7 +205,7 @@ def shard(
         raise UserError(
             "dpcomm.fsdp.shard needs torch.distributed initialised (dist.init_process_group(...))"
         )
-    budget = _budget(memory)
+    budget = budget_bytes(memory)
     trace = ag = rs = None
     trial = None
     if isinstance(plan, str):
@@ -378,15 +220,17 @@ def shard(
             layer_params = _layer_params(model, example, loss_fn)
         layer_params = tuple(tuple(x) for x in layer_params)
     if trace is not None:
-        requested = _within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
+        requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
                                   budget, max_depth, process_group)  # fmt: skip
     kept = requested
     mesh = _mesh(model, process_group)
     if (trace is not None and example is not None and verify_iters > 0 and requested.method == "optimal"
             and dist.get_world_size(process_group) > 1):  # fmt: skip
         try:
-            block = _on_root("per-block", trace, ag, rs, budget, max_depth, process_group, overlap_of(model))
-            block = _within_bound("per-block", block, model, layer_params, trace, ag, rs, budget, max_depth,
+            block = plan_on_root(
+                "per-block", trace, ag, rs, budget, max_depth, process_group, overlap_of(model)
+            )
+            block = within_bound("per-block", block, model, layer_params, trace, ag, rs, budget, max_depth,
                                   process_group)  # fmt: skip
         except UserError:  # no blocks, or per-block does not fit: nothing to time against
             block = None
@@ -396,7 +240,7 @@ def shard(
             kept = [requested, block][best]
             trial = {"optimal": medians[0], "per-block": medians[1]}
     groups = shard_groups(model, kept, layer_params)
-    run, bound = _run_plan(model, kept, groups, layer_params, trace, ag, rs)
+    run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs)
     if budget is not None and bound > budget:
         raise UserError(
             f"FSDP plan '{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it, over the budget of "

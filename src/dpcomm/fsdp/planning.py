@@ -1,0 +1,202 @@
+"""Steps 1-3 of :func:`dpcomm.fsdp.shard` on the workers: profile the units, fit the two collectives, plan
+on rank 0 and check the plan's hash on every rank; and the plan as FSDP2 will run it (:func:`as_run`: units
+merged where FSDP2 cannot cut, the peak bound with a tied weight's unit), re-planned under a lower budget
+where that bound is over (:func:`within_bound`). Applying a plan and the timed trial are
+:mod:`dpcomm.fsdp.shard`'s.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dpcomm.costmodel.base import CommCost
+from dpcomm.errors import UserError
+from dpcomm.fsdp.costs import fsdp_costs
+from dpcomm.fsdp.groups import ShardGroups, shard_groups
+from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, Modules, fsdp_time, peak_memory, plan_fsdp
+from dpcomm.planner.fsdp_model import FsdpPlan
+from dpcomm.trace.format import Layer, Trace
+from dpcomm.utils.sizes import parse_size
+
+__all__ = [
+    "REPLANS",
+    "as_run",
+    "budget_bytes",
+    "call_model",
+    "overlap_of",
+    "plan_on_root",
+    "plan_on_workers",
+    "within_bound",
+]
+
+
+def overlap_of(model: nn.Module) -> str:
+    """The FSDP model's overlap for where ``model`` lives: ``gathers`` on CPU (asynchronous all-gathers,
+    blocking reduce-scatters), ``streams`` elsewhere (:mod:`dpcomm.fsdp.shard`)."""
+    return "gathers" if next(model.parameters()).device.type == "cpu" else "streams"
+
+
+def budget_bytes(memory: int | str | None) -> int | None:
+    if memory is None:
+        return None
+    if isinstance(memory, str):
+        return parse_size(memory, what="FSDP memory budget", minimum=0)
+    if isinstance(memory, bool) or not isinstance(memory, int) or memory < 0:
+        raise UserError(f"FSDP memory budget must be a number of bytes >= 0, got {memory!r}")
+    return memory
+
+
+def call_model(model: nn.Module, example: Any) -> Any:
+    return model(*example) if isinstance(example, tuple) else model(example)
+
+
+def _profile(model: nn.Module, example: Any, loss_fn: Any, iters: int, group: Any) -> Trace:
+    """Step 1: the gradient units' times on every rank, averaged; buffers and RNG as they were."""
+    from dpcomm.planner.autoplan import rank_mean
+    from dpcomm.trace.profiler import profile
+
+    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
+    with torch.random.fork_rng(devices=[]):
+        local = profile(model, example, iters=iters, warmup=1, device=next(model.parameters()).device,
+                        loss_fn=loss_fn)  # fmt: skip
+    with torch.no_grad():
+        for n, b in model.named_buffers():
+            b.copy_(buffers[n])
+    n = local.num_layers
+    fb = rank_mean([x.forward_s for x in local.layers] + [x.backward_s for x in local.layers], group)
+    layers = tuple(
+        replace(x, forward_s=fb[i], backward_s=fb[n + i], extra={}) for i, x in enumerate(local.layers)
+    )
+    return replace(
+        local, model=type(model).__name__, layers=layers, extra={"measured_by": "dpcomm.fsdp.shard"}
+    )
+
+
+def _sizes_trace(model: nn.Module) -> Trace:
+    """Sizes only: the learnable layers in registration order (no example to run)."""
+    from dpcomm.models.layers import learnable_layers
+    from dpcomm.trace.units import layer_units, unit_params
+
+    units = layer_units(model, learnable_layers(model))
+    rows = tuple(
+        Layer(name=u.name, params=sum(p.numel() for p in ps), forward_s=0.0, backward_s=0.0,
+              param_names=u.param_names)
+        for u, ps in zip(units, unit_params(model, units), strict=True)
+    )  # fmt: skip
+    dtype_bytes = next(model.parameters()).element_size()
+    return Trace(
+        model=type(model).__name__, batch_size=1, device="none", dtype_bytes=dtype_bytes, layers=rows
+    )
+
+
+def plan_on_root(method: str, trace: Trace, ag: CommCost, rs: CommCost, memory: int | None, max_depth: int,
+                 group: Any, overlap: str) -> FsdpPlan:  # fmt: skip
+    """Step 3: rank 0 plans, every rank gets the plan or rank 0's one-line error, and checks the hash."""
+    box: list[Any] = [None]
+    if dist.get_rank(group) == 0:
+        try:
+            p = plan_fsdp(method, trace, ag, rs, memory=memory, max_depth=max_depth, overlap=overlap)
+            box[0] = {"plan": p.to_dict(), "time_s": p.time_s, "peak_bytes": p.peak_bytes}
+        except UserError as exc:
+            box[0] = {"error": str(exc)}
+    dist.broadcast_object_list(
+        box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group
+    )
+    if "error" in box[0]:
+        raise UserError(box[0]["error"])
+    plan = replace(
+        FsdpPlan.from_dict(box[0]["plan"]), time_s=box[0]["time_s"], peak_bytes=box[0]["peak_bytes"]
+    )
+    hashes: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(hashes, plan.sha256(), group=group)
+    if len(set(hashes)) > 1:
+        raise UserError(f"ranks hold different FSDP plans (sha256 {', '.join(h[:12] for h in hashes)})")
+    return plan
+
+
+def plan_on_workers(
+    model: nn.Module,
+    method: str,
+    *,
+    example: Any | None = None,
+    loss_fn: Any = None,
+    memory: int | str | None = None,
+    profile_iters: int = 3,
+    max_depth: int = FSDP_MAX_DEPTH,
+    process_group: Any = None,
+) -> tuple[FsdpPlan, Trace, CommCost, CommCost]:
+    """Steps 1-3 of :mod:`dpcomm.fsdp.shard` on every rank of ``process_group``: ``(plan, trace, T_ag,
+    T_rs)``, the same on every rank. ``optimal`` needs ``example`` (one input batch)."""
+    name = str(method).strip().lower()
+    if example is None and name == "optimal":
+        raise UserError("FSDP planner 'optimal' needs the units' times: pass example=<one input batch>")
+    trace = _sizes_trace(model) if example is None else _profile(model, example, loss_fn, profile_iters,
+                                                                  process_group)  # fmt: skip
+    total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
+    ag, rs, _, _ = fsdp_costs(total, process_group)
+    plan = plan_on_root(
+        name, trace, ag, rs, budget_bytes(memory), max_depth, process_group, overlap_of(model)
+    )
+    return plan, trace, ag, rs
+
+
+def as_run(
+    model: nn.Module,
+    plan: FsdpPlan,
+    groups: ShardGroups,
+    layer_params: Any,
+    trace: Trace | None,
+    ag: Any,
+    rs: Any,
+) -> tuple[FsdpPlan, int]:
+    """The plan with the units FSDP2 runs (re-modelled where merged and the trace is known), and the peak
+    bound: the model's peak plus the spanning units' bytes (bytes from the model's own parameters)."""
+    size = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+    m = np.array([sum(size[n] for n in names) for names in layer_params], dtype=float)
+    run = replace(plan, units=groups.units) if tuple(plan.units) != groups.units else plan
+    d, r = run.depth, run.reshard_after_forward
+    peak = peak_memory(list(run.units), m, depth=d, reshard=r)
+    if run is not plan:
+        t = float("nan")
+        if trace is not None and ag is not None:
+            f, b, _ = Modules.from_trace(trace).arrays
+            t = fsdp_time(list(run.units), f, b, m, ag, rs, depth=d, reshard=r, overlap=overlap_of(model))
+        run = replace(run, time_s=t, peak_bytes=int(peak))
+    spans = sum(int(m[a : z + 1].sum()) for k, (a, z) in enumerate(run.units) if k in groups.spanning)
+    return run, int(peak) + spans
+
+
+REPLANS = 4
+"""At most this many plans again under a lowered budget when FSDP2's peak exceeds the model's
+(:func:`within_bound`)."""
+
+
+def within_bound(
+    method: str, plan: FsdpPlan, model: nn.Module, layer_params: Any, trace: Trace, ag: Any, rs: Any,
+    budget: int | None, max_depth: int, group: Any,
+) -> FsdpPlan:  # fmt: skip
+    """``plan`` (planner ``method``'s), or ``method``'s plan under a budget lowered by what FSDP2 keeps
+    unsharded beyond the model's peak (a tied weight's unit, kept to its last module's forward:
+    :attr:`Sharded.peak_bound_bytes`) until that bound fits ``budget`` (at most :data:`REPLANS` times; every
+    rank alike, the bound is a function of the plan). A plan that still does not fit is returned, and
+    ``shard`` refuses it in one line."""
+    if budget is None:
+        return plan
+    lowered = budget
+    for _ in range(REPLANS):
+        groups = shard_groups(model, plan, layer_params)
+        over = as_run(model, plan, groups, layer_params, trace, ag, rs)[1] - budget
+        if over <= 0 or lowered - over < 0:
+            return plan
+        lowered -= over
+        try:
+            plan = plan_on_root(method, trace, ag, rs, lowered, max_depth, group, overlap_of(model))
+        except UserError:  # nothing fits the lowered budget
+            return plan
+    return plan
