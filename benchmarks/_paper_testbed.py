@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _common import busy_share, cpu_ticks, loadavg, sigterm_exits
+from _common import busy_share, cpu_ticks, loadavg, sigterm_exits, without_folder
 
 __all__ = ["NODE", "machine", "run_launches", "scaled_trace", "testbed_name"]
 
@@ -36,6 +36,14 @@ def machine() -> dict[str, Any]:
         "torch": torch.__version__,
         "python": platform.python_version(),
     }
+
+
+def results(args: Any, scratch: Path, topology: str, **fields: Any) -> dict[str, Any]:
+    """A reproduction's results file: the command, the machine, the load at the end, the testbed
+    (``topology``, ``args.rate``, ``args.mtu``) and ``fields``, without the ``scratch`` folder's path."""
+    head = {"command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]), **machine()}
+    head |= {"loadavg_end": loadavg(), "topology": topology, "rate": args.rate, "mtu": args.mtu}
+    return without_folder(head | fields, scratch)
 
 
 def scaled_trace(trace: Any, *, time_scale: float, byte_scale: float, total_s: float | None = None) -> Any:

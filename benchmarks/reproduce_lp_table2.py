@@ -40,8 +40,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import loadavg, without_folder
-from _paper_testbed import machine, run_launches, scaled_trace, testbed_name
+from _common import loadavg
+from _paper_testbed import results, run_launches, scaled_trace, testbed_name
 
 NODES = 4
 MODES = ("lp-alg1", "lp-alg2", "lp-alg3")
@@ -186,22 +186,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             r.pop("records", None)
             r.pop("log", None)
             r.pop("trace", None)
-    return without_folder(
-        {
-            "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
-            **machine(),
-            "loadavg_end": loadavg(),
-            "topology": f"star:{NODES}",
-            "rate": args.rate,
-            "mtu": args.mtu,
-            "byte_scale": k,
-            "time_scale": args.time_scale,
-            "paper_link_bps": PAPER_LINK_BPS,
-            "link_network": {"alpha": net.alpha, "beta": net.beta},
-            "iters": args.iters,
-            "models": models,
-        },
+    return results(
+        args,
         tmp,
+        f"star:{NODES}",
+        byte_scale=k,
+        time_scale=args.time_scale,
+        paper_link_bps=PAPER_LINK_BPS,
+        link_network={"alpha": net.alpha, "beta": net.beta},
+        iters=args.iters,
+        models=models,
     )
 
 

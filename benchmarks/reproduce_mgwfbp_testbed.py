@@ -34,8 +34,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from _common import loadavg, without_folder
-from _paper_testbed import machine, run_launches, scaled_trace, testbed_name
+from _common import loadavg
+from _paper_testbed import results, run_launches, scaled_trace, testbed_name
 
 MODELS = ("googlenet-k80-b64", "resnet50-k80-b32")
 SCHEDULES = ("wfbp", "single", "mgwfbp", "optimal", "ddp")
@@ -140,22 +140,16 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             for r in m["results"]:  # keep the JSON small: records and traces are in the worker logs
                 r.pop("records", None)
                 r.pop("log", None)
-    return without_folder(
-        {
-            "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
-            **machine(),
-            "loadavg_end": loadavg(),
-            "topology": f"star:{NODES}",
-            "rate": args.rate,
-            "mtu": args.mtu,
-            "time_scale": args.time_scale,
-            "byte_scale": k,
-            "rate_scale": c,
-            "link_network": {"alpha": net.alpha, "beta": net.beta},
-            "iters": args.iters,
-            "models": models,
-        },
+    return results(
+        args,
         tmp,
+        f"star:{NODES}",
+        time_scale=args.time_scale,
+        byte_scale=k,
+        rate_scale=c,
+        link_network={"alpha": net.alpha, "beta": net.beta},
+        iters=args.iters,
+        models=models,
     )
 
 
