@@ -41,11 +41,26 @@ def test_parse_size_rejects_in_one_line(text):
 
 def test_minimum_and_lists():
     with pytest.raises(UserError, match="below 1 byte"):
-        parse_size("0.1", minimum=1)
-    assert parse_sizes("4,1K,,16MB") == (4, 1024, MB16)
+        parse_size("0.0001K", minimum=1)
+    assert parse_sizes("4, 1K ,16MB") == (4, 1024, MB16)
     assert parse_sizes(["1M,16MB", "16MiB", "1K"]) == (2**20, MB16, 1024)  # duplicates dropped, order kept
     with pytest.raises(UserError, match="at least one size"):
         parse_sizes(" , ")
+
+
+@pytest.mark.parametrize("text", ["1.5", "0.5B", "4.", "1024.0"])
+def test_a_byte_count_is_whole_or_has_a_unit(text):
+    """``--memory 1.5`` was read as 1 byte: a fraction of a byte is a typo, refused; with a unit it is fine."""
+    with pytest.raises(UserError, match="is not a whole number of bytes"):
+        parse_size(text)
+    assert parse_size("1.5K") == 1536
+
+
+@pytest.mark.parametrize("text", ["1M,,", ",4K", "4K,,16MB", ["4K", ""], ["4K", "1M,"]])
+def test_an_empty_entry_in_a_list_is_refused(text):
+    """``netsim --sizes 1M,,`` was read as ``1M``."""
+    with pytest.raises(UserError, match="has an empty size"):
+        parse_sizes(text, what="--sizes")
 
 
 def test_16mb_in_the_bucket_planner():
