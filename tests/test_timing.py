@@ -1,8 +1,140 @@
-"""The one timed-collective loop (:mod:`dpcomm.timing`). Budget: one launch of 3 gloo workers (seconds)."""
+"""The one timed-collective loop (:mod:`dpcomm.timing`). Budget: one launch of 3 gloo workers (seconds); the
+asynchronous stand-ins sleep about 1 s in all, in one process (a one-rank gloo group where a barrier is
+needed)."""
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import torch
 
+from dpcomm import timing
 from dpcomm.timing import BARRIERS, call_op, rank_input, time_calls
+
+WORK_S = 0.05
+"""Seconds each stand-in's work takes after its call returned."""
+
+
+class _Stream:
+    """A stand-in for a backend's stream: work queued on it runs later, in order, on one other thread (as
+    NCCL's collectives run on its CUDA stream, gloo's on its worker threads)."""
+
+    def __init__(self):
+        self._pool = ThreadPoolExecutor(max_workers=1)
+        self.finished = 0
+
+    def enqueue(self, seconds: float):
+        def work() -> None:
+            threading.Event().wait(seconds)
+            self.finished += 1
+
+        return self._pool.submit(work)
+
+    def drain(self) -> None:
+        self._pool.submit(lambda: None).result()
+
+    def close(self) -> None:
+        self._pool.shutdown()
+
+
+class _Work:
+    """What ``dist.all_reduce(..., async_op=True)`` returns: ``wait()`` blocks until the work is done."""
+
+    def __init__(self, fut):
+        self._fut = fut
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def wait(self, timeout=None) -> bool:
+        self._fut.result()
+        return True
+
+
+def _torch_future(stream: _Stream, seconds: float) -> torch.futures.Future:
+    """A ``torch.futures.Future`` (what ``Work.get_future()`` and DDP's comm hooks return) completed there."""
+    fut: torch.futures.Future = torch.futures.Future()
+    stream.enqueue(seconds).add_done_callback(lambda _f: fut.set_result(None))
+    return fut
+
+
+@pytest.fixture
+def stream():
+    s = _Stream()
+    yield s
+    s.close()
+
+
+@pytest.fixture
+def one_rank():
+    """A one-rank gloo group in this process (the barrier modes need a group; nothing is spawned)."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def test_an_asynchronous_call_is_timed_until_its_work_is_done(stream):
+    # the call returns at once with a handle, as an async_op=True collective does; its work takes WORK_S on
+    # another thread. The old loop read the clock when the call returned and saw about 0 s.
+    times = time_calls(lambda: _Work(stream.enqueue(WORK_S)), 3, barrier="none")
+    assert stream.finished == 3 and all(t >= WORK_S for t in times), times
+    # torch futures, and a list of handles (a bucket's collectives started together), are waited for too
+    times = time_calls(
+        lambda: [_torch_future(stream, WORK_S), _Work(stream.enqueue(WORK_S))], 2, barrier="none"
+    )
+    assert stream.finished == 7 and all(t >= 2 * WORK_S for t in times), times
+
+
+def test_the_barrier_modes_count_every_calls_work(stream, one_rank):
+    # back to back ("once"): the loop ends when the last call's work is done, so the mean covers all of it
+    times = time_calls(lambda: _Work(stream.enqueue(WORK_S)), 4, barrier="once")
+    assert stream.finished == 4 and times == [times[0]] * 4 and times[0] >= WORK_S, times
+    times = time_calls(lambda: _Work(stream.enqueue(WORK_S)), 2, barrier="each")
+    assert stream.finished == 6 and all(t >= WORK_S for t in times), times
+
+
+def test_work_queued_on_the_device_is_timed_until_the_device_is_synchronized(stream, monkeypatch):
+    # a GPU call returns None once its kernels are queued (NCCL's blocking all_reduce included): only a
+    # device synchronize sees the end. torch.cuda.synchronize is replaced by draining the stand-in stream.
+    synced = []
+
+    def fake_synchronize(device=None):
+        synced.append(torch.device(device))
+        stream.drain()
+
+    monkeypatch.setattr(torch.cuda, "synchronize", fake_synchronize)
+    stream.enqueue(0.3)  # queued before the loop (an input's copy): drained before the clock starts
+    times = time_calls(lambda: stream.enqueue(WORK_S) and None, 2, barrier="none", device="cuda:0")
+    assert stream.finished == 3 and all(WORK_S <= t < 0.3 for t in times), times
+    assert synced == [torch.device("cuda:0")] * 4  # before and after each call
+    synced.clear()
+    assert time_calls(lambda: None, 1, barrier="none", device="cpu") and synced == []  # the CPU: no sync
+
+
+def test_the_allreduce_cost_measurement_counts_asynchronous_work(stream, one_rank):
+    from dpcomm.planner.autoplan import measure_allreduce
+
+    def allreduce(t):  # seconds grow with the bytes, as a collective's do
+        return _Work(stream.enqueue(WORK_S * t.numel() / 64))
+
+    points = measure_allreduce(allreduce, torch.zeros(64), None, reps=1)
+    assert [b for b, _ in points] == [4, 16, 64, 256]
+    assert points[-1][1] >= WORK_S and points[0][1] >= WORK_S / 64, points
+
+
+def test_wait_synchronize_now_and_the_groups_device(one_rank):
+    timing.wait(None)
+    timing.wait(torch.ones(2))  # a tensor is a result, not a handle
+    timing.synchronize(None)
+    timing.synchronize("cpu")
+    a = timing.now()
+    assert timing.now("cpu") >= a
+    assert timing.group_device() == torch.device("cpu")  # gloo
+    assert rank_input(3, 1, torch.float32, "cpu").device == torch.device("cpu")
 
 
 class _Recorder:

@@ -4,6 +4,8 @@
 (op, bytes, algo), runs ``warmup`` untimed calls on fresh copies of the input (the first one checked), then
 a barrier, then ``iters`` calls run back to back on the same buffer (as nccl-tests times its loop: one
 barrier's skew is spread over the loop; a summed buffer grows, floats up to inf, which costs the same).
+Inputs live on the group's device (:func:`dpcomm.timing.group_device`: CUDA under NCCL), and the loop ends
+once that device has finished the calls' work (:func:`dpcomm.timing.time_calls`).
 Reported, as nccl-tests does:
 
 * ``time_s``: the maximum over ranks of each rank's mean call time (a collective ends when its slowest
@@ -218,9 +220,10 @@ def _worker(
 
     from dpcomm.collectives.base import get
     from dpcomm.launch import init_worker
-    from dpcomm.timing import call_op, rank_input, time_calls
+    from dpcomm.timing import call_op, group_device, rank_input, time_calls, wait
 
     rank, world = init_worker(timeout_s=cfg.timeout_s)
+    device = group_device()  # NCCL takes CUDA tensors only; gloo: the CPU
     dtype = getattr(torch, cfg.dtype)
     esize = torch.empty((), dtype=dtype).element_size()
     algos = {a: get(a, **cfg.options(a)) for a in cfg.algos}
@@ -232,20 +235,20 @@ def _worker(
         for op in cfg.ops:
             for size in cfg.sizes:
                 numel = max(1, round(size / esize)) if size else 0
-                src = rank_input(numel, rank, dtype)
+                src = rank_input(numel, rank, dtype, device)
                 ref = _reference(op, src) if cfg.check and sweep == 0 else None
                 buf = torch.empty_like(src)
                 for name, algo in algos.items():
                     ok = None
                     for w in range(max(cfg.warmup, 1 if ref is not None else 0)):
                         buf.copy_(src)
-                        call_op(algo, op, buf)
+                        wait(call_op(algo, op, buf))
                         if w == 0 and ref is not None and name != "noop":  # reduce: only the root's counts
                             ok = bool(torch.equal(buf, ref)) if op != "reduce" or rank == 0 else True
                     buf.copy_(src)
                     # back to back after one barrier, as nccl-tests times its loop
                     mean = time_calls(
-                        lambda a=algo, o=op, b=buf: call_op(a, o, b), cfg.iters, barrier="once"
+                        lambda a=algo, o=op, b=buf: call_op(a, o, b), cfg.iters, barrier="once", device=device
                     )[0]
                     if sweep == 0:
                         out.append((op, name, numel * esize, [mean], ok))

@@ -31,7 +31,7 @@ from dpcomm.costmodel.fit import fit_line
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.planner.schedule import PlannerSchedule
-from dpcomm.timing import slowest, time_calls
+from dpcomm.timing import group_device, slowest, time_calls, wait
 from dpcomm.trace.format import Layer, Trace
 
 __all__ = [
@@ -54,7 +54,7 @@ MEASURED = ("mgwfbp", "optimal")
 
 def rank_mean(values: list[float], group: Any) -> list[float]:
     """Element-wise mean over the ranks of ``group`` (every rank gets the same floats)."""
-    t = torch.tensor(values, dtype=torch.float64)
+    t = torch.tensor(values, dtype=torch.float64, device=group_device(group))  # NCCL: on the GPU
     dist.all_reduce(t, group=group)
     return (t / dist.get_world_size(group)).tolist()
 
@@ -80,13 +80,15 @@ def network_cost(network: Any, nodes: int, collective: str) -> CommCost:
 
 
 def measure_allreduce(
-    allreduce: Callable[[torch.Tensor], None], scratch: torch.Tensor, group: Any, reps: int = 3
+    allreduce: Callable[[torch.Tensor], Any], scratch: torch.Tensor, group: Any, reps: int = 3
 ) -> list[tuple[int, float]]:
     """``[(bytes, seconds)]``: median time of ``allreduce`` on slices of ``scratch`` at a few sizes.
 
     Sizes go down from the whole buffer by factors of 4 (at most 5 sizes); each is run once to warm up and
     ``reps`` times timed. Every rank runs the same calls; the slowest rank's median counts (max over ranks),
     since a collective ends for everyone only when the slowest member is done. ``scratch`` is overwritten.
+    A call counts until its work is done (:func:`dpcomm.timing.time_calls`): a work handle ``allreduce``
+    returns is waited for, and ``scratch``'s device synchronized (NCCL only enqueues on a CUDA stream).
     """
     n = scratch.numel()
     sizes = sorted({max(1, n // 4**k) for k in range(5)})
@@ -94,8 +96,10 @@ def measure_allreduce(
     for m in sizes:
         piece = scratch.narrow(0, 0, m)
         piece.zero_()
-        allreduce(piece)  # warm-up
-        runs = time_calls(lambda piece=piece: allreduce(piece), reps, barrier="none", group=group)
+        wait(allreduce(piece))  # warm-up
+        runs = time_calls(
+            lambda piece=piece: allreduce(piece), reps, barrier="none", group=group, device=scratch.device
+        )
         times.append(statistics.median(runs))
     worst = slowest(times, group)  # a collective ends for everyone when its slowest member is done
     return [(m * scratch.element_size(), t) for m, t in zip(sizes, worst, strict=True)]
@@ -179,7 +183,12 @@ def candidates(plan: Plan, trace: Trace, cost: CommCost, nodes: int) -> list[Pla
 
 
 class Trial:
-    """Candidate plans timed round-robin, one iteration each in turn, so all see the same machine load."""
+    """Candidate plans timed round-robin, one iteration each in turn, so all see the same machine load.
+
+    The seconds :meth:`record` takes are the caller's; on a GPU they must be read with
+    :func:`dpcomm.timing.now` (``now(device)`` before the iteration and after its backward), which waits for
+    the queued kernels and collectives: ``time.perf_counter()`` alone sees only how long they took to
+    enqueue. The runtime's records (``IterRecord.total_s``) are read that way already."""
 
     def __init__(self, plans: list[Plan], iters: int):
         self.plans, self.iters = plans, iters
@@ -210,6 +219,7 @@ class Trial:
         a baseline the user already has (DDP's own buckets), kept unless a plan is measurably faster."""
         med = torch.tensor([statistics.median(t) for t in self.times], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
+            med = med.to(group_device(group))  # NCCL: on the GPU
             dist.all_reduce(med, op=dist.ReduceOp.MAX, group=group)
         medians = med.tolist()
         close = [i for i, m in enumerate(medians) if m <= min(medians) * (1 + margin)]
