@@ -85,12 +85,20 @@ def parse_linear_cost(text: str) -> LinearCost:
 
 
 def parse_nodes(text: str) -> list[int]:
-    """``"4,8,16"`` -> ``[4, 8, 16]``; each must be an integer >= 1."""
+    """``"4,8,16"`` -> ``[4, 8, 16]``; each an integer from 1 to :data:`dpcomm.topology.MAX_SERVERS`
+    (16,384, the most servers a topology may have: a larger count only multiplies ``N - 1`` terms into
+    times and speedups no cluster of this kind has)."""
+    from dpcomm.topology import MAX_SERVERS
+
     out = []
     for part in str(text).split(","):
         part = part.strip()
-        if not part.isdigit() or int(part) < 1:
-            raise UserError(f"--nodes must be integers >= 1 separated by commas, got {text!r}")
+        if not part.isdigit() or not part.strip("0"):
+            shown = text if len(str(text)) <= 60 else f"{str(text)[:57]}..."
+            raise UserError(f"--nodes must be integers >= 1 separated by commas, got {shown!r}")
+        if len(part.lstrip("0")) > 9 or int(part) > MAX_SERVERS:  # 9 digits: int() of thousands is slow
+            shown = part if len(part) <= 30 else f"{part[:27]}..."
+            raise UserError(f"--nodes: {shown} is more than the {MAX_SERVERS:,} nodes dpcomm handles")
         out.append(int(part))
     return out
 
