@@ -11,9 +11,9 @@ Extra fields are allowed and kept in ``Trace.extra`` / ``Layer.extra``.
 
 ``dpcomm-trace/2`` (written when the layers are gradient units, see :mod:`dpcomm.trace.units`) is the same
 object whose layers are *units*: the parameters whose gradients become ready together, in forward order
-(unit ``L-1`` ready first). Each layer may carry ``param_names`` (its parameters' names in the model, as
-``named_parameters()`` gives them; unique across the trace), so that DDP's buckets and every runtime can
-find a unit's tensors, and ``unused: true`` (no gradient in the profiled backward)::
+(unit ``L-1`` ready first). Each layer carries ``param_names`` (its parameters' names in the model, as
+``named_parameters()`` gives them; at least one, unique across the trace), so that DDP's buckets and every
+runtime can find a unit's tensors, and may carry ``unused: true`` (no gradient in the profiled backward)::
 
     {"format": "dpcomm-trace/2", ..., "layers": [{"name": "wte", "params": 32768, "forward_s": 1e-05,
      "backward_s": 2e-05, "param_names": ["wte.weight"]}, ...]}
@@ -24,7 +24,9 @@ without names or unused units is written as ``/1``, so layer-level traces keep t
 Limits, checked when a trace is read (a file of at most 64 MiB, :data:`dpcomm.utils.io.MAX_JSON_BYTES`):
 at most :data:`MAX_LAYERS` layers, :data:`MAX_PARAMS` parameters in all (so every byte count the planners
 and simulators compute fits an int64 and a float exactly), ``dtype_bytes`` up to :data:`MAX_DTYPE_BYTES`,
-``batch_size`` up to :data:`MAX_BATCH`, and each time up to :data:`MAX_SECONDS`.
+``batch_size`` up to :data:`MAX_BATCH`, and each time up to :data:`MAX_SECONDS`. Layer names are unique (a
+plan, a per-block FSDP unit and a report name layers by them); the profiler's whole-iteration times
+(``iteration_forward_s``, ``iteration_backward_s``), where present, are finite numbers >= 0 as the layers'.
 """
 
 from __future__ import annotations
@@ -177,6 +179,7 @@ class Trace:
 _TOP = {"model": str, "batch_size": int, "device": str, "dtype_bytes": int}
 _LAYER = {"name": str, "params": int, "forward_s": float, "backward_s": float}
 _V2 = ("param_names", "unused")
+_ITERATION = ("iteration_forward_s", "iteration_backward_s")  # dpcomm.trace.profiler's whole-iteration times
 
 
 def _shown(value: Any) -> str:
@@ -189,7 +192,8 @@ def _shown(value: Any) -> str:
     return text if len(text) <= 60 else f"{text[:57]}..."
 
 
-def _check(value: Any, kind: type, where: str, source: str) -> Any:
+def _check(value: Any, kind: type, where: str, source: str, *, most: int | None = None) -> Any:
+    """``value`` if it is a ``kind`` (a float: finite, >= 0; an int: >= 0, or from 1 to ``most``)."""
     ok = isinstance(value, kind) and not isinstance(value, bool)
     if kind is float:
         ok = isinstance(value, int | float) and not isinstance(value, bool)
@@ -197,6 +201,8 @@ def _check(value: Any, kind: type, where: str, source: str) -> Any:
         raise UserError(f"{source}: field '{where}' must be {kind.__name__}, got {_shown(value)}")
     if kind is float and (not math.isfinite(value) or value < 0):
         raise UserError(f"{source}: field '{where}' must be a finite number >= 0, got {value!r}")
+    if kind is int and most is not None and not 1 <= value <= most:
+        raise UserError(f"{source}: field '{where}' must be from 1 to {most:,}, got {_shown(value)}")
     if kind is int and value < 0:
         raise UserError(f"{source}: field '{where}' must be >= 0, got {value!r}")
     return value
@@ -213,13 +219,14 @@ def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
         )
     v2 = obj["format"] == TRACE_FORMAT
     own = (*_LAYER, *_V2) if v2 else tuple(_LAYER)
+    most = {"batch_size": MAX_BATCH, "dtype_bytes": MAX_DTYPE_BYTES}
     for key, kind in _TOP.items():
         if key not in obj:
             raise UserError(f"{source}: missing field '{key}'")
-        _check(obj[key], kind, key, source)
-    for key, most in (("batch_size", MAX_BATCH), ("dtype_bytes", MAX_DTYPE_BYTES)):
-        if not 1 <= obj[key] <= most:
-            raise UserError(f"{source}: field '{key}' must be from 1 to {most:,}, got {_shown(obj[key])}")
+        _check(obj[key], kind, key, source, most=most.get(key))
+    for key in _ITERATION:
+        if key in obj:
+            _check(obj[key], float, key, source)
     layers = obj.get("layers")
     if not isinstance(layers, list):
         raise UserError(f"{source}: missing field 'layers' (a list)")
@@ -227,7 +234,7 @@ def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
         raise UserError(f"{source}: field 'layers' is empty (a trace needs at least one layer)")
     if len(layers) > MAX_LAYERS:
         raise UserError(f"{source}: {len(layers):,} layers, more than the {MAX_LAYERS:,} a trace may have")
-    parsed, total, names = [], 0, set()
+    parsed, total, names, seen = [], 0, set(), {}
     for i, item in enumerate(layers):
         if not isinstance(item, dict):
             raise UserError(f"{source}: field 'layers[{i}]' must be an object")
@@ -235,6 +242,12 @@ def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
             if key not in item:
                 raise UserError(f"{source}: missing field 'layers[{i}].{key}'")
             _check(item[key], kind, f"layers[{i}].{key}", source)
+        if item["name"] in seen:
+            raise UserError(
+                f"{source}: field 'layers[{i}].name' repeats the name {_shown(item['name'])} of "
+                f"layers[{seen[item['name']]}] (layer names are unique)"
+            )
+        seen[item["name"]] = i
         total += item["params"]
         if total > MAX_PARAMS:
             raise UserError(
@@ -257,6 +270,11 @@ def trace_from_dict(obj: Any, source: str = "trace") -> Trace:
         if not isinstance(unused, bool):
             raise UserError(
                 f"{source}: field 'layers[{i}].unused' must be true or false, got {_shown(unused)}"
+            )
+        if v2 and not pnames:  # a unit holds at least one parameter (dpcomm.trace.units)
+            raise UserError(
+                f"{source}: field 'layers[{i}].param_names' is missing or empty: each unit of a "
+                f"'{TRACE_FORMAT}' trace names its parameters"
             )
         parsed.append(
             Layer(
