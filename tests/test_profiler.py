@@ -228,7 +228,9 @@ def test_cli_writes_a_valid_trace(tmp_path, capsys, one_thread):
     assert main([*args, "--timer", "thread", "--threads", "1", "-o", str(out)]) == 0
     trace = load_trace(out)
     assert trace.model == "lenet5" and trace.num_layers == 4 and trace.batch_size == 4
-    assert "wrote" in capsys.readouterr().out
+    said = capsys.readouterr()
+    assert "wrote" in said.out
+    assert said.err == ""  # rich's progress bar printed an empty line when stderr was not a terminal
     assert (
         main(["profile", "--model", "googlenet", "--batch-size", "64", "--analytic", "k80", "-o", str(out)])
         == 0

@@ -141,11 +141,13 @@ def _measure(profile, model, batch, args):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-    bar = Progress(*columns, console=Console(stderr=True), transient=True)
+    console = Console(stderr=True)
+    # a bar only on a terminal: elsewhere rich's stop() prints an empty line on stderr, and nothing else
+    bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
     task = bar.add_task(f"profiling {args.model} b{args.batch_size} on {args.device}", total=None)
 
     def _tick(done: int, total: int) -> None:
-        if not bar.live.is_started:  # start on the first iteration, so set-up errors print no bar
+        if not bar.disable and not bar.live.is_started:  # on the first iteration: set-up errors print none
             bar.start()
         bar.update(task, completed=done, total=total)
 

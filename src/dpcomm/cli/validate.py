@@ -54,7 +54,7 @@ def _list(console) -> int:
 def run(args: argparse.Namespace) -> int:
     from rich.console import Console
 
-    from dpcomm.utils.io import check_output_path
+    from dpcomm.utils.io import check_figure_path, check_output_path
     from dpcomm.validate.cases import select
     from dpcomm.validate.run import cluster_unavailable, load_record, loadavg
 
@@ -66,9 +66,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--fresh measures again and --no-run measures nothing: give one")
     if not args.timeout > 0:
         raise UserError(f"--timeout must be positive, got {args.timeout}")
-    for path in (args.json, args.plot):
-        if path:
-            check_output_path(path)
+    if args.json:
+        check_output_path(args.json)
+    if args.plot:
+        check_figure_path(args.plot)  # a format matplotlib cannot write fails now, not after the cases
     out = Path(args.out)
     if out.exists() and not out.is_dir():
         raise UserError(f"--out {out} is not a folder")
