@@ -189,3 +189,55 @@ def test_every_rank_gets_the_slowest_ranks_time_per_size():
     assert all(o == out[0] for o in out)  # one answer, the same on every rank
     for key, secs in out[0].items():
         assert len(secs) == len(sizes) and all(0 < s < 5 for s in secs), key
+
+
+class _Queue(torch.nn.Module):
+    """No parameters: its forward queues WORK_S of "kernels" on the stand-in stream and returns at once."""
+
+    def __init__(self, stream: _Stream):
+        super().__init__()
+        self.stream = stream
+
+    def forward(self, x):
+        self.stream.enqueue(WORK_S)
+        return x
+
+
+def test_the_runtimes_times_wait_for_the_device(stream, one_rank, monkeypatch):
+    # dpcomm.DataParallel on a "GPU" whose forward only queues work: the profiled layer times and the
+    # iteration's total_s (what the trial compares plans by) must count the queued work. The device is the
+    # stand-in stream: torch.cuda.synchronize drains it, and the wrapper is told its device is cuda:0.
+    from dpcomm.train.online import DataParallel
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: stream.drain())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), _Queue(stream), torch.nn.Linear(4, 1))
+    dp = DataParallel(model, plan="mgwfbp", profile_iters=1, verify_iters=0)
+    cuda = torch.device("cuda:0")
+    dp._timeline.device = dp._sync_grads.comm.device = cuda
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    try:
+        for _ in range(2):  # one profiled iteration, then the plan's
+            dp(torch.ones(2, 4)).sum().backward()
+            dp.step(opt)
+    finally:
+        dp.close()
+    f = [layer.forward_s for layer in dp.trace.layers]
+    assert f[0] >= WORK_S > f[1], f  # the first Linear's forward runs until the next layer's start
+    assert [r.phase.name for r in dp.records] == ["PROFILE", "STEADY"]
+    assert all(r.total_s >= WORK_S for r in dp.records), dp.records
+    assert stream.finished == 2
+
+
+def test_a_communication_job_ends_when_its_device_work_has_run(stream, monkeypatch):
+    from dpcomm.runtime.comm_thread import CommThread
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: stream.drain())
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    comm = CommThread(device=torch.device("cuda:0"))
+    try:
+        job = comm.submit("queued all-reduce", lambda: stream.enqueue(WORK_S) and None, 4)
+        job.wait(10)
+    finally:
+        comm.close()
+    assert job.error is None and job.t_end - job.t_start >= WORK_S

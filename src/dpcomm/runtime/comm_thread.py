@@ -13,6 +13,10 @@ needs no Python thread: :meth:`CommThread.start_async` records a job whose commu
 with ``async_op=True`` on the compute thread, as DDP's reducer does; waiting for it waits for the backend's
 work handles and then runs the job's ``finish`` (e.g. writing averaged gradients back) on the waiting thread.
 This keeps the Python thread, its queue hand-off and its share of the GIL out of backward's way.
+
+On a GPU a job's collectives return once queued (NCCL) or once their copies are queued (gloo on CUDA
+tensors), so a job ends (``t_end``) when its ``device`` has run what it queued (:func:`dpcomm.timing.now`);
+an asynchronous job's end is read after its works are waited for and the device synchronized.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Callable
 from typing import Any
 
 from dpcomm.errors import first_line
+from dpcomm.timing import now, synchronize
 
 __all__ = ["CommFailure", "CommJob", "CommThread"]
 
@@ -36,7 +41,10 @@ class CommFailure(RuntimeError):
 class CommJob:
     """One unit of communication: ``fn()`` run on the communication thread; ``wait()`` blocks until done."""
 
-    __slots__ = ("label", "nbytes", "fn", "t_submit", "t_start", "t_end", "error", "_done", "works", "finish")
+    __slots__ = (
+        "label", "nbytes", "fn", "t_submit", "t_start", "t_end", "error", "_done", "works", "finish",
+        "device",
+    )  # fmt: skip
 
     def __init__(self, label: str, fn: Callable[[], None] | None, nbytes: int = 0):
         self.label = label
@@ -50,6 +58,8 @@ class CommJob:
         self.works: list[Any] | None = None
         """Backend work handles of a job started with :meth:`CommThread.start_async` (None: a thread job)."""
         self.finish: Callable[[], None] | None = None
+        self.device: Any = None
+        """Where the job's work runs (None: the CPU); its end is read once that device is done."""
 
     def done(self) -> bool:
         if self.works is not None and not self._done.is_set():
@@ -76,6 +86,8 @@ class CommJob:
                 elif not w.wait(datetime.timedelta(seconds=timeout_s)):
                     raise TimeoutError(f"not finished after {timeout_s:g} s (a peer may be hung)")
             self.t_end = max(self.t_end, self.t_start)  # stamped by the backend's completion callbacks
+            if getattr(self.device, "type", "cpu") == "cuda":  # the callbacks fire once the work is queued
+                self.t_end = now(self.device)
             if self.finish is not None:
                 self.finish()
         except BaseException as exc:  # noqa: BLE001 - reported as CommFailure below
@@ -88,7 +100,9 @@ class CommJob:
 class CommThread:
     """A daemon thread running :class:`CommJob` s one at a time, in submission order."""
 
-    def __init__(self, name: str = "dpcomm-comm"):
+    def __init__(self, name: str = "dpcomm-comm", device: Any = None):
+        self.device = device
+        """Where the jobs' work runs (a ``torch.device``; None: the CPU)."""
         self._queue: queue.SimpleQueue[CommJob | None] = queue.SimpleQueue()
         self._broken: BaseException | None = None
         self._last: CommJob | None = None
@@ -102,6 +116,7 @@ class CommThread:
     def submit(self, label: str, fn: Callable[[], None], nbytes: int = 0) -> CommJob:
         """Queue ``fn`` (MG-WFBP Alg. 2 line 21, ``Q.push``); returns its job to wait on."""
         job = CommJob(label, fn, nbytes)
+        job.device = self.device
         self._last = job
         self._queue.put(job)
         return job
@@ -112,7 +127,7 @@ class CommThread:
         """Record a job already running on the backend's own threads (``works``: torch.distributed work
         handles of ``async_op=True`` calls started at ``t_start``); ``finish`` runs on the waiting thread."""
         job = CommJob(label, None, nbytes)
-        job.t_start = t_start
+        job.t_start, job.device = t_start, self.device
         job.works, job.finish = works, finish
 
         def stamp(_fut: Any, job: CommJob = job) -> None:
@@ -153,6 +168,8 @@ class CommThread:
 
         # Jobs write parameters in place (broadcasts); grad mode is per thread, so turn it off here.
         torch.set_grad_enabled(False)
+        if getattr(self.device, "type", "cpu") == "cuda":  # the current device is per thread too
+            torch.cuda.set_device(self.device)
         while True:
             job = self._queue.get()
             if job is None:
@@ -163,6 +180,7 @@ class CommThread:
             else:
                 try:
                     job.fn()
+                    synchronize(self.device)  # on a GPU: the job's queued work has run
                 except BaseException as exc:  # noqa: BLE001 - handed to the compute thread
                     job.error = self._broken = exc
             job.t_end = time.perf_counter()

@@ -172,10 +172,11 @@ class DataParallel(DataParallelHooks):
         self.records: deque[IterRecord] = deque(maxlen=_KEEP_RECORDS)
         """One :class:`IterRecord` per ``step()``: the last ``_KEEP_RECORDS`` (a long run stays small)."""
 
+        device = next((p.device for p in module.parameters()), None)  # timing waits for it (spans.py)
         self._sync_grads = GradSync(
-            self._coll, process_group, self.rank, self.world_size, root, mode, timeout_s
+            self._coll, process_group, self.rank, self.world_size, root, mode, timeout_s, device
         )
-        self._timeline = Timeline(keep_spans)
+        self._timeline = Timeline(keep_spans, device)
         self._names = {id(p): n for n, p in module.named_parameters()}
         self._batch = 0
         self._sync = True
@@ -203,7 +204,7 @@ class DataParallel(DataParallelHooks):
                 "DataParallel: backward ran but step()/synchronize() was not called before forward"
             )
         it = self._it
-        now = time.perf_counter()
+        now = self._timeline.now(sync=it.t0 is None or self._profiling)  # the iteration's start: device time
         self._synced = False  # a synchronize() not followed by step() is dropped (e.g. a skipped step)
         if it.t0 is None:
             it.t0 = now
@@ -231,7 +232,7 @@ class DataParallel(DataParallelHooks):
             for t in _tensors(out):
                 if t.requires_grad:
                     t.register_hook(self._on_backward_start)
-        it.fwd_end = time.perf_counter()
+        it.fwd_end = self._timeline.now(sync=self._profiling)
         it.forward_s += it.fwd_end - now
         self._timeline.span(it, "forward", "compute", now, it.fwd_end)
         return out

@@ -11,8 +11,6 @@ the two halves are one ``nn.Module`` and share the state of the iteration in pro
 
 from __future__ import annotations
 
-import time
-
 import torch
 from torch import nn
 
@@ -37,17 +35,23 @@ class DataParallelHooks(nn.Module):
 
     # ----------------------------------------------------------------- hooks
 
+    @property
+    def _profiling(self) -> bool:
+        """Layer times are being measured: marks wait for the device (:mod:`dpcomm.runtime.spans`)."""
+        return self.phase is Phase.PROFILE
+
     def _on_layer_call(self, owner: int) -> None:
-        self._it.pre.setdefault(owner, time.perf_counter())
+        if owner not in self._it.pre:
+            self._it.pre[owner] = self._timeline.now(sync=self._profiling)
         if self._prefetch is not None:
             self._prefetch.before_layer(self._layers.layer_of_owner[owner], self._sync_grads.wait)
 
     def _on_backward_start(self, grad: torch.Tensor) -> None:
         if self._it.bwd_start is None:
-            self._it.bwd_start = time.perf_counter()
+            self._it.bwd_start = self._timeline.now(sync=self._profiling)
 
     def _on_grad(self, p: nn.Parameter) -> None:
-        now = time.perf_counter()
+        now = self._timeline.now(sync=self._profiling)
         it = self._it
         it.bwd_last = now
         if it.bwd_start is None:

@@ -36,11 +36,12 @@ class GradSync:
         root: int,
         mode: str,
         timeout_s: float | None,
+        device: torch.device | None = None,
     ):
         self._coll, self._pg = collective, group
         self.rank, self.world, self.root, self.mode, self.timeout_s = rank, world, root, mode, timeout_s
         self._async = callable(getattr(collective, "allreduce_async", None))
-        self.comm = CommThread(name=f"dpcomm-comm-r{rank}")
+        self.comm = CommThread(name=f"dpcomm-comm-r{rank}", device=device)  # jobs end when its work ran
         self.buckets: GradBuckets | None = None
         """The flat buffers of the plan in use (None before the first forward)."""
 

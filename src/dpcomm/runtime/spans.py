@@ -4,6 +4,17 @@ per-layer forward/backward times a profiled iteration yields.
 Names follow MG-WFBP Section III and Table I: ``t_f^(l)`` and ``t_b^(l)`` per layer, ``t_f``/``t_b`` per
 iteration, the exposed (non-overlapped) communication. Clock: ``time.perf_counter()`` seconds inside an
 iteration; spans are shifted to the wall clock (``time.time()`` scale) so that ranks line up in a trace.
+
+On a GPU a call returns once its kernels are queued, so the host clock is read after the device has run
+them (:func:`dpcomm.timing.now`, a synchronize) where a number must mean device time: the iteration's start
+(its first forward) and end (after ``step()``), so ``total_s`` and the trials that compare plans by it are
+device times; while profiling, every layer's mark (its forward start, its gradient's arrival), so the
+per-layer ``t_f^(l)``, ``t_b^(l)`` are device times too, at the price of a synchronize per layer in those
+few iterations; and the end of every communication job (:mod:`dpcomm.runtime.comm_thread`). Outside
+profiling the forward/backward split of an iteration is read without synchronizing (a synchronize per
+layer would stall the queue), so on a GPU it says when the host queued the work, and ``exposed_comm_s``
+runs from the host's end of backward to the device's end of communication (an upper bound: it includes
+the device's tail of backward). On the CPU every reading is a plain ``time.perf_counter()``.
 """
 
 from __future__ import annotations
@@ -14,10 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from dpcomm.runtime.comm_thread import CommJob
 from dpcomm.runtime.records import IterRecord, Phase, Span, write_chrome_trace_file
+from dpcomm.timing import now as device_now
 
 __all__ = ["IterTimes", "Timeline", "layer_times"]
 
@@ -71,10 +84,17 @@ def layer_times(
 class Timeline:
     """The compute and communication spans of the last ``keep`` iterations of one rank."""
 
-    def __init__(self, keep: int):
+    def __init__(self, keep: int, device: torch.device | None = None):
         self.wall0 = time.time() - time.perf_counter()
         """Add to a ``perf_counter()`` time to get wall-clock seconds."""
+        self.device = device
+        """Where the replica computes (None: the CPU): :meth:`now` waits for it."""
         self._kept: deque[list[Span]] = deque(maxlen=max(1, keep))
+
+    def now(self, sync: bool = True) -> float:
+        """``perf_counter()`` seconds, after the device ran the work queued so far when ``sync`` (module
+        docstring: where a number must be device time)."""
+        return device_now(self.device) if sync else time.perf_counter()
 
     def span(self, it: IterTimes, name: str, row: str, start: float, end: float) -> None:
         """Record ``[start, end]`` (perf_counter seconds) on ``row`` of the iteration in progress."""
@@ -108,8 +128,9 @@ class Timeline:
     def finish(
         self, it: IterTimes, iteration: int, t_step: float, jobs: list[CommJob], phase: Phase, plan: str
     ) -> IterRecord:
-        """The iteration is over at ``step()``'s end: its record; its spans are kept (the oldest go)."""
-        now = time.perf_counter()
+        """The iteration is over at ``step()``'s end, once the device ran its work: its record; its spans are
+        kept (the oldest go)."""
+        now = self.now()
         self.span(it, "step", "compute", t_step, now)
         comm_s = self.comm_jobs(it, jobs)
         self._kept.append(it.spans)
