@@ -41,7 +41,7 @@ from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
 from dpcomm.train.setup import UpdateTimer
 from dpcomm.utils.sizes import parse_size
 
-__all__ = ["FsdpReplica", "FsdpSchedule", "check", "parse_schedule"]
+__all__ = ["FsdpReplica", "FsdpSchedule", "check", "check_budget", "parse_schedule"]
 
 KIND = "fsdp"
 
@@ -68,16 +68,16 @@ def parse_schedule(text: str, memory: str | int | None = None) -> FsdpSchedule:
         parse_size(method[5:], what="FSDP unit size", minimum=1)
     elif method not in FSDP_METHODS:
         raise UserError(f"unknown FSDP planner {method!r} in {text!r}: use one of {', '.join(FSDP_METHODS)}")
-    budget = memory
+    budget, what = memory, "--memory"
     for opt in opts:
         key, eq, value = opt.partition("=")
         if key.strip() != "memory" or not eq:
             raise UserError(f"schedule {text!r}: unknown option {opt!r} (only memory=BYTES)")
         if memory is not None:
             raise UserError(f"schedule {text!r} sets memory=, and --memory is given too: give one")
-        budget = value.strip()
+        budget, what = value.strip(), f"schedule {text!r}: memory"
     if isinstance(budget, str):
-        budget = parse_size(budget, what="FSDP memory budget", minimum=0)
+        budget = parse_size(budget, what=what, minimum=0)
     return FsdpSchedule(method=method, memory=budget)
 
 
@@ -94,7 +94,36 @@ def check(cfg: TrainConfig, schedule: str) -> FsdpSchedule:
         )
     if cfg.replan_every:
         raise UserError(f"--replan-every is not supported by --schedule {schedule} (FSDP2 is sharded once)")
+    check_budget(cfg, parsed, schedule)
     return parsed
+
+
+def check_budget(cfg: TrainConfig, parsed: FsdpSchedule, schedule: str) -> None:
+    """A budget no plan can meet, said in the parent before any worker starts (not by rank 0's planner
+    after every worker has started and profiled). From the parameters' sizes alone (the zoo model built on
+    the ``meta`` device, in the run's dtype): every unit holds whole parameters and is unsharded in full
+    for its forward (the model's peak, ``docs/fsdp.md``), so no plan fits less than the largest
+    parameter's bytes, and ``whole`` (one unit) needs them all. A budget above this bound that still fits
+    no plan is the planner's to refuse, on the workers."""
+    if parsed.memory is None:
+        return
+    import torch
+
+    from dpcomm.models import get_model
+    from dpcomm.train.config import torch_dtype
+
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        model = get_model(cfg.model, 10 if cfg.data == "digits" else None)
+    size = torch_dtype(cfg).itemsize  # bytes per element of the trained parameters
+    nbytes = {n: p.numel() * size for n, p in model.named_parameters() if p.requires_grad}
+    budget = f"a budget of {parsed.memory:,} bytes"
+    if parsed.method == "whole" and sum(nbytes.values()) > parsed.memory:
+        raise UserError(f"--schedule {schedule}: no plan fits {budget}; whole (one unit) holds all "
+                        f"{sum(nbytes.values()):,} bytes of {cfg.model}'s parameters unsharded")  # fmt: skip
+    name = max(nbytes, key=nbytes.__getitem__, default=None)
+    if name is not None and nbytes[name] > parsed.memory:
+        raise UserError(f"--schedule {schedule}: no plan fits {budget}; {cfg.model}'s largest parameter, "
+                        f"{name}, alone holds {nbytes[name]:,} bytes unsharded")  # fmt: skip
 
 
 class FsdpReplica(DDPTimedReplica):
