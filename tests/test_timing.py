@@ -241,3 +241,24 @@ def test_a_communication_job_ends_when_its_device_work_has_run(stream, monkeypat
     finally:
         comm.close()
     assert job.error is None and job.t_end - job.t_start >= WORK_S
+
+
+def test_the_parameter_servers_iteration_times_wait_for_the_device(stream, one_rank, monkeypatch):
+    # one co-located worker and server; its model's forward only queues work on the stand-in "GPU"
+    from dpcomm.ps.rank import PsRank
+    from dpcomm.ps.spec import PsSpec
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: stream.drain())
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), _Queue(stream), torch.nn.Linear(4, 3))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    x, y = torch.ones(2, 4), torch.tensor([0, 2])
+    ps = PsRank(model, opt, PsSpec(pull="all"), rank=0, workers=1, sample=x, stop=1)
+    ps.device = torch.device("cuda:0")
+    try:
+        ps.iteration(x, y)
+        ps.finish()
+    finally:
+        ps.close()
+    rec = ps.records[-1]
+    assert rec["forward_s"] >= WORK_S and rec["total_s"] >= WORK_S, rec

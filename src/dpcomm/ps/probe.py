@@ -8,14 +8,15 @@ bytes this rank pulls over the network, and ``C_i``, each layer's forward time, 
 once as during training (on a shared machine a forward run alone is faster than one beside the other
 workers'). :meth:`Prober.overlap` times a given plan's pulls beside a forward that waits for each batch,
 for :mod:`dpcomm.ps.planning`'s confirm or slowdown step. Every forward here leaves the model's buffers
-and the random-number generator as they were (:func:`buffers_kept`).
+and the random-number generator as they were (:func:`buffers_kept`). On a GPU the marks are read once the
+device ran the work queued before them (:func:`dpcomm.timing.now`): a forward returns once its kernels
+are queued, and ``C_i`` and a round's end are device times.
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -27,6 +28,7 @@ from torch import nn
 from dpcomm.models.layers import call_order, called_ancestor, layers_in_call_order, learnable_layers
 from dpcomm.ps import tags
 from dpcomm.ps.node import Ticket
+from dpcomm.timing import now
 from dpcomm.trace.profiler import default_loss, layer_medians
 
 if TYPE_CHECKING:
@@ -118,6 +120,8 @@ class Prober:
         self.layout, self.worker, self.server, self.params = ps.layout, ps.worker, ps.server, ps.params
         self.wait_at = ps.wait_at
         self._request = ps.spec.pulls == "request"
+        self.device = ps.device
+        """Where the model computes: the marks wait for it (module docstring)."""
 
     def _pull(self, units: list[tuple[int, int]], tag: int) -> list[Ticket]:
         return (self.worker.request if self._request else self.worker.pull)(units, tag)
@@ -182,7 +186,7 @@ class Prober:
         early = self.worker is not None and not self._request  # receives before any send (``iteration``)
         tickets = self._pull(units, tags.PROBE) if early else []
         dist.barrier(group=self.group)
-        t0 = time.perf_counter()
+        t0 = now(self.device)
         if self.worker is not None and not early:
             tickets = self._pull(units, tags.PROBE)
         if self.server is not None:
@@ -194,7 +198,7 @@ class Prober:
             # layer-by-layer rounds 10-15 ms longer than training's own layer-by-layer pulls, docs/ps.md)
             for t in reversed(tickets):
                 self.worker.wait(t, into_params=False)
-            end = time.perf_counter()
+            end = now(self.device)
             if out is not None:  # untimed: a backward after each forward, as in training and _time_forward
                 default_loss(out).backward()  # (forwards back to back ran 15-20% slower)
                 for p in self.model.parameters():
@@ -259,7 +263,8 @@ class Prober:
         marks: dict[int, float] = {}
 
         def _mark(i: int) -> None:  # a pre-hook must return None: a value would replace the inputs
-            marks.setdefault(i, time.perf_counter())
+            if i not in marks:
+                marks[i] = now(self.device)
 
         hooks = [m.register_forward_pre_hook(lambda _m, _a, i=i: _mark(i)) for i, m in enumerate(mods)]
         L = len(mods)
@@ -268,9 +273,9 @@ class Prober:
                 for r in range(warmup + rounds):
                     dist.barrier(group=self.group)
                     marks.clear()
-                    marks[-1] = time.perf_counter()
+                    marks[-1] = now(self.device)
                     out = self.model(sample)
-                    marks[L] = time.perf_counter()
+                    marks[L] = now(self.device)
                     # a backward after each forward, as in training: forwards back to back ran 15-20% slower
                     # (ResNet-20: 47 ms against 40 ms in the training iterations that followed)
                     default_loss(out).backward()

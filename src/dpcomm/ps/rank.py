@@ -14,6 +14,11 @@ time and is what the training loop holds (:mod:`dpcomm.train.ps_replica`). Set-u
    gradients exist.
 
 Checkpoint state (the servers' momentum, the workers' residuals) is :mod:`dpcomm.ps.state`'s.
+
+A model on a GPU trains through CPU messages (gloo's point-to-point sends take CPU tensors only): pushes
+are copied to the host, shards live there, pulls are copied into the parameters. The iteration's marks
+are read once the device ran the work queued before them (:func:`dpcomm.timing.now`), so ``forward_s``,
+``backward_s`` and ``total_s`` are device times.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from dpcomm.ps.spec import PsSpec
 from dpcomm.ps.state import PsState
 from dpcomm.ps.worker import PsWorker
 from dpcomm.runtime.records import Phase
+from dpcomm.timing import now
 from dpcomm.utils.groups import group_timeout
 
 __all__ = ["MAX_LAYERS", "PsRank", "forward_layers"]
@@ -78,6 +84,8 @@ class PsRank:
         self.model, self.optimizer, self.spec, self.rank, self.group = model, optimizer, spec, rank, group
         self.ckpt_at, self.it, self.log, self.stop = ckpt_at, start, log, stop
         self.align_sends = align_sends
+        self.device = next((p.device for p in model.parameters()), None)
+        """Where the model computes (the iteration's marks wait for it; messages stay on the CPU)."""
         self._request = spec.pulls == "request"
         self.layers, self.wait_at = forward_layout(model, sample, group)  # wait_at: where each pull waits
         mods = self.layers
@@ -182,7 +190,7 @@ class PsRank:
     # --- one iteration -------------------------------------------------------------------------------------
     def iteration(self, x: torch.Tensor | None, y: torch.Tensor | None) -> float:
         """One BSP iteration of this rank (a dedicated server ignores ``x``, ``y`` and returns nan)."""
-        t0, start_unix = time.perf_counter(), time.time()
+        t0, start_unix = now(self.device), time.time()
         fwd = bwd = 0.0
         update_s = 0.0
         sent_unix = sending_unix = pulls_in_unix = posted_unix = None
@@ -190,14 +198,14 @@ class PsRank:
             self.worker.wait_s = 0.0
             self.optimizer.zero_grad(set_to_none=True)
             out = self.model(x)
-            t1 = time.perf_counter()
+            t1 = now(self.device)
             arrived = [t.arrived_s for t in self.tickets if t.arrived_s is not None]
             if arrived:  # request mode: when the last batch of this forward's pulls came in
                 pulls_in_unix = start_unix + (max(arrived) - t0)
             loss = classification_loss(out, y)
             self._have = [0] * len(self.pushes)
             loss.backward()
-            t2 = time.perf_counter()
+            t2 = now(self.device)
             for g in range(len(self.pushes)):  # layers whose parameters got no gradient
                 if self._have[g] < self._need[g]:
                     self._have[g] = self._need[g]
@@ -205,7 +213,7 @@ class PsRank:
             self.worker.finish_pushes()
             fwd, bwd = t1 - t0, t2 - t1
             self.loss = float(loss.detach())
-        t2 = time.perf_counter()
+        t2 = now(self.device)
         # co-located, send mode: this worker's receives go out before its server sends. gloo sends a message
         # once the receiver has said "ready" (it answers every receive posted): posted after the sends, the
         # other servers' first batches waited for "ready"s that queued behind data on the shaped links, and
@@ -232,7 +240,7 @@ class PsRank:
             posted_unix = time.time()
         if self.ckpt_at(self.it):
             self.state.collect(self.tickets)
-        t3 = time.perf_counter()
+        t3 = now(self.device)
         pull_wait = self.worker.wait_s if self.worker is not None else 0.0
         self.records.append(
             {

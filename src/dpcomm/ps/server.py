@@ -42,7 +42,8 @@ class PsServer:
             if keys
             else torch.zeros(0)
         )
-        self.shard = torch.nn.Parameter(data.clone(), requires_grad=False)
+        # on the host (a GPU model's too): pushes and pulls are CPU messages (gloo's point-to-point sends)
+        self.shard = torch.nn.Parameter(data.to("cpu", copy=True), requires_grad=False)
         self.optimizer = torch.optim.SGD([self.shard], lr=lr, momentum=momentum, weight_decay=weight_decay)
         self.slices = [layout.shard_slice(u, s) for u in pushes]
         self._recv: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}  # (worker, group) -> buffers

@@ -38,7 +38,7 @@ class PsState:
         if self.server is None or all(b is None for b in bufs):
             return
         keys = self.layout.shard_keys(self.server.s)
-        mom = torch.cat([bufs[k.tensor].reshape(-1)[k.start : k.stop] for k in keys]) if keys else None
+        mom = torch.cat([bufs[k.tensor].reshape(-1)[k.start : k.stop] for k in keys]).cpu() if keys else None
         self.server.load(self.server.shard.data, mom)
 
     def collect(self, tickets: list[Ticket]) -> None:

@@ -45,13 +45,15 @@ class PsWorker:
         self.wait_s = 0.0  # seconds blocked in wait() since last reset
 
     def _gather(self, keys: list[Key], grads: bool) -> torch.Tensor:
+        """The keys' values in one CPU message (gloo's point-to-point sends take CPU tensors only: a model
+        on a GPU is copied to the host here, once per message)."""
         parts = []
         for k in keys:
             p = self.params[k.tensor]
             src = p.grad if grads else p.detach()
-            flat = torch.zeros(p.numel()) if src is None else src.reshape(-1)
+            flat = torch.zeros(p.numel(), device=p.device) if src is None else src.reshape(-1)
             parts.append(flat[k.start : k.stop])
-        return torch.cat(parts) if parts else torch.zeros(0)
+        return torch.cat(parts).cpu() if parts else torch.zeros(0)
 
     def push(self, g: int, unit: tuple[int, int]) -> Ticket:
         """Send push group ``g`` (layers ``unit``) to every server; returns at once."""
