@@ -1,6 +1,8 @@
 """The launcher runs real workers through the elastic agent and turns a worker's exception into one line."""
 
 import argparse
+import os
+import tempfile
 
 import pytest
 
@@ -77,3 +79,28 @@ def test_a_failure_names_the_rank_that_caused_it_not_the_ones_that_waited():
     assert str(WorkerFailure(alone).named(lambda r: _role(r, 3), _waited_on_a_waiter(alone))).startswith(
         "worker rank 0 failed"
     )
+
+
+def test_a_dead_launchers_scratch_folder_goes_and_a_live_ones_stays(tmp_path, monkeypatch):
+    """``kill -9`` of a launcher left its ``dpcomm-run-*`` folder for good; now the next launch removes a
+    folder whose ``owner.lock`` no process holds, and nothing else: not a running launch's (its lock is
+    held; flock locks conflict between two opens even in one process), not one without a lock, not a link."""
+    from dpcomm.scratch import remove_dead_scratch, scratch_dir
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = tmp_path / "dpcomm-run-dead"
+    (dead / "torchelastic_x").mkdir(parents=True)
+    (dead / "owner.lock").write_text("12345\n")  # as a killed launcher leaves it: nobody holds the lock
+    unlocked = tmp_path / "dpcomm-run-nolock"
+    unlocked.mkdir()
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "owner.lock").write_text("")
+    os.symlink(victim, tmp_path / "dpcomm-run-link")
+    with scratch_dir() as live:
+        assert live.parent == tmp_path and (live / "owner.lock").read_text() == f"{os.getpid()}\n"
+        assert not dead.exists()
+        assert unlocked.exists() and (victim / "owner.lock").exists()
+        assert remove_dead_scratch() == [] and live.exists()  # held by this launch
+    assert not live.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dpcomm-run-link", "dpcomm-run-nolock", "victim"]

@@ -3,8 +3,9 @@
 ``launch(fn, nproc, *args)`` runs ``fn(*args)`` in ``nproc`` local worker processes that find each other
 through a c10d store the launcher serves on 127.0.0.1 only (or, with ``nnodes > 1``, a static rendezvous at
 ``master_addr``, as ``torchrun --nnodes N --node-rank R --master-addr A`` does, which listens on every
-interface of node 0) and returns their results by local rank. The store, the scratch folder, workers dying
-with the launcher and one-line interrupts are :mod:`dpcomm.lifecycle`'s.
+interface of node 0) and returns their results by local rank. The store, workers dying with the launcher
+and one-line interrupts are :mod:`dpcomm.lifecycle`'s; the scratch folder (and a killed launcher's, removed
+by the next launch) :mod:`dpcomm.scratch`'s.
 Inside a worker, :func:`init_worker` joins the default process group. ``fn`` must be a module-level
 function (workers are spawned).
 
@@ -31,7 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dpcomm import lifecycle
+from dpcomm import lifecycle, scratch
 from dpcomm.errors import Interrupted, UserError
 
 __all__ = [
@@ -239,8 +240,9 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
     if opts.nnodes > 1 and opts.node_rank == 0:
         lifecycle.check_port_free(opts.master_port)  # torch's store: *:port
     with contextlib.ExitStack() as stack:
-        scratch = stack.enter_context(lifecycle.scratch_dir())
-        stack.enter_context(lifecycle.temp_files_in(scratch))  # torch's pytorch-errorfile-* go there too
+        folder = stack.enter_context(scratch.scratch_dir())  # a killed launcher's folder goes first
+        stack.enter_context(scratch.temp_files_in(folder))  # torch's pytorch-errorfile-* go there too
+        scratch.quiet_resource_tracker()  # after a kill -9 it removes the semaphores without a warning
         stack.enter_context(lifecycle.prompt_shutdown(_SHUTDOWN_S))  # a failed run ends ~--timeout after
         env = {
             "DPCOMM_LAUNCHER_PID": str(os.getpid()),
@@ -251,7 +253,7 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
             max_restarts=0,
             monitor_interval=0.05,
             start_method="spawn",
-            logs_specs=DefaultLogsSpecs(log_dir=str(scratch)),
+            logs_specs=DefaultLogsSpecs(log_dir=str(folder)),
             signals_to_handle=_AGENT_SIGNALS,
             # SIGTERM, then SIGKILL this much later (torch's default is 30 s): a stopped (SIGSTOP) or hung
             # worker cannot act on SIGTERM, and dpcomm's workers need no time to clean up (they die on it)

@@ -9,11 +9,8 @@ nothing behind and ends in one line.
   (``$DPCOMM_STORE``). A port that is taken is one line, ``port P is in use``, before any worker starts.
   Multi-node runs use torch's static rendezvous, which listens on every interface of node 0: there the
   user names the address and port (``--master-addr``/``--master-port``) and the network must be trusted.
-- **One scratch folder**, private (0700) and removed at exit, for the agent's logs and error files (torch
-  would leave a ``torchelastic_*`` folder in the temporary directory per run). While the agent runs, the
-  launcher's :func:`tempfile.gettempdir` is that folder too (:func:`temp_files_in`): torch's process
-  starter names each worker's error file there (``pytorch-errorfile-*.pickle``, which a failed worker
-  writes and nobody removes).
+- **One scratch folder** per launch, private and removed at exit, for the agent's logs and error files;
+  the next launch removes the folder of one killed with ``kill -9`` (:mod:`dpcomm.scratch`).
 - **Workers that die with the launcher.** Each worker asks the kernel for SIGKILL when its parent dies
   (``prctl(PR_SET_PDEATHSIG)``), so ``kill -9`` of the launcher leaves no worker behind; ``testbed
   launch`` does the same for the commands it starts in the namespaces (:func:`die_with_parent_preexec`).
@@ -36,14 +33,11 @@ import ctypes
 import ipaddress
 import os
 import re
-import shutil
 import signal
 import socket
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 from typing import Any
 
 from dpcomm.errors import UserError
@@ -57,7 +51,6 @@ __all__ = [
     "die_with_parent_preexec",
     "launcher_signals",
     "local_store",
-    "scratch_dir",
     "worker_entry",
 ]
 
@@ -177,16 +170,6 @@ def local_store(addr: str, port: int, timeout_s: float = 60.0) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def scratch_dir() -> Iterator[Path]:
-    """A private folder for one launch, removed (with what the agent wrote there) on the way out."""
-    path = Path(tempfile.mkdtemp(prefix="dpcomm-run-"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@contextlib.contextmanager
 def prompt_shutdown(grace_s: float) -> Iterator[None]:
     """When a worker fails, the others get ``grace_s`` to end, then SIGTERM, then ``grace_s`` more before
     SIGKILL (torch's process context waits a fixed 30 s there, ignoring the agent's ``shutdown_timeout``:
@@ -203,17 +186,6 @@ def prompt_shutdown(grace_s: float) -> Iterator[None]:
         yield
     finally:
         ProcessContext.join = join  # type: ignore[method-assign]
-
-
-@contextlib.contextmanager
-def temp_files_in(path: Path) -> Iterator[None]:
-    """This process's temporary files go in ``path`` (``tempfile.tempdir``) until the block ends."""
-    old = tempfile.tempdir
-    tempfile.tempdir = str(path)
-    try:
-        yield
-    finally:
-        tempfile.tempdir = old
 
 
 @contextlib.contextmanager
