@@ -21,6 +21,13 @@ walks DDP makes:
   ``find_unused_parameters=True`` and no ``static_graph`` it never rebuilds (``should_rebuild_buckets``):
   the construction-time buckets are the buckets for good.
 
+For the registration walk there is a third way, and :func:`build_ddp` takes it (``dpcomm.ddp.wrap`` always
+builds DDP through it): DDP's constructor asks ``torch.distributed._compute_bucket_assignment_by_size``
+for its construction-time buckets, and ``build_ddp`` answers that one call with the plan's groups (the
+parameters' indices per group, reversed as DDP expects, DDP reverses them back). DDP is otherwise built
+as always; with ``find_unused_parameters=True`` it never rebuilds, so it runs every cut of the plan from
+the first iteration (walk ``assigned``).
+
 So a plan's groups, in communication order, become DDP's buckets when the caps are the groups' exact byte
 sizes (``int(cap_mb * 2**20)`` is exact for ``cap_mb = bytes / 2**20``) in the order DDP's walk meets them
 (communication order for the rebuild; reversed for the registration walk), and every group's parameters
@@ -38,11 +45,16 @@ cuts the same caps in registration order; its buckets differ from the plan, its 
 
 from __future__ import annotations
 
+import contextlib
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
@@ -59,10 +71,19 @@ from dpcomm.trace.units import (
     units_from_ready,
 )
 
-__all__ = ["BucketCaps", "bucket_caps", "ddp_walk", "expressible_plan", "model_units", "ready_order"]
+__all__ = [
+    "BucketCaps",
+    "bucket_caps",
+    "build_ddp",
+    "ddp_walk",
+    "expressible_plan",
+    "model_units",
+    "ready_order",
+]
 
-WALKS = ("ready", "static", "registration")
-"""The order DDP's reducer walks parameters in when it cuts the buckets it keeps (module docstring)."""
+WALKS = ("ready", "static", "registration", "assigned")
+"""The order DDP's reducer walks parameters in when it cuts the buckets it keeps (module docstring);
+``assigned``: none, :func:`build_ddp` hands it the plan's buckets."""
 
 _WHY = {
     "ready": "gradients of those units become ready out of unit order",
@@ -99,6 +120,10 @@ class BucketCaps:
     parameters last) or ``registration`` (never rebuilt)."""
     extra_s: float | None = None
     """Cost-model price of running ``plan`` instead of ``requested`` (seconds per iteration), if priced."""
+    param_groups: tuple[tuple[str, ...], ...] = ()
+    """Parameter names of each of ``plan``'s groups (communication order): what :func:`build_ddp` assigns."""
+    unit_names: tuple[str, ...] = ()
+    """Each unit's name (forward order), to name cuts in :attr:`note`."""
 
     @property
     def exact(self) -> bool:
@@ -110,10 +135,13 @@ class BucketCaps:
         """One line saying what DDP runs instead, None when it runs the requested plan."""
         if self.exact:
             return None
-        cuts = ", ".join(f"{g}|{g - 1}" for g in self.dropped)
+        if self.unit_names:
+            cuts = ", ".join(f"{self.unit_names[g]} | {self.unit_names[g - 1]}" for g in self.dropped)
+        else:
+            cuts = ", ".join(f"{g}|{g - 1}" for g in self.dropped)
         price = "" if self.extra_s is None else f"; the cost model prices it at {self.extra_s * 1e3:+.3f} ms"
         return (
-            f"DDP cannot cut plan '{self.requested.schedule}' between units {cuts} ({_WHY[self.walk]}); "
+            f"DDP cannot cut plan '{self.requested.schedule}' between {cuts} ({_WHY[self.walk]}); "
             f"running {len(self.plan.groups)} buckets instead of {len(self.requested.groups)}{price}"
         )
 
@@ -247,6 +275,7 @@ def bucket_caps(
     warn: bool = True,
     find_unused_parameters: bool = False,
     static_graph: bool = False,
+    assign: bool = False,
 ) -> BucketCaps:
     """The ``bucket_cap_mb_list`` that makes DDP form ``plan``'s groups (see module docstring).
 
@@ -254,7 +283,9 @@ def bucket_caps(
     ``example``, else the learnable layers in registration order); ``plan.num_layers`` must match.
     ``find_unused_parameters`` and ``static_graph`` are the ones DDP will get: they decide which order DDP
     cuts in (:func:`ddp_walk`). Cuts DDP cannot make are dropped (a warning says so, priced by
-    :func:`dpcomm.sim.simulate` when ``trace``, ``cost`` and ``nodes`` are given).
+    :func:`dpcomm.sim.simulate` when ``trace``, ``cost`` and ``nodes`` are given). ``assign``: DDP will be
+    built by :func:`build_ddp`, which hands a DDP that never rebuilds (the registration walk) the plan's
+    buckets, so no cut is dropped there (walk ``assigned``).
     """
     ready = ready_sequence(model, example, loss_fn) if example is not None else None  # one pass serves both
     units = model_units(model, example, loss_fn, trace, ready=ready)
@@ -273,6 +304,8 @@ def bucket_caps(
         find_unused_parameters=find_unused_parameters, static_graph=static_graph, ready=ready,
     )  # fmt: skip
     group_bytes = [sum(unit_bytes[u] for u in g) for g in plan.groups]
+    if assign and walk == "registration":
+        walk, order = "assigned", [k for k in reversed(range(len(units))) for _ in units[k].param_names]
     runs, dropped = expressible_plan(plan, order, group_bytes)
     extra = None
     if dropped and trace is not None and cost is not None and nodes is not None:
@@ -283,8 +316,45 @@ def bucket_caps(
     if walk == "registration":  # DDP's first cap goes to the first bucket of registration order
         caps.reverse()
     out = BucketCaps(
-        bucket_cap_mb_list=caps, plan=runs, requested=plan, dropped=dropped, extra_s=extra, walk=walk
-    )
+        bucket_cap_mb_list=caps, plan=runs, requested=plan, dropped=dropped, extra_s=extra, walk=walk,
+        param_groups=tuple(tuple(n for u in g for n in units[u].param_names) for g in runs.groups),
+        unit_names=tuple(u.name for u in units),
+    )  # fmt: skip
     if out.note and warn:
         warnings.warn(f"dpcomm: {out.note}", stacklevel=2)
     return out
+
+
+@contextlib.contextmanager
+def _assigned(model: nn.Module, groups: tuple[tuple[str, ...], ...]) -> Iterator[None]:
+    """While DDP is constructed, its one call for construction-time buckets gets ``groups`` (module
+    docstring): indices into the parameter list DDP passes, groups in reverse communication order (DDP
+    reverses the list it gets), each bucket's byte size as its limit."""
+    compute = dist._compute_bucket_assignment_by_size
+    ids = {n: id(p) for n, p in model.named_parameters()}
+
+    def assignment(params: list[torch.Tensor], limits: Any, *args: Any, **kwargs: Any) -> Any:
+        index = {id(p): i for i, p in enumerate(params)}
+        buckets = [[index[ids[n]] for n in g if ids[n] in index] for g in groups]
+        buckets = [b for b in buckets if b]
+        if sorted(i for b in buckets for i in b) != list(range(len(params))):  # not the plan's parameters
+            return compute(params, limits, *args, **kwargs)
+        sizes = [sum(params[i].numel() * params[i].element_size() for i in b) for b in buckets]
+        return buckets[::-1], sizes[::-1]
+
+    dist._compute_bucket_assignment_by_size = assignment
+    try:
+        yield
+    finally:
+        dist._compute_bucket_assignment_by_size = compute
+
+
+def build_ddp(
+    model: nn.Module, caps: BucketCaps, process_group: Any = None, **ddp_kwargs: Any
+) -> DistributedDataParallel:
+    """``DistributedDataParallel(model, bucket_cap_mb_list=..., **ddp_kwargs)`` running ``caps.plan``: for
+    the walk ``assigned`` its construction-time buckets are the plan's groups (module docstring)."""
+    if caps.walk != "assigned":
+        return DistributedDataParallel(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
+    with _assigned(model, caps.param_groups):
+        return DistributedDataParallel(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)

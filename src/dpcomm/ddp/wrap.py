@@ -34,7 +34,9 @@ first; with ``find_unused_parameters=True`` they are the construction-time bucke
 
 from __future__ import annotations
 
+import logging
 import time
+import warnings
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -44,11 +46,14 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dpcomm.costmodel.base import CommCost
-from dpcomm.ddp.buckets import BucketCaps, bucket_caps
+from dpcomm.ddp.buckets import BucketCaps, bucket_caps, build_ddp
 from dpcomm.ddp.hooks import HookState, collective_hook
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.trace.format import Layer, Trace
+from dpcomm.utils.user_run import check_same_weights, first_param, on_every_rank, untouched
+
+_log = logging.getLogger("dpcomm.ddp")
 
 __all__ = ["Wrapped", "plan_on_workers", "wrap"]
 
@@ -58,7 +63,7 @@ _TIMED = ("mgwfbp", "optimal")
 
 @dataclass(slots=True, kw_only=True)
 class Wrapped:
-    """What :func:`wrap` decided, kept on the DDP module as ``ddp.dpcomm``."""
+    """What :func:`wrap` decided, kept on the DDP module as ``ddp.dpcomm``; ``str()`` of it says so."""
 
     plan: Plan
     """The plan DDP runs: the planned one (or its nearest expressible coarsening), or the trial's winner."""
@@ -74,6 +79,44 @@ class Wrapped:
     """The hook's state when the collective runs on its own thread."""
     trial: dict[str, float] | None = None
     """Median forward+backward seconds per candidate plan in the timed trial (slowest rank), if one ran."""
+    planned: Plan | None = None
+    """The planner's plan, kept when the trial chose another (``plan`` is then the winner)."""
+    predicted: dict[str, float] | None = None
+    """The cost model's iteration time (seconds) per candidate, as :func:`dpcomm.sim.simulate` prices it."""
+    ddp_options: dict[str, Any] | None = None
+    """The DDP keyword arguments the user passed."""
+
+    def __str__(self) -> str:
+        from dpcomm.trace.names import pattern
+
+        names = [n for ns in self.caps.param_groups for n in ns]
+        names = self._names or sorted(names)
+        options = ", ".join(f"{k}={v}" for k, v in (self.ddp_options or {}).items())
+        why = "as given" if self.trial is None else "fastest in the timed trial"
+        if self.trial is not None and self.plan.schedule in ("ddp-buckets",):
+            why = "DDP's own buckets: no plan was measurably (> 2%) faster"
+        lines = [
+            f"dpcomm.ddp.wrap: DDP({options}) runs plan '{self.plan.schedule}', {len(self.plan.groups)} "
+            f"buckets ({why})"
+        ]
+        if self.trial:
+            lines.append("  candidates: trial median forward+backward (slowest rank) | model's iteration time")
+            for name, t in self.trial.items():
+                model = (self.predicted or {}).get(name)
+                mark = "  <- kept" if name == self.plan.schedule else ""
+                priced = f"{model * 1e3:9.3f} ms" if model is not None else "        -"
+                lines.append(f"    {name:<14}{t * 1e3:9.3f} ms | {priced}{mark}")
+        if self.planned is not None and self.planned.groups != self.plan.groups:
+            lines.append(f"  rejected: '{self.planned.schedule}', {len(self.planned.groups)} buckets")
+        lines.append("  buckets in communication order:")
+        for k, group in enumerate(self.caps.param_groups):
+            lines.append(f"    {k}: {pattern(group, names)}")
+        if self.caps.note:
+            lines.append(f"  note: {self.caps.note}")
+        return "\n".join(lines)
+
+    _names: tuple[str, ...] = ()
+    """The model's trainable parameter names (registration order), to name groups."""
 
 
 def _sizes_trace(model: nn.Module, example: Any | None, name: str, loss_fn: Any = None) -> Trace:
@@ -104,9 +147,12 @@ def plan_on_workers(
     network: Any = None,
     profile_iters: int = 3,
     process_group: Any = None,
+    static_graph: bool = False,
 ) -> tuple[Plan, Trace, CommCost]:
     """Profile, price and plan on every rank of ``process_group`` (see module docstring); every rank gets
-    the same plan, trace and cost. ``mgwfbp`` and ``optimal`` need ``example`` (one input batch)."""
+    the same plan, trace and cost. ``mgwfbp`` and ``optimal`` need ``example`` (one input batch).
+    ``static_graph``: DDP will run with it, and its rebuilt buckets communicate the unused units last
+    (:mod:`dpcomm.ddp.buckets`): they are planned there (:func:`static_order`)."""
     from dpcomm.collectives import get
     from dpcomm.costmodel.collective import ALGORITHMS
     from dpcomm.planner import autoplan
@@ -123,8 +169,11 @@ def plan_on_workers(
     else:  # every rank profiles; the units' times are averaged over ranks
         from dpcomm.trace.profiler import profile
 
-        device = next(model.parameters()).device
-        local = profile(model, example, iters=profile_iters, warmup=1, device=device, loss_fn=loss_fn)
+        device = first_param(model, "dpcomm.ddp.wrap").device
+        local = on_every_rank(
+            lambda: profile(model, example, iters=profile_iters, warmup=1, device=device, loss_fn=loss_fn),
+            process_group, "dpcomm.ddp.wrap: profiling the model on the example",
+        )  # fmt: skip
         n = local.num_layers
         fb = autoplan.rank_mean(
             [x.forward_s for x in local.layers] + [x.backward_s for x in local.layers], process_group
@@ -136,6 +185,8 @@ def plan_on_workers(
             model=type(model).__name__, batch_size=local.batch_size, device=local.device,
             dtype_bytes=local.dtype_bytes, layers=layers, extra={"measured_by": "dpcomm.ddp.wrap"},
         )  # fmt: skip
+    if static_graph:
+        trace = static_order(trace)
     if network is not None:
         cost: CommCost = autoplan.network_cost(
             network, world, collective if collective in ALGORITHMS else "ring"
@@ -151,6 +202,16 @@ def plan_on_workers(
     plan = autoplan.plan_on_root(parsed, trace, cost, world, process_group, root=0)
     check_same_plan(plan, process_group)
     return plan, trace, cost
+
+
+def static_order(trace: Trace) -> Trace:
+    """``trace`` with its unused units moved to the front of forward order, i.e. communicated last: where
+    DDP's buckets rebuilt under ``static_graph=True`` put them (their gradients, zeros, are reduced with the
+    last bucket), so that every cut of a plan over these units is one DDP makes."""
+    unused = [x for x in trace.layers if x.unused]  # registration order, DDP's order for them
+    if not unused:
+        return trace
+    return replace(trace, layers=tuple(unused[::-1]) + tuple(x for x in trace.layers if not x.unused))
 
 
 def wrap(
@@ -178,6 +239,10 @@ def wrap(
     modelled network instead of measuring it. ``verify_iters``: timed passes per candidate in the trial
     (``mgwfbp``/``optimal`` with ``example``; 0: keep the planned plan untimed). Other keyword arguments go
     to DDP. What was decided is ``ddp.dpcomm`` (:class:`Wrapped`).
+
+    The model, its gradients, buffers and training flags, and the random state are left as plain
+    ``DistributedDataParallel(model, **ddp_kwargs)`` leaves them (:mod:`dpcomm.utils.user_run`); the DDP
+    returned is built fresh, after whatever the trial ran.
     """
     if not dist.is_initialized():
         raise UserError("dpcomm.ddp.wrap needs torch.distributed initialised (dist.init_process_group(...))")
@@ -186,30 +251,37 @@ def wrap(
         raise UserError(
             f"dpcomm.ddp.wrap sets the buckets from the plan; do not pass {', '.join(sorted(clash))}"
         )
-    trace = cost = None
-    if isinstance(plan, str):
-        plan, trace, cost = plan_on_workers(
-            model, plan, example=example, loss_fn=loss_fn, collective=collective, network=network,
-            profile_iters=profile_iters, process_group=process_group,
-        )  # fmt: skip
+    first_param(model, "dpcomm.ddp.wrap")
+    check_same_weights(model, process_group, "dpcomm.ddp.wrap")
+    trace = cost = timed = predicted = None
+    planned = plan if isinstance(plan, Plan) else None
     world = dist.get_world_size(process_group)
     walk = _walk_kwargs(ddp_kwargs)
-    caps = bucket_caps(
-        plan, model, example=example, loss_fn=loss_fn, trace=trace, cost=cost, nodes=world, **walk
-    )
-    timed = None
-    if (
-        trace is not None
-        and example is not None
-        and verify_iters > 0
-        and caps.requested.schedule.lower() in _TIMED
-        and collective == "native"
-    ):
-        caps, ddp, timed = _trial(
-            model, caps, trace, cost, example, loss_fn, verify_iters, process_group, ddp_kwargs
-        )
-    else:
-        ddp = DistributedDataParallel(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
+    with untouched(model):
+        if isinstance(plan, str):
+            plan, trace, cost = plan_on_workers(
+                model, plan, example=example, loss_fn=loss_fn, collective=collective, network=network,
+                profile_iters=profile_iters, process_group=process_group, static_graph=walk["static_graph"],
+            )  # fmt: skip
+            planned = plan
+            _check_unused(trace, walk)
+        caps = on_every_rank(
+            lambda: bucket_caps(
+                plan, model, example=example, loss_fn=loss_fn, trace=trace, cost=cost, nodes=world,
+                warn=False, assign=True, **walk,
+            ), process_group, "dpcomm.ddp.wrap: matching the plan to the model",
+        )  # fmt: skip
+        if (
+            trace is not None
+            and example is not None
+            and verify_iters > 0
+            and caps.requested.schedule.lower() in _TIMED
+            and collective == "native"
+        ):
+            caps, timed, predicted = _trial(
+                model, caps, trace, cost, example, loss_fn, verify_iters, process_group, ddp_kwargs
+            )
+    ddp = build_ddp(model, caps, process_group, **ddp_kwargs)  # fresh: nothing of the trial in it
     state = None
     if collective != "native" or collective_options:
         hook = collective_hook(collective, **(collective_options or {}))
@@ -223,8 +295,30 @@ def wrap(
         collective=collective,
         hook_state=state,
         trial=timed,
+        planned=planned,
+        predicted=predicted,
+        ddp_options=dict(ddp_kwargs),
+        _names=tuple(n for n, p in model.named_parameters() if p.requires_grad),
     )
+    if dist.get_rank(process_group) == 0:
+        if caps.note:
+            warnings.warn(f"dpcomm: {caps.note}", stacklevel=2)
+        _log.info(str(ddp.dpcomm).splitlines()[0])
     return ddp
+
+
+def _check_unused(trace: Trace, walk: dict[str, bool]) -> None:
+    """DDP without ``find_unused_parameters`` or ``static_graph`` fails in its second iteration on a model
+    whose parameters get no gradient; say so now, naming them."""
+    from dpcomm.trace.names import pattern
+
+    unused = [n for x in trace.layers if x.unused for n in x.param_names]
+    if unused and not any(walk.values()):
+        every = [n for x in trace.layers for n in x.param_names]
+        raise UserError(
+            f"dpcomm.ddp.wrap: parameters {pattern(unused, every)} get no gradient on the example; DDP needs "
+            "find_unused_parameters=True (or static_graph=True if they are never used)"
+        )
 
 
 def _walk_kwargs(ddp_kwargs: dict[str, Any]) -> dict[str, bool]:
@@ -232,51 +326,71 @@ def _walk_kwargs(ddp_kwargs: dict[str, Any]) -> dict[str, bool]:
     return {k: bool(ddp_kwargs.get(k, False)) for k in ("find_unused_parameters", "static_graph")}
 
 
+def _trial_kwargs(ddp_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The candidates' DDP options: the user's, except that ``static_graph`` (whose bookkeeping assumes
+    one DDP per backward) becomes ``find_unused_parameters=True`` (the same parameters may go unused),
+    under which every candidate is built with its plan's buckets (walk ``assigned``)."""
+    out = {k: v for k, v in ddp_kwargs.items() if k != "static_graph"}
+    if ddp_kwargs.get("static_graph"):
+        out["find_unused_parameters"] = True
+    return out
+
+
 def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs):
     """Time the planned plan, ``single`` and DDP's default buckets as real DDP modules, round-robin; return
-    the kept plan's caps, its DDP (buckets already rebuilt) and each candidate's median (see step 4)."""
+    the kept plan's caps (for the user's DDP options), each candidate's median (see step 4) and the cost
+    model's price of each. The candidates' DDPs are gone when it returns, and their hooks with them."""
     import gc
 
     from dpcomm.planner.autoplan import Trial, candidates, ddp_default_plan
+    from dpcomm.sim import simulate
     from dpcomm.trace.profiler import default_loss
 
     world = dist.get_world_size(group)
-    options = [caps] + [
-        bucket_caps(
-            p, model, example=example, loss_fn=loss_fn, trace=trace, warn=False, **_walk_kwargs(ddp_kwargs)
-        )
-        for p in candidates(caps.plan, trace, cost, world)[1:]
-    ]
-    options = [c for k, c in enumerate(options) if all(c.plan.groups != o.plan.groups for o in options[:k])]
-    ddps = [
-        DistributedDataParallel(model, process_group=group, **c.ddp_kwargs(), **ddp_kwargs) for c in options
-    ]
+    kwargs = _trial_kwargs(ddp_kwargs)
+    plans = [caps.plan] + candidates(caps.plan, trace, cost, world)[1:]
+    plans = [p for k, p in enumerate(plans) if all(p.groups != o.groups for o in plans[:k])]
+    options = [
+        bucket_caps(p, model, example=example, loss_fn=loss_fn, trace=trace, warn=False, assign=True,
+                    **_walk_kwargs(kwargs))
+        for p in plans
+    ]  # fmt: skip
+    device = first_param(model, "dpcomm.ddp.wrap").device
+    ddps = [build_ddp(model, c, group, **kwargs) for c in options]
     trial = Trial([c.plan for c in options], iters)
-    buffers = {name: b.detach().clone() for name, b in model.named_buffers()}
     params = [p for p in model.parameters() if p.requires_grad]
     try:
         for step in range(2 * len(ddps) + len(ddps) * iters):  # two untimed passes each: DDP rebuilds buckets
             k = step % len(ddps)
             for p in params:
                 p.grad = None
+            synchronize(device)
             t0 = time.perf_counter()
             out = ddps[k](*example) if isinstance(example, tuple) else ddps[k](example)
             (loss_fn or default_loss)(out).backward()
+            synchronize(device)
             if step >= 2 * len(ddps):
                 trial.record(time.perf_counter() - t0)
+            del out
         # DDP's own buckets are what the user had: kept unless a plan is measurably (> 2%) faster
         default = ddp_default_plan(trace, cost, world).groups
         best, medians = trial.choose(group, prefer=next(
             (i for i, c in enumerate(options) if c.plan.groups == default), None
         ))  # fmt: skip
     finally:
-        for p in params:
-            p.grad = None
-        with torch.no_grad():
-            for name, b in model.named_buffers():
-                b.copy_(buffers[name])
-    keep = [c.plan for c in options].index(best)
-    ddp, kept = ddps[keep], options[keep]
-    del ddps
-    gc.collect()  # the other candidates' reducers (and their gradient hooks) go now
-    return kept, ddp, {c.plan.schedule: m for c, m in zip(options, medians, strict=True)}
+        del ddps
+        gc.collect()  # the candidates' reducers, and their gradient hooks, go now
+    kept = options[[c.plan for c in options].index(best)]
+    predicted = {c.plan.schedule: simulate(trace, c.plan, cost, world).t_iter_s for c in options}
+    if kept.plan.groups != caps.plan.groups:  # the winner's caps for the user's own DDP options
+        caps = bucket_caps(
+            kept.plan, model, example=example, loss_fn=loss_fn, trace=trace, cost=cost, nodes=world,
+            warn=False, assign=True, **_walk_kwargs(ddp_kwargs),
+        )  # fmt: skip
+    return caps, {c.plan.schedule: m for c, m in zip(options, medians, strict=True)}, predicted
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the work queued on ``device`` (CUDA runs kernels after the call returns)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -1,0 +1,115 @@
+"""What ``dpcomm.ddp.wrap`` and ``dpcomm.fsdp.shard`` promise a user's training run, as code.
+
+Both run the user's model before handing it back (a profile, a ready-order pass, a timed trial), and both
+must leave it as plain ``DistributedDataParallel`` / ``fully_shard`` would have: the same parameters,
+gradients, buffers, training flags and random state (docs/ddp.md, "What wrap leaves behind").
+
+- :func:`untouched`: a context that snapshots the random state (CPU, and every CUDA device already
+  initialised), every module's ``training`` flag, every parameter's ``.grad`` (the tensor itself) and every
+  buffer (a copy), and puts them all back on the way out, error or not.
+- :func:`on_every_rank`: runs a local step and makes its failure everyone's: the ranks exchange their
+  one-line errors, and each rank raises the same :class:`~dpcomm.errors.UserError` naming the first rank
+  that failed, instead of leaving the others to hang in the next collective.
+- :func:`check_same_weights`: ranks whose initial parameters differ are refused in one line on every rank
+  (plain DDP would silently overwrite them with rank 0's; a dpcomm plan profiled on different models is
+  not the plan of either).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from dpcomm.errors import UserError, first_line
+
+__all__ = ["check_same_weights", "first_param", "on_every_rank", "rank0_log", "untouched"]
+
+T = TypeVar("T")
+
+
+def first_param(model: nn.Module, who: str) -> nn.Parameter:
+    """The model's first parameter, or a one-line error (every rank sees the same model structure)."""
+    p = next(model.parameters(), None)
+    if p is None:
+        raise UserError(f"{who}: the model has no parameters")
+    return p
+
+
+@contextlib.contextmanager
+def untouched(model: nn.Module) -> Iterator[None]:
+    """Run the block, then restore ``model``'s gradients, buffers, training flags and the random state."""
+    devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
+    params = list(model.parameters())
+    grads = [p.grad for p in params]
+    buffers = [(b, b.detach().clone()) for b in model.buffers() if b.device.type != "meta"]
+    modes = [(m, m.training) for m in model.modules()]
+    with torch.random.fork_rng(devices=devices):
+        try:
+            yield
+        finally:
+            for p, g in zip(params, grads, strict=True):
+                p.grad = g
+            with torch.no_grad():
+                for b, saved in buffers:
+                    b.copy_(saved)
+            for m, training in modes:
+                m.training = training
+
+
+def on_every_rank(step: Callable[[], T], group: Any, what: str) -> T:
+    """``step()`` on this rank; if it raised on any rank, every rank raises one :class:`UserError` saying
+    ``what`` failed, on which rank first, and why (its first line)."""
+    error = ""
+    result: Any = None
+    try:
+        result = step()
+    except UserError as exc:
+        error = str(exc)
+    except Exception as exc:  # a user's model failing on the example: quoted, not a traceback
+        error = first_line(exc, with_type=True)
+    errors: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(errors, error, group=group)
+    bad = [r for r, e in enumerate(errors) if e]
+    if bad:
+        more = f" (and on rank {', '.join(map(str, bad[1:]))})" if len(bad) > 1 else ""
+        raise UserError(f"{what} failed on rank {bad[0]}{more}: {errors[bad[0]]}")
+    return result
+
+
+def _digest(model: nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in model.named_parameters():
+        if p.device.type == "meta":
+            h.update(f"{name}:{tuple(p.shape)}:{p.dtype}".encode())
+            continue
+        t = p.detach()
+        if hasattr(t, "full_tensor"):
+            t = t.to_local()
+        h.update(name.encode())
+        h.update(t.contiguous().view(-1).view(torch.uint8).cpu().numpy().tobytes())
+    return h.hexdigest()
+
+
+def check_same_weights(model: nn.Module, group: Any, who: str) -> None:
+    """Refuse, on every rank in one line, ranks whose parameters differ (names, shapes or values)."""
+    digests: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(digests, _digest(model), group=group)
+    odd = [r for r, d in enumerate(digests) if d != digests[0]]
+    if odd:
+        raise UserError(
+            f"{who}: rank(s) {', '.join(map(str, odd))} hold other initial weights than rank 0; build the model "
+            "from the same seed on every rank (torch.manual_seed before constructing it)"
+        )
+
+
+def rank0_log(logger: logging.Logger, message: str, group: Any = None) -> None:
+    """``logger.info(message)`` on the group's rank 0 only."""
+    if dist.get_rank(group) == 0:
+        logger.info(message)

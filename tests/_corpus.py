@@ -1,0 +1,235 @@
+"""Models as people write them, for the tests of ``dpcomm.ddp.wrap`` and ``dpcomm.fsdp.shard`` (issue 36).
+
+Each is small enough to train a few steps on 2-3 gloo workers in well under a second, and each carries one
+thing our zoo does not: PyTorch's own ``nn.TransformerEncoderLayer`` / ``nn.TransformerDecoderLayer``
+(``MultiheadAttention`` never calls its ``out_proj``'s forward), attention on ``qkv.split`` with
+``scaled_dot_product_attention``, a tied embedding, modules registered in another order than they run,
+experts a fixed routing never uses, a LoRA-style frozen backbone, one module used twice, nested
+``ModuleDict`` s, BatchNorm (buffers DDP broadcasts) and dropout (random state the wrappers must not eat).
+
+:data:`CORPUS` maps a name to ``(build, batch, modes)``: ``build()`` makes the model (call it under
+``torch.manual_seed``), ``batch(seed)`` one rank's ``(inputs, targets)``, ``modes`` the DDP keyword sets a
+user of that model can run with plain DDP (a model with parameters no forward uses needs
+``find_unused_parameters`` or ``static_graph``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, DIM, CTX = 32, 16, 8
+
+DEFAULT: dict[str, Any] = {}
+UNUSED = {"find_unused_parameters": True}
+STATIC = {"static_graph": True}
+ALL_MODES = (DEFAULT, UNUSED, STATIC)
+"""DDP keyword sets: its default, ``find_unused_parameters=True`` and ``static_graph=True``."""
+
+
+class EncoderClassifier(nn.Module):
+    """Token embedding, two ``nn.TransformerEncoderLayer`` (dropout on), mean pooling, a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        layer = nn.TransformerEncoderLayer(DIM, 2, 2 * DIM, dropout=0.1, batch_first=True)
+        self.encoder = nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        return self.head(self.encoder(self.embed(idx)).mean(dim=1))
+
+
+class TorchDecoder(nn.Module):
+    """Two ``nn.TransformerDecoderLayer`` attending to the embedded input itself, causal, a linear head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.layers = nn.ModuleList(
+            nn.TransformerDecoderLayer(DIM, 2, 2 * DIM, dropout=0.1, batch_first=True) for _ in range(2)
+        )
+        self.out = nn.Linear(DIM, VOCAB)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = mem = self.embed(idx)
+        mask = nn.Transformer.generate_square_subsequent_mask(idx.shape[1])
+        for layer in self.layers:
+            x = layer(x, mem, tgt_mask=mask, tgt_is_causal=True)
+        return self.out(x)
+
+
+class _SdpaBlock(nn.Module):
+    """Pre-norm block, attention on ``qkv.split`` through SDPA; the MLP registered before the attention."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Linear(DIM, 4 * DIM), nn.GELU(), nn.Linear(4 * DIM, DIM), nn.Dropout(0.1))
+        self.ln_1, self.ln_2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.qkv, self.proj = nn.Linear(DIM, 3 * DIM), nn.Linear(DIM, DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(DIM, dim=2)
+        q, k, v = (z.view(b, t, 2, DIM // 2).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1 if self.training else 0.0)
+        x = x + self.proj(y.transpose(1, 2).reshape(b, t, DIM))
+        return x + self.mlp(self.ln_2(x))
+
+
+class SdpaGPT(nn.Module):
+    """A user's 4-block decoder: tied embedding, a frozen final LayerNorm, an unused classification head,
+    the head and the output projection registered before the blocks (not in the order they run)."""
+
+    def __init__(self, blocks: int = 4) -> None:
+        super().__init__()
+        self.cls_head = nn.Linear(DIM, 3)  # never used by forward
+        self.lm_head = nn.Linear(DIM, VOCAB, bias=False)
+        self.wte, self.wpe = nn.Embedding(VOCAB, DIM), nn.Embedding(CTX, DIM)
+        self.lm_head.weight = self.wte.weight  # tied: used first and last
+        self.drop = nn.Dropout(0.1)
+        self.h = nn.ModuleList(_SdpaBlock() for _ in range(blocks))
+        self.ln_f = nn.LayerNorm(DIM).requires_grad_(False)  # frozen
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.drop(self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device)))
+        for block in self.h:
+            x = block(x)
+        return self.lm_head(self.ln_f(x))
+
+
+class FixedMoE(nn.Module):
+    """An MLP with four experts; the routing sends token ``i`` to expert ``i % 3``, so expert 3 never runs
+    (a static set of unused parameters, as DDP's ``static_graph`` requires); the gate weighs each output."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(DIM, DIM)
+        self.gate = nn.Linear(DIM, 4)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(DIM, DIM), nn.ReLU()) for _ in range(4))
+        self.out = nn.Linear(DIM, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = torch.relu(self.inp(x))
+        w = self.gate(h).softmax(-1)
+        route = torch.arange(h.shape[0], device=h.device) % 3
+        y = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            pick = (route == e).nonzero().flatten()
+            if pick.numel():
+                y = y.index_add(0, pick, expert(h[pick]) * w[pick, e : e + 1])
+        return self.out(h + y)
+
+
+class _LoRALinear(nn.Module):
+    """A frozen ``nn.Linear`` plus a trainable low-rank update ``B A``."""
+
+    def __init__(self, d_in: int, d_out: int, rank: int = 2) -> None:
+        super().__init__()
+        self.base = nn.Linear(d_in, d_out).requires_grad_(False)
+        self.lora_a = nn.Parameter(torch.randn(rank, d_in) * 0.1)
+        self.lora_b = nn.Parameter(torch.randn(d_out, rank) * 0.1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + x @ self.lora_a.t() @ self.lora_b.t()
+
+
+class LoRA(nn.Module):
+    """A frozen 3-layer backbone with LoRA adapters and a trainable head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.layers = nn.Sequential(*(_LoRALinear(DIM, DIM) for _ in range(3)))
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.layers(x)))
+
+
+class SharedTwice(nn.Module):
+    """One block applied twice (weight sharing across depth), with a dropout between."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(DIM, DIM)
+        self.block = nn.Sequential(nn.Linear(DIM, DIM), nn.Tanh())
+        self.drop = nn.Dropout(0.1)
+        self.out = nn.Linear(DIM, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.out(self.block(self.drop(self.block(self.inp(x)))))
+
+
+class NestedDict(nn.Module):
+    """Parameters two ``ModuleDict`` s deep, run in another order than registered."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.parts = nn.ModuleDict(
+            {
+                "head": nn.ModuleDict({"fc": nn.Linear(DIM, 4)}),
+                "body": nn.ModuleDict({"b": nn.Linear(DIM, DIM), "a": nn.Linear(DIM, DIM)}),
+            }
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        body = self.parts["body"]
+        return self.parts["head"]["fc"](torch.relu(body["b"](torch.relu(body["a"](x)))))
+
+
+class BNConv(nn.Module):
+    """Two convolutions with BatchNorm (running statistics: buffers DDP broadcasts), pooling, a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = nn.Sequential(
+            nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(),
+            nn.Conv2d(4, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+        )  # fmt: skip
+        self.head = nn.Linear(8, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).flatten(1))
+
+
+def _tokens(classes: int | None) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
+    def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        g = torch.Generator().manual_seed(seed)
+        x = torch.randint(0, VOCAB, (4, CTX + 1), generator=g)
+        if classes is None:  # next-token prediction
+            return x[:, :-1], x[:, 1:]
+        return x[:, :-1], torch.randint(0, classes, (4,), generator=g)
+
+    return batch
+
+
+def _vectors(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(6, DIM, generator=g), torch.randint(0, 4, (6,), generator=g)
+
+
+def _images(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(4, 1, 8, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
+
+
+CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dict[str, Any], ...]]] = {
+    "encoder": (EncoderClassifier, _tokens(4), ALL_MODES),
+    "decoder": (TorchDecoder, _tokens(None), ALL_MODES),
+    "sdpa-gpt": (SdpaGPT, _tokens(None), (UNUSED, STATIC)),
+    "moe": (FixedMoE, _vectors, (UNUSED, STATIC)),
+    "lora": (LoRA, _vectors, ALL_MODES),
+    "shared": (SharedTwice, _vectors, ALL_MODES),
+    "nested": (NestedDict, _vectors, ALL_MODES),
+    "bn": (BNConv, _images, ALL_MODES),
+}
+
+
+def loss_of(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the last dimension (classes or vocabulary)."""
+    return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))

@@ -1,0 +1,230 @@
+"""Worker functions for tests/test_user_models.py: the corpus of :mod:`tests._corpus` through
+``dpcomm.ddp.wrap`` and ``dpcomm.fsdp.shard``, each trained next to plain PyTorch from the same weights and
+the same random state (module level: the launcher spawns workers that import them).
+
+Per case a worker reports plain data: the losses of both, the largest gradient and parameter differences,
+whether the random state after ``wrap``/``shard`` is the one before, whether the replicas agree (a
+fingerprint gathered from every rank), the buckets DDP really ran (a recording comm hook registered after
+training, read as unit indices) beside the plan, and what was said (warnings, ``str(...dpcomm)``).
+"""
+
+from __future__ import annotations
+
+import copy
+import traceback
+import warnings
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from dpcomm.launch import init_worker
+from tests._corpus import CORPUS, loss_of
+
+STEPS = 3
+LR = 0.1
+
+
+def _rng() -> torch.Tensor:
+    return torch.get_rng_state()
+
+
+def _fingerprint(model: nn.Module) -> list[float]:
+    """Every rank's parameters, summarised: replicas agree when these agree bitwise."""
+    out = []
+    for _, p in sorted(model.named_parameters()):
+        t = p.full_tensor() if hasattr(p, "full_tensor") else p
+        out += [float(t.detach().double().sum()), float(t.detach().double().abs().sum())]
+    return out
+
+
+def _same_on_all_ranks(values: Any) -> bool:
+    got: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(got, values)
+    return all(g == got[0] for g in got)
+
+
+def _train(model: nn.Module, batch: Any, extra: str | None) -> tuple[list[float], dict[str, torch.Tensor]]:
+    """``STEPS`` SGD steps on this rank's batch; the losses and the last step's gradients by name."""
+    x, y = batch
+    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    losses = []
+    grads: dict[str, torch.Tensor] = {}
+    for _ in range(STEPS):
+        opt.zero_grad(set_to_none=True)
+        if extra == "no_sync":  # gradient accumulation over two halves, DDP's way
+            h = x.shape[0] // 2
+            with model.no_sync():
+                loss_of(model(x[:h]), y[:h]).backward()
+            loss = loss_of(model(x[h:]), y[h:])
+            loss.backward()
+        elif extra == "autocast":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = loss_of(model(x), y)
+            loss.backward()
+        else:
+            loss = loss_of(model(x), y)
+            loss.backward()
+        grads = {
+            n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+            for n, p in model.named_parameters()
+            if p.grad is not None
+        }
+        opt.step()
+        losses.append(float(loss.detach()))
+    return losses, grads
+
+
+def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    if set(a) != set(b):
+        return float("inf")
+    return max((float((a[n] - b[n]).abs().max()) for n in a), default=0.0)
+
+
+def _params(model: nn.Module) -> dict[str, torch.Tensor]:
+    strip = lambda n: n.removeprefix("module.")  # noqa: E731
+    return {
+        strip(n): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        for n, p in model.named_parameters()
+    }
+
+
+def _recorded_buckets(ddp: DistributedDataParallel, batch: Any, unit_of: dict[int, int]) -> list[list[int]]:
+    """The buckets DDP runs, as sorted unit indices per bucket in communication order (one iteration
+    through a recording comm hook that all-reduces as DDP does)."""
+    log: list[list[int]] = []
+
+    def hook(state, bucket):  # no annotations: DDP compares them with the classes, not with strings
+        log.append(sorted({unit_of[id(p)] for p in bucket.parameters()}))
+        t = bucket.buffer().div_(dist.get_world_size())
+        return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])
+
+    ddp.register_comm_hook(None, hook)
+    x, y = batch
+    loss_of(ddp(x), y).backward()
+    return log
+
+
+def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case ``{model, planner, ddp: kwargs, extra}``: ``wrap`` against plain DDP with the same buckets."""
+    from dpcomm.ddp import wrap
+
+    rank, _ = init_worker()
+    torch.set_num_threads(1)
+    out = []
+    for case in cases:
+        build, batch_of, _ = CORPUS[case["model"]]
+        torch.manual_seed(0)  # the same initial model on every rank
+        model = build()
+        plain = copy.deepcopy(model)
+        batch = batch_of(10 + rank)  # each rank its own batch: the averaged gradient matters
+        kwargs = dict(case.get("ddp", {}))
+        torch.manual_seed(100 + rank)
+        before = _rng()
+        r: dict[str, Any] = {}
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ddp = wrap(
+                    model, case["planner"], example=batch[0], loss_fn=None, profile_iters=1,
+                    verify_iters=case.get("verify_iters", 2), **kwargs,
+                )  # fmt: skip
+            r["rng_same"] = bool(torch.equal(before, _rng()))
+            r["warnings"] = [str(m.message) for m in caught if "dpcomm" in str(m.message)]
+            w = ddp.dpcomm
+            r["text"] = str(w)
+            caps = w.caps
+            if case.get("extra") == "hook":  # a user's comm hook, registered after wrap
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+            losses, grads = _train(ddp, batch, case.get("extra"))
+            torch.set_rng_state(before)
+            ref = DistributedDataParallel(plain, **caps.ddp_kwargs(), **kwargs)
+            if case.get("extra") == "hook":
+                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+                ref.register_comm_hook(None, default_hooks.allreduce_hook)
+            ref_losses, ref_grads = _train(ref, batch, case.get("extra"))
+            names = dict(model.named_parameters())
+            unit_of = {id(names[n]): u for u, x in enumerate(w.trace.layers) for n in x.param_names}
+            r.update(
+                losses=losses,
+                ref_losses=ref_losses,
+                grad_diff=_diff({k.removeprefix("module."): v for k, v in grads.items()}, {
+                    k.removeprefix("module."): v for k, v in ref_grads.items()}),
+                param_diff=_diff(_params(ddp), _params(ref)),
+                replicas=_same_on_all_ranks(_fingerprint(model)),
+                plan=[list(g) for g in caps.plan.groups],
+                requested=[list(g) for g in caps.requested.groups],
+                dropped=list(caps.dropped),
+                walk=caps.walk,
+                seen=None if case.get("extra") == "hook" else _recorded_buckets(ddp, batch, unit_of),
+            )  # fmt: skip
+            del ddp, ref
+        except Exception as exc:  # one case's failure is reported, the others still run
+            r["error"] = f"{type(exc).__name__}: {exc}"
+            r["trace"] = traceback.format_exc(limit=4)
+        out.append(r)
+    return out
+
+
+def _bad_wrap(kind: str, rank: int) -> None:
+    from dpcomm.ddp import wrap
+
+    build, batch_of, _ = CORPUS["lora"]
+    torch.manual_seed(rank if kind == "weights" else 0)
+    model = build()
+    x = batch_of(rank)[0]
+    if kind == "planner":
+        wrap(model, "fastest-please", example=x)
+    elif kind == "shape" or (kind == "shape-on-rank-1" and rank == 1):
+        wrap(model, "optimal", example=torch.randn(4, 7))
+    elif kind == "shape-on-rank-1":
+        wrap(model, "optimal", example=x)
+    elif kind == "no-params":
+        wrap(nn.ReLU(), "wfbp", example=x)
+    elif kind == "weights":
+        wrap(model, "wfbp", example=x)
+    elif kind == "unused":
+        torch.manual_seed(0)
+        gpt_build, gpt_batch, _ = CORPUS["sdpa-gpt"]
+        wrap(gpt_build(), "mgwfbp", example=gpt_batch(rank)[0])
+
+
+def bad_inputs(kinds: list[str]) -> list[dict[str, str]]:
+    """Per kind of bad input, what each rank raised: ``{type, message}`` (no hang: the launch returns)."""
+    rank, _ = init_worker(timeout_s=30.0)
+    torch.set_num_threads(1)
+    out = []
+    for kind in kinds:
+        try:
+            if kind.startswith("shard-"):
+                _bad_shard(kind.removeprefix("shard-"), rank)
+            else:
+                _bad_wrap(kind, rank)
+            out.append({"type": "none", "message": ""})
+        except Exception as exc:
+            out.append({"type": type(exc).__name__, "message": str(exc)})
+    return out
+
+
+def _bad_shard(kind: str, rank: int) -> None:
+    import dpcomm.fsdp
+
+    build, batch_of, _ = CORPUS["encoder"]
+    torch.manual_seed(rank if kind == "weights" else 0)
+    model = build()
+    x = batch_of(rank)[0]
+    if kind == "planner":
+        dpcomm.fsdp.shard(model, "fastest-please", example=x)
+    elif kind == "shape":
+        dpcomm.fsdp.shard(model, "optimal", example=torch.randn(4, 7))
+    elif kind == "budget":
+        dpcomm.fsdp.shard(model, "optimal", example=x, memory=64)
+    elif kind == "no-params":
+        dpcomm.fsdp.shard(nn.ReLU(), "per-block", example=x)
+    elif kind == "weights":
+        dpcomm.fsdp.shard(model, "per-block", example=x)
