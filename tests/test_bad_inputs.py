@@ -1,9 +1,10 @@
 """Bad input a tough user tries, as a table: each case is exactly one line on stderr, ``dpcomm: error: ...``,
 and exit status 2, with no traceback and (where it matters) before any work starts.
 
-Every case runs in this process through :func:`dpcomm.cli.main.main`; none starts a worker. The testbed
-cases replace the ``ip``/``tc`` runner with one that fails the test, so a name check that lets something
-through can never touch this machine's namespaces.
+Every case runs in this process through :func:`dpcomm.cli.main.main`; none starts a worker (the launcher is
+replaced by one that fails the test, so a check that only the workers make shows). The testbed cases
+replace the ``ip``/``tc`` runner with one that fails the test, so a name check that lets something through
+can never touch this machine's namespaces.
 """
 
 from __future__ import annotations
@@ -31,6 +32,16 @@ def files(tmp_path, monkeypatch):
     layer = {"name": "fc", "params": 10**30, "forward_s": 0.001, "backward_s": 0.002}
     top = {"format": "dpcomm-trace/1", "model": "m", "batch_size": 1, "device": "cpu", "dtype_bytes": 4}
     (tmp_path / "huge_layer.json").write_text(json.dumps({**top, "layers": [layer]}))
+    small = {"name": "fc", "params": 10, "forward_s": 0.001, "backward_s": 0.002}
+    v2 = {**top, "format": "dpcomm-trace/2"}
+    for name, obj in (
+        ("dup_names.json", {**top, "layers": [small, small]}),
+        ("v2_no_names.json", {**v2, "layers": [{**small, "param_names": ["fc.w"]}, {**small, "name": "b"}]}),
+        ("v2_empty_names.json", {**v2, "layers": [{**small, "name": "a", "param_names": []}]}),
+        ("neg_backward.json", {**top, "iteration_backward_s": -1.0, "layers": [small]}),
+        ("neg_batch.json", {**top, "batch_size": -4, "layers": [small]}),
+    ):
+        (tmp_path / name).write_text(json.dumps(obj))
     for name, size in (("big_trace.json", 65 << 20), ("big_profile.json", 257 << 20)):
         with open(tmp_path / name, "wb") as fh:  # sparse: no disk is written, the size is what counts
             fh.truncate(size)
@@ -52,10 +63,22 @@ def no_ip(monkeypatch):
     monkeypatch.setattr(build, "require", lambda: None)
 
 
+@pytest.fixture
+def no_launch(monkeypatch):
+    """No worker may start: a case that reaches the launcher fails instead."""
+    import dpcomm.launch
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("started workers although the input was bad")
+
+    monkeypatch.setattr(dpcomm.launch, "launch", refuse)
+
+
 _SIM = ["simulate", "--trace", "lenet5", "--nodes", "4", "--schedules", "wfbp"]
 _BENCH = ["bench", "--nproc", "2", "--algos", "ring", "--ops", "allreduce", "--sizes", "4K", "--json"]
 _CAL = ["calibrate", "--nproc", "2", "-o", "net.json"]
 _NET = ["netsim", "--topology", "star:4"]
+_FSDP = ["train", "--nproc", "2", "--model", "lenet5", "--iters", "2", "--schedule"]
 
 CASES = [
     # outputs: a folder, a folder-like name, a format nothing draws
@@ -176,11 +199,35 @@ CASES = [
         ["profile", "--model", "lenet5", "--batch-size", "2", "--analytic", "k80", "-o", "nodir/t.json"],
         "no folder",
     ),
+    # issue 41: an FSDP budget no plan meets (below the largest parameter), known before any worker starts
+    (
+        [*_FSDP[:5], "--data", "digits", *_FSDP[5:], "fsdp:per-block", "--memory", "1KB"],
+        "no plan fits a budget of 1,024 bytes; lenet5's largest parameter, fc1.weight, alone holds",
+    ),
+    ([*_FSDP, "fsdp:per-block", "--memory", "0"], "no plan fits a budget of 0 bytes"),
+    ([*_FSDP, "fsdp:optimal,memory=0"], "fc1.weight, alone holds 12,845,056 bytes"),
+    ([*_FSDP, "fsdp:per-layer", "--memory", "6MB", "--dtype", "bf16"], "alone holds 6,422,528 bytes"),
+    ([*_FSDP, "fsdp:whole", "--memory", "12MB"], "whole (one unit) holds all 13,098,536 bytes"),
+    ([*_FSDP, "fsdp:per-block", "--memory", "1.5"], "--memory: '1.5' is not a whole number of bytes"),
+    ([*_FSDP, "fsdp:whole,memory=2.5"], "memory: '2.5' is not a whole number of bytes"),
+    # issue 41: the figure's format, node counts, size lists and trace files
+    (["validate", "--no-run", "--out", "adir", "--plot", "x.nosuchsuffix"], "cannot draw a '.nosuchsuffix'"),
+    (["plan", "--trace", "lenet5", "--nodes", "99999999999999999999"], "more than the 16,384 nodes"),
+    (["plan", "--trace", "lenet5", "--nodes", "9" * 5000], "more than the 16,384 nodes"),
+    ([*_SIM[:4], "4,16385", *_SIM[5:]], "--nodes: 16385 is more than the 16,384 nodes"),
+    ([*_SIM[:4], "99999999999999999999"], "more than the 16,384 nodes"),
+    ([*_NET, "--sizes", "1M,,"], "--sizes: '1M,,' has an empty size"),
+    ([*_CAL, "--sizes", "4K,", "1M"], "has an empty size"),
+    (["simulate", "--trace", "dup_names.json", "--nodes", "4"], "repeats the name 'fc' of layers[0]"),
+    (["simulate", "--trace", "v2_no_names.json", "--nodes", "4"], "'layers[1].param_names' is missing or"),
+    (["simulate", "--trace", "v2_empty_names.json", "--nodes", "4"], "'layers[0].param_names' is missing"),
+    (["simulate", "--trace", "neg_backward.json", "--nodes", "4"], "'iteration_backward_s' must be a finite"),
+    (["simulate", "--trace", "neg_batch.json", "--nodes", "4"], "'batch_size' must be from 1 to 2,147,"),
 ]
 
 
 @pytest.mark.parametrize(("argv", "words"), CASES, ids=[f"case{i}" for i in range(len(CASES))])
-def test_bad_input_is_one_line_and_exit_2(files, no_ip, capsys, argv, words):
+def test_bad_input_is_one_line_and_exit_2(files, no_ip, no_launch, capsys, argv, words):
     rc = main(list(argv))
     err = capsys.readouterr().err
     assert rc == 2, err
