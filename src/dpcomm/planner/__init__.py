@@ -7,6 +7,7 @@ contiguous layer groups in communication order); :func:`make_plan` picks one by 
 ``wfbp``       one group per layer (wait-free backpropagation; MG-WFBP sec. II-C)
 ``single``     one group after the backward pass (SyncEASGD; You et al. SC'17)
 ``bucket:SZ``  close a group once it holds >= SZ bytes, backward order (DDP 25MB, Horovod 128MB)
+``ddp``        PyTorch DDP's default buckets: 1 MiB first, then 25 MiB, backward order
 ``mgwfbp``     MG-WFBP Algorithm 1 (Shi & Chu, sec. IV), the paper's greedy merge test
 ``optimal``    the exact minimum of t_iter over all contiguous partitions (dynamic program)
 =============  ==========================================================================================
@@ -26,7 +27,7 @@ from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.planner._common import check_nodes
-from dpcomm.planner.bucket import DDP_BUCKET_BYTES, HOROVOD_FUSION_BYTES, parse_bucket_size, plan_bucket
+from dpcomm.planner.bucket import DDP_BUCKET_BYTES, HOROVOD_FUSION_BYTES, parse_bucket_size, plan_bucket, plan_ddp
 from dpcomm.planner.mgwfbp import plan_mgwfbp
 from dpcomm.planner.optimal import optimal_partition, plan_optimal
 from dpcomm.planner.pull import PULL_METHODS, PullPlan, plan_pulls
@@ -47,6 +48,7 @@ __all__ = [
     "parse_schedules",
     "parse_bucket_size",
     "plan_bucket",
+    "plan_ddp",
     "plan_mgwfbp",
     "plan_optimal",
     "plan_pulls",
@@ -60,6 +62,7 @@ SCHEDULES: dict[str, Planner] = {
     "wfbp": plan_wfbp,
     "single": plan_single,
     "bucket": plan_bucket,  # needs a size: bucket:25MB
+    "ddp": plan_ddp,
     "mgwfbp": plan_mgwfbp,
     "optimal": plan_optimal,
 }

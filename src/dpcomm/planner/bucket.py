@@ -2,8 +2,12 @@
 
 Walk the layers in backward order (``L-1`` down to 0) and close the current group as soon as it holds
 ``>= size`` bytes; the last group holds whatever is left. DDP also makes its first bucket 1 MiB
-(``first_bytes``, :data:`DDP_FIRST_BUCKET_BYTES`); it buckets parameters, not layers, which this planner
-does not model.
+(``first_bytes``, :data:`DDP_FIRST_BUCKET_BYTES`); :func:`plan_ddp` is DDP's default as it runs after its
+first iteration (the reducer's rebuilt buckets: gradient-ready order, which for a model whose modules are
+registered in the order they run is reverse registration order; 1 MiB first, then 25 MiB caps,
+``torch/nn/parallel/distributed.py`` and the reducer's ``compute_bucket_assignment_by_size``). DDP buckets
+parameters, not layers (a trace's gradient units), so a cap met inside a unit closes the bucket at the
+unit's end here.
 
 Sizes (:mod:`dpcomm.utils.sizes`): ``25MB``, ``128MB``, ``4KB``, ``1.5GB`` or plain bytes (``4096``). Units
 are binary as in the tools (DDP: ``bucket_cap_mb * 1024 * 1024``; Horovod: ``HOROVOD_FUSION_THRESHOLD``
@@ -23,6 +27,7 @@ from dpcomm.trace.format import Trace
 from dpcomm.utils.sizes import parse_size
 
 __all__ = [
+    "plan_ddp",
     "DDP_BUCKET_BYTES",
     "DDP_FIRST_BUCKET_BYTES",
     "HOROVOD_FUSION_BYTES",
@@ -67,3 +72,10 @@ def plan_bucket(
     if count:
         sizes.append(count)
     return finish(name or f"bucket:{size_bytes}", sizes, trace, nodes, t0, bucket_bytes=size_bytes)
+
+
+def plan_ddp(trace: Trace, cost: CommCost, nodes: int) -> Plan:
+    """PyTorch DDP's default buckets (module docstring): 1 MiB first, then 25 MiB, backward order; ``ddp``."""
+    return plan_bucket(
+        trace, cost, nodes, size_bytes=DDP_BUCKET_BYTES, first_bytes=DDP_FIRST_BUCKET_BYTES, name="ddp"
+    )
