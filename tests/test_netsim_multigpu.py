@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from dpcomm.sim.network import FlowModel, make_fabric, simulate_allreduce
+from dpcomm.sim.network import nccl_tree
 from dpcomm.sim.network.nccl_tree import dtree_parents
 from dpcomm.topology import parse_multigpu
 
 S = 1 << 24  # bytes
 A = 1e-6  # alpha, s
-SPEC = "gpus:2,2,nvlink=100GB/s,nic=200gbit"  # 2 servers x 2 GPUs, NVLink 100 GB/s, 2 NICs of 25 GB/s
+SPEC = "gpus:2,2,nvlink=100GB/s,nic=200gbit,nic_eff=1"  # 2 servers x 2 GPUs, NVLink 100 GB/s, 2 NICs of 25 GB/s
 
 
 def _time(spec: str, algo: str, nbytes: int = S) -> float:
@@ -65,9 +66,11 @@ def test_nccl_double_binary_tree_is_ncclGetDtree():
 def test_nccl_tree_one_server_is_the_pipelined_chain():
     # one server: a chain of G = 4 GPUs, D = 2 (G - 1) stages; K = 1 chunk when S_t <= 512 KiB
     spec, small = "gpus:1,4,nvlink=100GB/s,nics=1", 4 * 4096  # S_t = S/(2 C) = 8 KiB, C = 1 channel
-    # a middle GPU's NVLink send link carries 4 flows of S_t at once (up and down, two trees): B_in / 4 each
-    want = 6 * (A + 4 * (small / 2) / 100e9)
-    assert _time(spec, "nccl-tree", small) == pytest.approx(want, rel=1e-9)
+    # fill: one pipeline (tree 0): a middle GPU's NVLink send link carries its up and down chunk, B_in / 2
+    # each; stream: 4 flows of S_t (up and down, two trees), B_in / 4 each; one alpha per stage
+    want = 6 * A + (5 * 2 + 4) * (small / 2) / 100e9
+    model = FlowModel(make_fabric(spec, 10e9), alpha_s=A)
+    assert model.run(nccl_tree.steps(4, 4, small // 4, 4, channels=1)).time_s == pytest.approx(want, rel=1e-9)
 
 
 @pytest.mark.slow

@@ -1,15 +1,17 @@
 """A collective's send schedule as plain data: steps of ``(src, dst, bytes)`` messages.
 
-Each algorithm module (:mod:`.ring`, :mod:`.be`, :mod:`.mst`, :mod:`.lp`, :mod:`.ps`) has a ``steps(p,
-numel, elem_size)`` function that returns the messages its allreduce sends, grouped into the steps its
+Each algorithm module of :mod:`dpcomm.collectives` (``ring``, ``be``, ``mst``, ``lp``, ``ps``) has a
+``steps(p, numel, elem_size)`` function that returns the messages its allreduce sends, grouped into the steps its
 docstring numbers: the messages of one step are posted together, and a step starts when the one before it
 has ended. The steps are built from the same helpers the executing code calls (``chunk_bounds``,
 ``fold_rank``, ``tree_children``, ``block_bounds``), and ``tests/test_netsim_schedules.py`` runs the real
 algorithm on spawned gloo processes, records every point-to-point send, and compares the two.
 
-The network simulator (:mod:`dpcomm.sim.network`) prices these steps as concurrent flows. Arrays, not
-Python tuples, so a 1,024-rank parameter server's million messages per step stay cheap; :meth:`Step.transfers`
-gives the tuples for reading.
+The network simulator (:mod:`dpcomm.sim.network`) prices these steps as concurrent flows. This module is
+plain data without torch, so the simulator's own schedules (``nccl_ring``, ``nvls``, ...) and ``dpcomm
+netsim`` on them need no torch; ``dpcomm.collectives.schedule`` re-exports it. Arrays, not Python tuples,
+so a 1,024-rank parameter server's million messages per step stay cheap; :meth:`Step.transfers` gives the
+tuples for reading.
 """
 
 from __future__ import annotations

@@ -50,13 +50,15 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-_FLOW_ONLY = ("hierarchical", "nccl-ring", "nccl-tree")  # dpcomm.sim.network.algorithms' multi-GPU schedules
+_FLOW_ONLY = ("hierarchical", "nccl", "nccl-ring", "nccl-tree", "nccl-nvls", "nccl-nvlstree", "nccl-collnet")
+"""dpcomm.sim.network.algorithms' multi-GPU schedules (``nccl*`` with an optional ``:PROTOCOL``)."""
 
 
 def cost_algorithm(text: str) -> str:
     """``--algo``'s reader: a priced algorithm's canonical name (an alias such as ``bml`` gives ``bcube``),
-    or a multi-GPU flow schedule (priced with ``--topology`` only)."""
-    if text.strip() in _FLOW_ONLY:
+    or a multi-GPU flow schedule (priced with ``--topology`` only; the flow model checks a protocol)."""
+    base = text.strip().partition(":")[0].strip()
+    if text.strip() in _FLOW_ONLY or (base in _FLOW_ONLY and base.startswith("nccl")):
         return text.strip()
     canonical = resolve(text.strip())
     if canonical is None or canonical not in ALGORITHMS:
@@ -110,7 +112,7 @@ def cost_for(args: argparse.Namespace) -> Callable[[int], CommCost]:
         return lambda nodes: fixed
     from dpcomm.sim.sweep import cost_factory
 
-    if args.algo in _FLOW_ONLY:
+    if str(args.algo).partition(":")[0] in _FLOW_ONLY:
         raise UserError(f"--algo {args.algo} is a flow schedule of servers of several GPUs: give --topology")
     return cost_factory(resolve_network(args.network), args.algo)
 

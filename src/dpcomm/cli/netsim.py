@@ -9,6 +9,14 @@ link utilisation at the largest size. Algorithm names are the registry's (``dpco
 ``bcube`` are one algorithm, ``native`` is scheduled as ring, ``ps-dedicated[:S]`` is ``ps`` on S
 dedicated servers.
 
+On servers of several GPUs (``gpus:S,G,...``, ``dgx-h100:S``: ranks are GPUs) the header counts servers and
+GPUs; ``nccl`` is NCCL's own choice of algorithm and protocol (``nccl-ring``, ``nccl-tree``, ``nccl-nvls``,
+``nccl-nvlstree``, ``nccl-collnet`` force one, ``:LL``/``:LL128``/``:Simple`` the protocol), and the
+start-up is NCCL's latency model for the fabric's transport unless ``--alpha-us`` gives one (elsewhere:
+TCP's 45.26 us). Such a fabric's NICs have their rate in the spec (a preset's, or ``nic=``): ``--rate``
+then is an error, as is ``--mtu`` (no TCP framing on it); ``--rate`` sets a ``gpus:`` spec's NICs that
+have none.
+
 Limits, checked before anything is built: at most 16,384 servers (``dpcomm.topology.MAX_SERVERS``),
 sizes of 4 B to 1 PiB, 20 M flows in one step and 200 M over one allreduce
 (``dpcomm.sim.network.algorithms``), LP at most 65,536 blocks (a smaller ``--block-bytes`` is raised),
@@ -25,8 +33,10 @@ import time
 
 from dpcomm.errors import UserError
 
+__all__ = ["fabric_for", "flow_cost_for", "tcp_note"]
+
 COMMAND = "netsim"
-HELP = "flow-level simulation of ring/be/mst/lp/ps/bcube (bml) allreduce on star, fattree, bcube, leafspine"
+HELP = "flow-level simulation of allreduce on star, fattree, bcube, leafspine and multi-GPU (NCCL) clusters"
 
 _MAX_ALPHA_US = 1e6  # a start-up of 1 s: beyond any network
 _MAX_MTU = 65_535  # IPv4's largest packet
@@ -41,17 +51,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--algorithms",
-        default="ring,be,mst,lp,ps",
+        default=None,
         metavar="A,A,..",
         help="ring, be, mst, lp, ps, ps-dedicated[:S], bcube (alias bml), native; on gpus:/dgx-*: "
-        "hierarchical, nccl-ring, nccl-tree (default ring,be,mst,lp,ps)",
+        "hierarchical, nccl (NCCL's choice), nccl-ring, nccl-tree, nccl-nvls, nccl-nvlstree, nccl-collnet, "
+        "each [:LL|LL128|Simple] (default ring,be,mst,lp,ps; nccl on gpus:/dgx-*)",
     )
     parser.add_argument("--sizes", default="1M,16M,64M", help="bytes, K/M/G suffixes (default 1M,16M,64M)")
-    parser.add_argument("--rate", default="10gbit", help="server link rate per direction (default 10gbit)")
     parser.add_argument(
-        "--alpha-us", default="45.26", metavar="US", help="start-up per message, us (default 45.26)"
+        "--rate", default=None, help="server link rate per direction (default 10gbit; gpus:/dgx-*: the spec's)"
     )
-    parser.add_argument("--mtu", default="1500", help="MTU for header/ACK overhead; 0: ideal (default 1500)")
+    parser.add_argument(
+        "--alpha-us",
+        default=None,
+        metavar="US",
+        help="start-up per message, us (default 45.26, TCP's; gpus:/dgx-*: NCCL's latency model)",
+    )
+    parser.add_argument(
+        "--mtu", default=None, help="MTU for header/ACK overhead; 0: ideal (default 1500; not on gpus:/dgx-*)"
+    )
     parser.add_argument(
         "--block-bytes", metavar="B", help="LP block, K/M suffixes (default: the cost model's optimum)"
     )
@@ -69,54 +87,93 @@ def _number(flag: str, text: str, kind=float, most: float = _MAX_ALPHA_US) -> fl
     return value
 
 
-def flow_cost_for(args: argparse.Namespace, most_nodes: int):
-    """``nodes -> CommCost`` by the flow model for ``dpcomm simulate --topology T --rate R --mtu M``: the
-    ``--algo`` all-reduce on the first ``nodes`` servers of T, alpha from ``--network``."""
-    from dpcomm.costmodel import resolve_network
-    from dpcomm.sim.network import Goodput, make_fabric
-    from dpcomm.sim.network.pricing import flow_cost_factory
+def fabric_for(args: argparse.Namespace):
+    """The fabric of ``--topology`` with ``--rate`` and ``--mtu`` (netsim's and simulate's): on a multi-GPU
+    spec that sets its NICs' rate, ``--rate`` is a one-line error, and ``--mtu`` is one on any multi-GPU
+    spec (no TCP framing); nothing given is silently dropped."""
+    from dpcomm.sim.network import Goodput, make_fabric, parse_fabric_topology
     from dpcomm.testbed.config import parse_rate
+    from dpcomm.topology import MultiGPU
+
+    topo = parse_fabric_topology(args.topology)
+    if isinstance(topo, MultiGPU):
+        if args.rate is not None and topo.nic_bps is not None:
+            raise UserError(
+                f"--rate {args.rate}: {args.topology} sets its NICs' rate ({topo.nic_bps / 1e9:g}gbit); "
+                f"give it in the spec instead ({args.topology},nic={args.rate})"
+            )
+        if args.mtu is not None:
+            raise UserError(
+                f"--mtu {args.mtu}: {args.topology} carries no TCP framing (its NICs move the transport's "
+                "achievable fraction: nic_eff=, transport=)"
+            )
+    rate = parse_rate(args.rate if args.rate is not None else "10gbit")
+    mtu = int(_number("--mtu", args.mtu if args.mtu is not None else "1500", int, _MAX_MTU))
+    return make_fabric(topo, rate, Goodput(mtu=mtu))
+
+
+def tcp_note(fabric, alpha_s: float, what: str) -> str | None:
+    """A one-line note when a TCP start-up (``what``) prices an InfiniBand or RoCE fabric (None otherwise)."""
+    from dpcomm.sim.network.pricing import TCP_ALPHA_S
+    from dpcomm.topology import MultiGPU
+
+    t = fabric.topology
+    if isinstance(t, MultiGPU) and t.transport in ("ib", "roce") and alpha_s >= TCP_ALPHA_S / 2:
+        return (
+            f"note: {what} is a TCP start-up ({alpha_s * 1e6:g} us per message) on an {t.link.name} fabric "
+            f"({t.link.key}); leave it out for NCCL's latencies"
+        )
+    return None
+
+
+def flow_cost_for(args: argparse.Namespace, most_nodes: int, alpha_s: float | None):
+    """``nodes -> CommCost`` by the flow model for ``dpcomm simulate --topology T``: the ``--algo`` all-reduce
+    on the first ``nodes`` servers of T; ``alpha_s`` per message (None: the fabric's own start-up)."""
+    from dpcomm.sim.network.pricing import default_model, flow_cost_factory
 
     if args.linear_cost:
         raise UserError("--linear-cost and --topology are two different costs: give one")
-    fabric = make_fabric(
-        args.topology, parse_rate(args.rate), Goodput(mtu=int(_number("--mtu", args.mtu, int, _MAX_MTU)))
-    )
+    fabric = fabric_for(args)
     if most_nodes > fabric.servers:
         raise UserError(
             f"--nodes {most_nodes} does not fit on the {fabric.servers} servers of {args.topology}"
         )
-    return flow_cost_factory(fabric, args.algo, resolve_network(args.network).alpha)
+    model = default_model(fabric, alpha_s)
+    return flow_cost_factory(fabric, args.algo, model=model), model
 
 
 def run(args: argparse.Namespace) -> int:
-    from dpcomm.sim.network import FlowModel, Goodput, make_fabric, simulate_allreduce
+    from dpcomm.sim.network import simulate_allreduce
     from dpcomm.sim.network.algorithms import MAX_BYTES, check_allreduce, parse_algorithm
-    from dpcomm.testbed.config import parse_rate
+    from dpcomm.sim.network.pricing import default_model
+    from dpcomm.topology import MultiGPU
     from dpcomm.utils.io import check_figure_path
     from dpcomm.utils.sizes import parse_size, parse_sizes
 
     if args.plot is not None:
         check_figure_path(args.plot, make_folders=False)  # before the simulation, not after it
-    rate = parse_rate(args.rate)
-    mtu = int(_number("--mtu", args.mtu, int, _MAX_MTU))
-    alpha = _number("--alpha-us", args.alpha_us) * 1e-6
+    alpha = None if args.alpha_us is None else _number("--alpha-us", args.alpha_us) * 1e-6
     block = None
     if args.block_bytes is not None:
         block = parse_size(args.block_bytes, what="--block-bytes", minimum=1, maximum=MAX_BYTES)
     sizes = parse_sizes(args.sizes, what="--sizes", minimum=4, maximum=MAX_BYTES)  # at least one float32
-    algos = [a.strip() for a in args.algorithms.split(",") if a.strip()]
+    fabric = fabric_for(args)  # at most MAX_SERVERS, checked first
+    multi = isinstance(fabric.topology, MultiGPU)
+    chosen = args.algorithms if args.algorithms is not None else ("nccl" if multi else "ring,be,mst,lp,ps")
+    algos = [a.strip() for a in chosen.split(",") if a.strip()]
     if not algos:
         raise UserError("--algorithms: give at least one")
     for a in algos:
         parse_algorithm(a)
-    fabric = make_fabric(args.topology, rate, Goodput(mtu=mtu))  # at most MAX_SERVERS, checked first
+    model = default_model(fabric, alpha)
     for a in algos:  # every case's flows are bounded before the first is simulated
         for s in sizes:
-            check_allreduce(a, fabric, s, alpha, block)
+            check_allreduce(a, fabric, s, model.alpha_s, block)
+    note = tcp_note(fabric, alpha, "--alpha-us") if alpha is not None else None
+    if note:
+        print(note, file=sys.stderr)
     from rich.progress import Progress
 
-    model = FlowModel(fabric, alpha_s=alpha)
     rows, runs = [], []
     t0 = time.perf_counter()
     with Progress(transient=True, disable=args.json or not sys.stderr.isatty()) as bar:
@@ -141,31 +198,39 @@ def run(args: argparse.Namespace) -> int:
         for path in written:
             print(f"wrote {path}", file=sys.stderr)
         return 0
-    _print(fabric, rows, written, wall, alpha)
+    _print(fabric, rows, written, wall, model, args.topology)
     return 0
 
 
-def _print(fabric, rows, written, wall: float, alpha: float) -> None:
+def _print(fabric, rows, written, wall: float, model, spec: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
     from dpcomm.cli.bench import _time
+    from dpcomm.sim.network.pricing import startup_text
     from dpcomm.testbed.config import format_rate
+    from dpcomm.topology import MultiGPU
 
     width = None if sys.stdout.isatty() else 120
     out = Console(soft_wrap=True, width=width)
-    g = fabric.goodput
-    table = Table(
-        title=f"dpcomm netsim, {fabric.topology.spec}: {fabric.servers} servers, "
-        f"{format_rate(int(fabric.rate_bps))} links, alpha {alpha * 1e6:g} us, "
-        f"goodput {g.one_way:.1%} one way / {g.duplex:.1%} duplex"
-    )
-    for col in ("op", "algo", "bytes", "time", "algbw GB/s", "busbw GB/s", "steps"):
-        table.add_column(col, justify="left" if col in ("op", "algo") else "right")
+    g, t = fabric.goodput, fabric.topology
+    if isinstance(t, MultiGPU):
+        what = f"{spec.strip()}: {t.describe(fabric.rate_bps)}, {startup_text(model)}"
+    else:
+        what = (
+            f"{t.spec}: {fabric.servers} servers, {format_rate(int(fabric.rate_bps))} links, "
+            f"{startup_text(model)}, goodput {g.one_way:.1%} one way / {g.duplex:.1%} duplex"
+        )
+    table = Table(title=f"dpcomm netsim, {what}")
+    ran = any(r.ran for r in rows)
+    cols = ("op", "algo", *(("ran",) if ran else ()), "bytes", "time", "algbw GB/s", "busbw GB/s", "steps")
+    for col in cols:
+        table.add_column(col, justify="left" if col in ("op", "algo", "ran") else "right")
     for r in rows:
         table.add_row(
             "allreduce",
             r.algorithm,
+            *((r.ran,) if ran else ()),
             f"{r.bytes:,}",
             _time(r.time_s),
             f"{r.algbw_GBps:.3f}",
@@ -176,3 +241,4 @@ def _print(fabric, rows, written, wall: float, alpha: float) -> None:
     out.print(f"simulated in {wall:.2f} s", highlight=False)
     for path in written:
         out.print(f"wrote {path}")
+

@@ -4,7 +4,14 @@ Example: ``dpcomm simulate --trace resnet50.json --nodes 4,8,16,32,64 --network 
 --schedules wfbp,single,mgwfbp,optimal --plot scaling.png --timeline timeline.png --chrome-trace out.json``.
 Timelines and the Chrome trace show every schedule at the largest node count (or ``--timeline-nodes``).
 Parameter-server schedules ``ps-all``, ``ps-layer``, ``ps-ibatch``, ``ps-optimal`` (pull methods of the iBatch
-paper; :mod:`dpcomm.sim.ps`) sit next to the all-reduce ones: ``--schedules mgwfbp,ps-all,ps-ibatch``.
+paper; :mod:`dpcomm.sim.ps`) sit next to the all-reduce ones: ``--schedules mgwfbp,ps-all,ps-ibatch``;
+``ddp`` is PyTorch DDP's own buckets (1 MiB first, then 25 MiB, in backward order).
+
+With ``--topology`` each all-reduce is priced by the flow model on that fabric (docs/netsim.md); on servers
+of several GPUs (``dgx-h100:S``, ``gpus:S,G,...``; ``--nodes`` counts GPUs) the all-reduce is NCCL's own
+choice (``--algo nccl``) and its start-up NCCL's latencies unless ``--network`` gives one (a TCP one on an
+InfiniBand fabric is noted), and the ``ps-*`` schedules pay the flow model's price of a byte on that
+fabric.
 """
 
 from __future__ import annotations
@@ -28,6 +35,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schedules", default="wfbp,single,mgwfbp,optimal", metavar="S,S,..", help="schedules to compare"
     )
     add_cost_arguments(parser)
+    # None: not given (10gbe and ring, except on servers of several GPUs: the fabric's start-up and nccl)
+    parser.set_defaults(network=None, algo=None)
     parser.add_argument(
         "--topology",
         metavar="T",
@@ -35,9 +44,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "leafspine:L,H,R or gpus:S,G,... / dgx-h100:S (nodes = GPUs; alpha from --network; docs/netsim.md)",
     )
     parser.add_argument(
-        "--rate", default="10gbit", help="link rate per direction with --topology (default 10gbit)"
+        "--rate", default=None, help="link rate per direction with --topology (default 10gbit; gpus: its nic=)"
     )
-    parser.add_argument("--mtu", default="1500", help="MTU of the TCP overhead with --topology; 0: none")
+    parser.add_argument(
+        "--mtu", default=None, help="MTU of the TCP overhead with --topology (default 1500); 0: none"
+    )
     parser.add_argument("--plot", metavar="PNG", help="write speedup vs nodes per schedule")
     parser.add_argument("--timeline", metavar="PNG", help="write a Gantt chart of one iteration per schedule")
     parser.add_argument("--chrome-trace", metavar="JSON", help="write a Chrome/Perfetto trace of the same")
@@ -78,15 +89,16 @@ def run(args: argparse.Namespace) -> int:
     if shown not in nodes_list:
         raise UserError(f"--timeline-nodes {shown} is not one of --nodes {args.nodes}")
     trace = load_trace_arg(args.trace)
+    model = None
     if args.topology:
-        from dpcomm.cli.netsim import flow_cost_for
-
-        cost = flow_cost_for(args, max(nodes_list))
+        cost, model = _flow_cost(args, max(nodes_list))
     else:
+        args.network = args.network if args.network is not None else "10gbe"
+        args.algo = args.algo if args.algo is not None else "ring"
         cost = cost_for(args)
     rows = sweep(trace, cost, nodes_list, schedules, update_s=update_s) if schedules else []
     if ps_schedules:
-        rows = _with_ps(rows, trace, args, nodes_list, ps_schedules, named)
+        rows = _with_ps(rows, trace, args, nodes_list, ps_schedules, named, model)
     written = []
     if args.plot:
         from dpcomm.sim.scaling import plot_scaling
@@ -106,17 +118,52 @@ def run(args: argparse.Namespace) -> int:
         for path in written:
             print(f"wrote {path}", file=sys.stderr)
         return 0
-    _print(trace, rows, written)
+    _print(trace, rows, written, _where(args, model))
     return 0
 
 
-def _print(trace, rows, written) -> None:
+def _flow_cost(args: argparse.Namespace, most_nodes: int):
+    """``(nodes -> CommCost, flow model)`` of ``--topology``: ``--algo`` (default ``nccl`` on servers of
+    several GPUs, else ``ring``), the start-up of ``--network`` (default: the fabric's own; a TCP one on an
+    InfiniBand fabric gets a one-line note)."""
+    from dpcomm.cli.netsim import fabric_for, flow_cost_for, tcp_note
+    from dpcomm.costmodel import resolve_network
+    from dpcomm.topology import MultiGPU
+
+    multi = isinstance(fabric_for(args).topology, MultiGPU)
+    if args.algo is None:
+        args.algo = "nccl" if multi else "ring"
+    alpha = None
+    if args.network is not None or not multi:
+        net = resolve_network(args.network if args.network is not None else "10gbe")
+        alpha = net.alpha
+    cost, model = flow_cost_for(args, most_nodes, alpha)
+    note = tcp_note(model.fabric, alpha, f"--network {args.network}") if args.network is not None else None
+    if note:
+        print(note, file=sys.stderr)
+    return cost, model
+
+
+def _where(args: argparse.Namespace, model) -> str:
+    """The header's line on what prices the all-reduce: the network, or the topology's fabric."""
+    if model is None:
+        return f"all-reduce {args.algo} on {args.network}"
+    from dpcomm.sim.network.pricing import startup_text
+    from dpcomm.topology import MultiGPU
+
+    t = model.fabric.topology
+    fabric = t.describe(model.fabric.rate_bps) if isinstance(t, MultiGPU) else f"{t.servers} servers"
+    return f"all-reduce {args.algo} on {args.topology.strip()} ({fabric}), {startup_text(model)}"
+
+
+def _print(trace, rows, written, where: str) -> None:
     from rich.console import Console
     from rich.table import Table
 
     table = Table(
         title=f"{trace.model} (batch {trace.batch_size}, {trace.device}): "
-        f"t_f + t_b = {(rows[0].result.t_f_s + rows[0].result.t_b_s) * 1e3:.2f} ms"
+        f"t_f + t_b = {(rows[0].result.t_f_s + rows[0].result.t_b_s) * 1e3:.2f} ms",
+        caption=where,
     )
     for col in ("nodes", "schedule", "groups", "t_iter ms", "exposed comm ms", "speedup", "efficiency"):
         table.add_column(col, justify="left" if col == "schedule" else "right")
@@ -140,8 +187,10 @@ def _print(trace, rows, written) -> None:
         console.print(f"wrote {path}")
 
 
-def _with_ps(rows, trace, args, nodes_list, ps_schedules, named):
-    """Add the parameter-server rows, keeping nodes-major order and the order the schedules were named in."""
+def _with_ps(rows, trace, args, nodes_list, ps_schedules, named, model=None):
+    """Add the parameter-server rows, keeping nodes-major order and the order the schedules were named in.
+    With a topology (``model``) a byte costs what the flow model's co-located parameter server on it costs
+    (:func:`_ps_network`)."""
     from dpcomm.costmodel import resolve_network
     from dpcomm.sim.ps import ps_sweep
 
@@ -149,8 +198,27 @@ def _with_ps(rows, trace, args, nodes_list, ps_schedules, named):
         raise UserError("ps-* schedules are priced from --network (alpha, beta, gamma), not --linear-cost")
     if args.ps_servers < 0:
         raise UserError(f"--ps-servers must be >= 1, got {args.ps_servers}")
-    net = resolve_network(args.network)
+    net = resolve_network(args.network) if model is None else _ps_network(model)
     ps_rows = ps_sweep(trace, net, nodes_list, ps_schedules, servers=args.ps_servers, push=args.ps_push)
     order = {s.lower(): i for i, s in enumerate(named)}
     both = rows + ps_rows
     return sorted(both, key=lambda r: (nodes_list.index(r.nodes), order.get(r.schedule.lower(), len(order))))
+
+
+def _ps_network(model):
+    """``nodes -> Network`` for the ``ps-*`` schedules on a topology: alpha the start-up of a message between
+    servers (the model's), beta the slope of the flow model's co-located parameter-server all-reduce on the
+    first ``nodes`` ranks (push and pull, ``2 (W-1)/W beta`` per byte) over ``2 (W-1)/W``: what a byte costs
+    a worker there, sharing its NIC with the other GPUs of its server."""
+    from dpcomm.costmodel import Network
+    from dpcomm.sim.network.pricing import FlowCost
+
+    alpha = model.alpha_inter_s if model.alpha_inter_s is not None else model.alpha_s
+
+    def net(nodes: int) -> Network:
+        beta = 0.0
+        if nodes > 1:
+            beta = FlowCost(model=model, algo="ps", ranks=nodes).line()[1] / (2 * (nodes - 1) / nodes)
+        return Network(name=f"{model.fabric.topology.spec} (flow model)", alpha=alpha, beta=beta)
+
+    return net

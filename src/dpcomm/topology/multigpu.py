@@ -11,13 +11,24 @@ lays them out:
   - ``pcie=RATE``: one shared per-server bus of ``RATE`` that every transfer inside the server crosses
     once (GPU to GPU, and GPU to NIC and back), both directions together (a PCIe server whose GPUs
     talk through the CPU's root complex);
-* **NICs**: ``nics=N`` per server (``N`` divides ``G``; default ``G``), each of ``nic=RATE`` each way
-  (default: the fabric's ``--rate``); NIC ``n`` serves GPUs ``n G/N .. (n+1) G/N - 1`` (they share its PCIe
-  switch, as in DGX servers);
-* **efficiencies**: ``intra_eff=F`` and ``nic_eff=F`` (default 1; a number in (0, 1] or a ratio such as
-  ``370/450``): the fraction of the line rate that NCCL's Simple protocol moves over the intra-server
-  fabric and over each NIC. The flow model's links carry ``RATE x F``; the rates above stay the line
-  (datasheet) rates, so both are visible. Presets set them from the published achievable rates;
+* **NICs**: ``nics=N`` per server (default ``G``), each of ``nic=RATE`` each way (default: the fabric's
+  ``--rate``). ``N`` divides ``G`` (NIC ``n`` serves GPUs ``n G/N .. (n+1) G/N - 1``, which share its PCIe
+  switch, as in DGX servers) or is a multiple of ``G`` (GPU ``g`` has NICs ``g N/G .. (g+1) N/G - 1``, as
+  16 x 100G RoCE or 32 x 100G EFA on 8 GPUs; NCCL stripes its channels over them, so the flow model joins
+  a GPU's NICs into one link of ``N/G`` times the rate). Any other count cannot be wired evenly and is
+  refused, as are more than :data:`MAX_NICS`;
+* **transport**: ``transport=ib|roce|efa|tcp`` (default ``ib``): what the NICs speak
+  (:mod:`dpcomm.topology.transports`: NCCL's achievable fraction of the line rate on each, with sources,
+  and each one's own start-up);
+* **efficiencies**: ``intra_eff=F`` (default 1) and ``nic_eff=F`` (default: the transport's fraction; a
+  number in (0, 1] or a ratio such as ``370/450``): the fraction of the line rate that NCCL's Simple
+  protocol moves over the intra-server fabric and over each NIC. The flow model's links carry ``RATE x
+  F``; the rates above stay the line (datasheet) rates, so both are visible. Presets set them from the
+  published achievable rates;
+* **GPU generation**: ``arch=volta|ampere|hopper|blackwell`` (default ``hopper``), which of NCCL's tuning
+  tables apply (:mod:`dpcomm.sim.network.nccl_tuning`); NVLink SHARP (NCCL's NVLS) is there on Hopper and
+  later with ``nvlink=``; ``sharp=1`` says the network switches reduce too (InfiniBand SHARP: NCCL's
+  CollNet), default 0;
 * **network**: ``net=rail`` (default): rail-optimised, NIC ``n`` of every server on rail switch ``n``
   (non-blocking); a transfer to another server leaves through the NIC on the *destination* GPU's rail,
   reaching it over the intra-server fabric first when that is not the sender's own NIC (NCCL's PXN,
@@ -38,10 +49,15 @@ import re
 from dataclasses import dataclass
 
 from dpcomm.errors import UserError
+from dpcomm.topology.transports import TRANSPORTS, Transport
 
-__all__ = ["MultiGPU", "PRESETS", "is_multigpu_spec", "parse_multigpu"]
+__all__ = ["ARCHS", "MAX_NICS", "MultiGPU", "PRESETS", "is_multigpu_spec", "parse_multigpu"]
 
 _GB = 8e9  # bits/s in 1 GB/s
+MAX_NICS = 64
+"""Most NICs one server may have (8 GPUs x 8 NICs; the largest shipping servers have 32)."""
+ARCHS = ("volta", "ampere", "hopper", "blackwell")
+"""GPU generations, as NCCL's tuning tables are indexed (compute capability 7.x, 8.x, 9.x, 10.x)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,8 +81,15 @@ class MultiGPU:
     intra_eff: float = 1.0
     """Fraction of ``intra_bps`` that NCCL moves (its Simple protocol's overhead); the links carry the
     product."""
-    nic_eff: float = 1.0
-    """Fraction of a NIC's line rate that NCCL moves; the links carry the product."""
+    nic_eff: float | None = None
+    """Fraction of a NIC's line rate that NCCL moves; the links carry the product. None: the transport's
+    published fraction (:attr:`nic_fraction`)."""
+    transport: str = "ib"
+    """``ib``, ``roce``, ``efa`` or ``tcp`` (:data:`dpcomm.topology.transports.TRANSPORTS`)."""
+    arch: str = "hopper"
+    """GPU generation (:data:`ARCHS`): which of NCCL's tuning tables apply."""
+    sharp: bool = False
+    """The network switches reduce (InfiniBand SHARP): NCCL's CollNet algorithms are there."""
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus < 1:
@@ -76,9 +99,16 @@ class MultiGPU:
         if self.net not in ("rail", "star"):
             raise ValueError(f"net is rail or star, not {self.net!r}")
         n = self.nic_count
-        if not 1 <= n <= self.gpus or self.gpus % n:
-            raise ValueError(f"nics={n} must divide the {self.gpus} GPUs of a server")
-        for what, eff in (("intra_eff", self.intra_eff), ("nic_eff", self.nic_eff)):
+        if not 1 <= n <= MAX_NICS or (self.gpus % n and n % self.gpus):
+            raise ValueError(
+                f"nics={n} must divide the {self.gpus} GPUs of a server or be a multiple of them, at most "
+                f"{MAX_NICS} (other counts cannot be wired evenly to the GPUs)"
+            )
+        if self.transport not in TRANSPORTS:
+            raise ValueError(f"transport is one of {', '.join(TRANSPORTS)}, not {self.transport!r}")
+        if self.arch not in ARCHS:
+            raise ValueError(f"arch is one of {', '.join(ARCHS)}, not {self.arch!r}")
+        for what, eff in (("intra_eff", self.intra_eff), ("nic_eff", self.nic_fraction)):
             if not 0 < eff <= 1:
                 raise ValueError(f"{what}={eff:g} must be in (0, 1] (a fraction of the line rate)")
         for what, bps in (("intra-server rate", self.intra_bps), ("NIC rate", self.nic_bps)):
@@ -90,19 +120,50 @@ class MultiGPU:
         return self.gpus if self.nics is None else self.nics
 
     @property
+    def nic_fraction(self) -> float:
+        """``nic_eff``, or the transport's published fraction when the spec gives none."""
+        return self.nic_eff if self.nic_eff is not None else self.link.fraction
+
+    @property
+    def link(self) -> Transport:
+        """The NICs' transport (:mod:`dpcomm.topology.transports`)."""
+        return TRANSPORTS[self.transport]
+
+    @property
+    def nvls(self) -> bool:
+        """NVLink SHARP is there: NVSwitch (``nvlink=``) on Hopper or later."""
+        return self.intra == "nvlink" and ARCHS.index(self.arch) >= ARCHS.index("hopper")
+
+    @property
     def servers(self) -> int:
         """Endpoints of the fabric: GPUs (ranks), ``hosts * gpus``."""
         return self.hosts * self.gpus
+
+    def describe(self, nic_bps: float | None = None) -> str:
+        """One line for a header: ``8 servers x 8 GPUs (64 ranks), NVLink 450 GB/s x 82%, 8 x 400gbit
+        InfiniBand NICs x 96%`` (``nic_bps``: the NIC rate when the spec gives none)."""
+        rate = self.nic_bps if self.nic_bps is not None else nic_bps
+        nic = f"{self.nic_count} x {rate / 1e9:g}gbit {self.link.name} NIC" if rate else f"{self.nic_count} NIC"
+        intra = "NVLink" if self.intra == "nvlink" else "PCIe bus"
+        plural = "s" if self.hosts != 1 else ""
+        return (
+            f"{self.hosts} server{plural} x {self.gpus} GPUs ({self.servers} ranks), {intra} "
+            f"{_fmt(self.intra_bps).replace('GB/s', ' GB/s')} x {self.intra_eff:.0%}, {nic}{'s' if self.nic_count > 1 else ''} x "
+            f"{self.nic_fraction:.0%}, {self.arch}{', SHARP' if self.sharp else ''}"
+        )
 
     @property
     def spec(self) -> str:
         """The canonical ``gpus:`` spec (presets are spelled out)."""
         nic = f",nic={self.nic_bps / 1e9:g}gbit" if self.nic_bps is not None else ""
         ie = f",intra_eff={self.intra_eff!r}" if self.intra_eff != 1 else ""
-        ne = f",nic_eff={self.nic_eff!r}" if self.nic_eff != 1 else ""
+        ne = f",nic_eff={self.nic_eff!r}" if self.nic_eff is not None else ""
+        tr = f",transport={self.transport}" if self.transport != "ib" else ""
+        arch = f",arch={self.arch}" if self.arch != "hopper" else ""
+        sharp = ",sharp=1" if self.sharp else ""
         return (
             f"gpus:{self.hosts},{self.gpus},{self.intra}={_fmt(self.intra_bps)}{ie},"
-            f"nics={self.nic_count}{nic}{ne},net={self.net}"
+            f"nics={self.nic_count}{nic}{ne},net={self.net}{tr}{arch}{sharp}"
         )
 
     def host_of(self, rank: int) -> int:
@@ -115,6 +176,7 @@ class MultiGPU:
             "gpus_per_server": self.gpus,
             "ranks": self.servers,
             "nics_per_server": self.nic_count,
+            "transport": self.transport,
         }
 
 
@@ -145,6 +207,8 @@ PRESETS: dict[str, dict[str, object]] = {
         "nics": 8,
         "nic_bps": 400e9,
         "nic_eff": 48 / 50,
+        "transport": "ib",
+        "arch": "hopper",
     },
     # DGX A100: 8 A100 SXM4; NVLink3 "600 GB/s" bidirectional per GPU = 12 links x 25 GB/s each way
     # (NVIDIA A100 Tensor Core GPU datasheet and architecture whitepaper); 8 ConnectX-6 200 Gb/s HDR
@@ -162,6 +226,8 @@ PRESETS: dict[str, dict[str, object]] = {
         "nics": 8,
         "nic_bps": 200e9,
         "nic_eff": 24 / 25,
+        "transport": "ib",
+        "arch": "ampere",
     },
 }
 PRESETS["hgx-h100"] = PRESETS["dgx-h100"]  # the HGX board is the DGX's GPU tray: same GPUs and NVSwitch
@@ -172,10 +238,10 @@ _INT = re.compile(r"^\s*(\d{1,9})\s*$")
 _RATE = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)\s*(GB/s|tbit|gbit|mbit|kbit)\s*$")
 _BITS = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
 _EFF = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,17})?)\s*(?:/\s*(\d{1,9}(?:\.\d{1,17})?)\s*)?$")
-_KEYS = "keys: nvlink, pcie, intra_eff, nics, nic, nic_eff, net"
+_KEYS = "keys: nvlink, pcie, intra_eff, nics, nic, nic_eff, net, transport, arch, sharp"
 _FORM = (
     "gpus:S,G[,nvlink=RATE|pcie=RATE][,intra_eff=F][,nics=N][,nic=RATE][,nic_eff=F][,net=rail|star]"
-    " or dgx-h100:S / dgx-a100:S"
+    "[,transport=ib|roce|efa|tcp][,arch=A][,sharp=0|1] or dgx-h100:S / dgx-a100:S"
 )
 
 
@@ -235,8 +301,12 @@ def parse_multigpu(spec: str) -> MultiGPU:
             if not _INT.match(value):
                 raise UserError(f"bad topology '{shown}': nics={value} is not a whole number")
             fields["nics"] = int(value)
-        elif key == "net":
-            fields["net"] = value
+        elif key in ("net", "transport", "arch"):
+            fields[key] = value
+        elif key == "sharp":
+            if value not in ("0", "1"):
+                raise UserError(f"bad topology '{shown}': sharp={value} is 0 or 1")
+            fields["sharp"] = value == "1"
         else:
             raise UserError(f"bad topology '{shown}': unknown key '{key}' ({_KEYS})")
     from dpcomm.topology import check_servers  # the package imports this module

@@ -4,14 +4,18 @@ Names come from :mod:`dpcomm.registry`, the one table ``bench``, ``train --colle
 the cost model read: a name or an alias (``bml`` = ``bcube``) resolves there, and :data:`SCHEDULES` says
 which registered algorithms have a flow schedule. ``ring``, ``be``, ``mst``, ``lp``, ``ps``: the
 ``steps()`` of :mod:`dpcomm.collectives` (the messages the real algorithms send, rank ``i`` on server
-``i``). ``native`` (torch.distributed's own allreduce) is scheduled as ``ring``, as the cost model prices
-it. ``bcube`` (alias ``bml``): BML on BCube (Algorithm 1), only on a ``bcube:n,k`` fabric: step ``w`` of
-the aggregation (broadcast) holds the messages of all ``k`` threads, thread ``t`` on level ``(w + t) mod
-k`` (``(k - 1 - w + t) mod k``), each message ``CalcGset``'s run of pieces (:func:`bml_steps`, the
-vectorised form of :func:`dpcomm.collectives.bcube.transfers`, which a test compares it with).
-``ps-dedicated[:S]`` is not another algorithm but a flow-schedule option of the registry's ``ps``: the
-parameter server on ``S`` dedicated servers (the last ``S`` servers; default half) and ``P - S`` workers
-(BML sec. 2's "two clusters"). ``auto``, ``noop`` and the cost-only formulas have no flow schedule.
+``i``; imported when first needed, since those modules import torch). ``native`` (torch.distributed's
+own allreduce) is scheduled as ``ring``, as the cost model prices it. ``bcube`` (alias ``bml``): BML on
+BCube, only on a ``bcube:n,k`` fabric (:mod:`.bml`). ``ps-dedicated[:S]`` is not another algorithm but a
+flow-schedule option of the registry's ``ps``: the parameter server on ``S`` dedicated servers (the last
+``S`` servers; default half) and ``P - S`` workers (BML sec. 2's "two clusters"). ``auto``, ``noop`` and
+the cost-only formulas have no flow schedule.
+
+On servers of several GPUs (``gpus:``/``dgx-*``) also ``hierarchical`` (:mod:`.hierarchical`) and NCCL's
+all-reduce as NCCL runs it (:mod:`.nccl`): ``nccl`` (NCCL's own choice of algorithm, protocol and
+channels), ``nccl-ring``, ``nccl-tree``, ``nccl-nvls``, ``nccl-nvlstree``, ``nccl-collnet`` (the
+algorithm forced, as ``NCCL_ALGO`` does), each with an optional ``:LL``, ``:LL128`` or ``:Simple``
+(``NCCL_PROTO``).
 
 Sizes are bytes of float32 (the element count is ``S // 4``), at most :data:`MAX_BYTES`; busbw is
 nccl-tests' ``2 (P-1)/P * S / t``. The work a schedule may hand the flow model is bounded before it is
@@ -25,13 +29,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+import importlib
+
 import dpcomm.costmodel.collective  # noqa: F401 - fills the registry's cost formulas (ALGORITHMS is checked)
 from dpcomm import registry
-from dpcomm.collectives import be, lp, mst, ps, ring
-from dpcomm.collectives.schedule import Step
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
-from dpcomm.sim.network import hierarchical, nccl_ring, nccl_tree
+from dpcomm.messages import Step
+from dpcomm.sim.network import hierarchical, nccl
+from dpcomm.sim.network.bml import bml_steps
 from dpcomm.sim.network.engine import FlowModel, FlowRun
 from dpcomm.sim.network.fabric import Fabric
 from dpcomm.topology import BCube, MultiGPU
@@ -60,11 +66,12 @@ MAX_FLOW_STEPS = 200_000_000
 """Most flows over a whole schedule (the sum of its steps' flows): what bounds the memory (~18 bytes a
 flow) and time of one simulated allreduce. A ring on 8,192 servers is 134 M; on 16,384, 537 M, refused."""
 
-_MODULES = {"ring": ring, "be": be, "mst": mst, "ps": ps, "native": ring}
+_MODULES = {"ring": "ring", "be": "be", "mst": "mst", "ps": "ps", "native": "ring", "lp": "lp"}
+"""The :mod:`dpcomm.collectives` module whose ``steps()`` each name runs (imported when first needed)."""
 SCHEDULES = ("ring", "be", "mst", "lp", "ps", "bcube", "native")
 """Registered algorithms (canonical names of :mod:`dpcomm.registry`) that have a flow schedule."""
 _VARIANTS = {"ps-dedicated": "ps"}  # flow-schedule options of a registered algorithm, and which one
-_MULTIGPU = {"hierarchical": hierarchical, "nccl-ring": nccl_ring, "nccl-tree": nccl_tree}
+_MULTIGPU = ("hierarchical", *nccl.NAMES)
 """Flow schedules for servers of several GPUs (a ``gpus:``/``dgx-*`` topology), not executing collectives."""
 ALGORITHMS = (*SCHEDULES[:-1], "ps-dedicated", *SCHEDULES[-1:], *_MULTIGPU)
 """The names ``dpcomm netsim --algorithms`` lists (aliases such as ``bml`` are accepted too)."""
@@ -78,9 +85,15 @@ def _choices() -> str:
     return registry.describe(list(ALGORITHMS))
 
 
-def parse_algorithm(text: str) -> tuple[str, int | None]:
-    """``"ps-dedicated:4"`` -> ``("ps-dedicated", 4)``, ``"bml"`` -> ``("bcube", None)``: the canonical name
-    (through :mod:`dpcomm.registry`) and the option; an unknown name is a one-line :class:`UserError`."""
+def _collective(name: str):
+    """The :mod:`dpcomm.collectives` module behind ``name`` (it imports torch: only when needed)."""
+    return importlib.import_module(f"dpcomm.collectives.{_MODULES[name]}")
+
+
+def parse_algorithm(text: str) -> tuple[str, int | str | None]:
+    """``"ps-dedicated:4"`` -> ``("ps-dedicated", 4)``, ``"bml"`` -> ``("bcube", None)``, ``"nccl-ring:ll"``
+    -> ``("nccl-ring", "LL")``: the canonical name (through :mod:`dpcomm.registry`) and the option; an
+    unknown name is a one-line :class:`UserError`."""
     name, _, arg = str(text).strip().partition(":")
     name = name.strip()
     canonical = name if name in _VARIANTS or name in _MULTIGPU else registry.resolve(name)
@@ -90,15 +103,17 @@ def parse_algorithm(text: str) -> tuple[str, int | None]:
         raise UserError(f"algorithm '{name}' has no flow schedule (choose from {_choices()})")
     if not arg:
         return canonical, None
+    if canonical in nccl.NAMES:
+        return canonical, nccl.parse_protocol(arg)
     if canonical != "ps-dedicated" or not arg.isdigit() or int(arg) < 1:
         raise UserError(
-            f"bad algorithm '{text}' (only ps-dedicated takes an argument: ps-dedicated:S, S >= 1)"
+            f"bad algorithm '{text}' (only ps-dedicated:S, S >= 1, and nccl[-ALGO]:LL|LL128|Simple take one)"
         )
     return canonical, int(arg)
 
 
 def _flows(
-    name: str, p: int, arg: int | None, blocks: int, cube: BCube | None, gpus: int = 1
+    name: str, p: int, arg: int | str | None, blocks: int, cube: BCube | None, gpus: int = 1
 ) -> tuple[int, int]:
     """``(most flows in one step, flows over all steps)`` of ``name``'s allreduce on ``p`` ranks (upper
     bounds from the algorithms' docstrings), before any of it is built; ``blocks``: LP's block count."""
@@ -119,6 +134,8 @@ def _flows(
         return blocks * p, 2 * (p - 1) * blocks * p
     if name == "nccl-tree":  # a stage: <= 4 edges x 2 ways per rank, channel and tree; 2 (G + log2 M) stages
         return 16 * blocks * p, 16 * blocks * p * 2 * (gpus + p.bit_length())
+    if name in ("nccl-nvls", "nccl-nvlstree", "nccl-collnet"):  # one step: <= 2 + 4 flows per rank (+ heads)
+        return 6 * p + 2 * blocks * p, 6 * p + 2 * blocks * p
     n, k = (cube.n, cube.k) if cube is not None else (2, 1)
     return k * p * (n - 1), 2 * k * k * p * (n - 1)  # bcube: each server's k threads, n - 1 neighbours
 
@@ -128,6 +145,8 @@ def check_work(algo: str, p: int, *, blocks: int = 1, cube: BCube | None = None,
     :data:`MAX_FLOWS` in a step or :data:`MAX_FLOW_STEPS` in all (``blocks``: LP's pipeline blocks;
     ``cube``: the BCube that ``bcube`` runs on)."""
     name, arg = parse_algorithm(algo)
+    if name == "nccl":  # check_allreduce names the algorithm NCCL picked
+        raise ValueError("check_work needs the algorithm nccl picked (check_allreduce finds it)")
     per_step, total = _flows(name, p, arg, blocks, cube, gpus)
     if per_step > MAX_FLOWS:
         raise UserError(f"{algo} on {p} servers is {per_step:,} flows in one step, more than {MAX_FLOWS:,}")
@@ -135,54 +154,6 @@ def check_work(algo: str, p: int, *, blocks: int = 1, cube: BCube | None = None,
         raise UserError(
             f"{algo} on {p} servers is {total:,} flows over all its steps, more than {MAX_FLOW_STEPS:,}"
         )
-
-
-def bml_steps(cube: BCube, numel: int, elem_size: int = ELEM) -> list[Step]:
-    """BML allreduce on ``cube``: ``k`` aggregation then ``k`` broadcast steps, all threads together."""
-    n, k, big_n = cube.n, cube.k, cube.servers
-    parts = k * big_n  # piece boundaries as collectives.bcube.piece_bounds: near-equal pieces of elements
-    base, extra = divmod(numel, parts)
-    j = np.arange(parts + 1, dtype=np.int64)
-    bounds = (j * base + np.minimum(j, extra)) * elem_size
-    a = np.repeat(np.arange(big_n, dtype=np.int64), n - 1)
-    hop = np.tile(np.arange(1, n, dtype=np.int64), big_n)
-
-    def digit(r: np.ndarray, level: int) -> np.ndarray:
-        return (r // n**level) % n
-
-    def position(t: int, r: np.ndarray) -> np.ndarray:
-        pos = np.zeros_like(r)
-        for i in range(k):
-            pos = pos * n + digit(r, (t + i) % k)
-        return pos
-
-    def gset_bytes(t: int, r: np.ndarray, w: int) -> np.ndarray:
-        span = n ** (k - 1 - w)
-        lo = (position(t, r) // span) * span
-        return bounds[t * big_n + lo + span] - bounds[t * big_n + lo]
-
-    out = []
-    for phase in ("aggregate", "broadcast"):
-        for w in range(k):
-            src, dst, size, lane = [], [], [], []
-            for t in range(k):
-                level = (w + t) % k if phase == "aggregate" else (k - 1 - w + t) % k
-                d = digit(a, level)
-                s = a + (((d + hop) % n) - d) * n**level
-                src.append(a)
-                dst.append(s)
-                size.append(gset_bytes(t, s, w) if phase == "aggregate" else gset_bytes(t, a, k - 1 - w))
-                lane.append(np.full(len(a), t, dtype=np.int64))
-            out.append(
-                Step(
-                    label=f"{phase} {w}",
-                    src=np.concatenate(src),
-                    dst=np.concatenate(dst),
-                    nbytes=np.concatenate(size),
-                    lane=np.concatenate(lane),
-                )
-            )
-    return out
 
 
 def check_allreduce(
@@ -211,7 +182,7 @@ def check_allreduce(
     if not 0 <= nbytes <= MAX_BYTES:
         raise UserError(f"an allreduce of {nbytes:,} bytes is beyond the flow model's {MAX_BYTES:,} (1 PiB)")
     cube = fabric.topology if isinstance(fabric.topology, BCube) else None
-    blocks, gpus = 1, 1
+    blocks, gpus, checked = 1, 1, algo
     if name in _MULTIGPU:
         topo = fabric.topology
         if not isinstance(topo, MultiGPU):
@@ -221,13 +192,17 @@ def check_allreduce(
         if p > topo.gpus and p % topo.gpus:
             raise UserError(f"{algo} needs whole servers: {p} ranks on servers of {topo.gpus} GPUs")
         blocks, gpus = topo.nic_count, topo.gpus  # the channels
+        if name in nccl.NAMES:  # what runs: its algorithm and channels bound the flows
+            picked = nccl.pick(topo, name, arg, max(int(nbytes), 1), p, fabric.rate_bps)
+            blocks = picked.channels
+            checked = next(k for k, v in nccl.ALGOS.items() if v == picked.algorithm)
     if name == "lp":  # LP's own default block: the cost model's optimum on this link (<= lp.MAX_BLOCKS)
         beta = 8 / (fabric.rate_bps * fabric.goodput.one_way)  # as the testbed tells lp (link_network)
         net = Network(name=f"{fabric.topology.spec}@{fabric.rate_bps:g}", alpha=alpha_s, beta=beta)
-        pipe = lp.LinearPipeline(network=net, block_bytes=block_bytes)
+        pipe = _collective("lp").LinearPipeline(network=net, block_bytes=block_bytes)
         block_bytes = pipe.block_size(int(nbytes), p, "allreduce")
         blocks = max(1, -(-numel // max(1, block_bytes // ELEM)))  # as lp.steps cuts them
-    check_work(algo, p, blocks=blocks, cube=cube, gpus=gpus)
+    check_work(checked, p, blocks=blocks, cube=cube, gpus=gpus)
     return block_bytes if name == "lp" else None
 
 
@@ -246,18 +221,19 @@ def schedule(
     name, arg = parse_algorithm(algo)
     p, numel = fabric.servers if ranks is None else ranks, int(nbytes) // ELEM
     cube = fabric.topology if isinstance(fabric.topology, BCube) else None
-    if name in _MODULES:
-        return _MODULES[name].steps(p, numel, ELEM)
     if name == "lp":
-        return lp.steps(p, numel, ELEM, block_bytes=block_bytes)
-    if name in _MULTIGPU:  # one channel per NIC (NCCL's rings and trees); hierarchical: one ring per rail
+        return _collective("lp").steps(p, numel, ELEM, block_bytes=block_bytes)
+    if name in _MODULES:
+        return _collective(name).steps(p, numel, ELEM)
+    if name == "hierarchical":  # one ring per rail
+        return hierarchical.steps(p, fabric.topology.gpus, numel, ELEM)
+    if name in nccl.NAMES:
         topo = fabric.topology
-        if name == "hierarchical":
-            return hierarchical.steps(p, topo.gpus, numel, ELEM)
-        return _MULTIGPU[name].steps(p, topo.gpus, numel, ELEM, channels=topo.nic_count)
+        picked = nccl.pick(topo, name, arg, max(int(nbytes), 1), p, fabric.rate_bps)
+        return nccl.steps(topo, picked, p, int(nbytes), fabric.servers)
     if name == "ps-dedicated":
         servers = arg if arg is not None else max(1, p // 2)
-        return ps.dedicated_steps(p - servers, servers, numel, ELEM)
+        return _collective("ps").dedicated_steps(p - servers, servers, numel, ELEM)
     return bml_steps(cube, numel, ELEM)
 
 
@@ -275,6 +251,8 @@ class NetsimRow:
     busbw_GBps: float
     """``2 (P-1)/P * S / t`` in GB/s."""
     steps: int
+    ran: str = ""
+    """For ``nccl*``: the algorithm, protocol and channels that ran (``nvls_tree/Simple x8``)."""
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -290,12 +268,23 @@ def simulate_allreduce(
     ranks: int | None = None,
 ) -> tuple[NetsimRow, FlowRun]:
     """Price ``algo``'s allreduce of ``nbytes`` on ``model``'s fabric (``ranks`` of its servers, default
-    all): the table row and the run."""
+    all): the table row and the run (for ``nccl*`` names, NCCL's latency for what it runs when
+    ``model.nccl``, :func:`.nccl.price`)."""
     fabric = model.fabric
-    steps = schedule(algo, fabric, nbytes, model.alpha_s, block_bytes, ranks)
-    run = model.run(steps, links=links)
-    p, t = fabric.servers if ranks is None else ranks, run.time_s
     name, arg = parse_algorithm(algo)
+    p = fabric.servers if ranks is None else ranks
+    ran = ""
+    if name in nccl.NAMES:
+        check_allreduce(algo, fabric, nbytes, model.alpha_s, block_bytes, ranks)
+        t, steps, picked = nccl.price(model, name, arg, int(nbytes), p)
+        run = FlowRun(time_s=t, step_s=(t,), labels=(picked.label,), link_bytes=None)
+        if links:
+            run = FlowRun(time_s=t, step_s=(t,), labels=(picked.label,), link_bytes=model.link_bytes(steps))
+        ran = picked.label
+    else:
+        steps = schedule(algo, fabric, nbytes, model.alpha_s, block_bytes, ranks)
+        run = model.run(steps, links=links)
+        t = run.time_s
     workers = p - (arg if arg is not None else max(1, p // 2)) if name == "ps-dedicated" else p
     algbw = nbytes / t / 1e9 if t > 0 else 0.0  # one rank: nothing moves, reported as 0 (as JSON allows)
     busbw = algbw * 2 * (workers - 1) / workers if workers > 1 else 0.0
@@ -308,5 +297,6 @@ def simulate_allreduce(
         algbw_GBps=algbw,
         busbw_GBps=busbw,
         steps=len(steps),
+        ran=ran,
     )
     return row, run

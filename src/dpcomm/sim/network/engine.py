@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpcomm.collectives.schedule import Step
+from dpcomm.messages import Step
 from dpcomm.sim.network.fabric import Fabric
 from dpcomm.sim.network.maxmin import _TIE, fill_paired
 
@@ -110,10 +110,17 @@ class _Flows:
 class FlowModel:
     """Prices steps on one :class:`Fabric` with per-message start-up ``alpha_s`` (seconds)."""
 
-    def __init__(self, fabric: Fabric, alpha_s: float = 0.0):
-        if not alpha_s >= 0:
-            raise ValueError(f"alpha must be >= 0 s, got {alpha_s}")
+    def __init__(
+        self, fabric: Fabric, alpha_s: float = 0.0, *, alpha_inter_s: float | None = None, nccl: bool = False
+    ):
+        if not alpha_s >= 0 or not (alpha_inter_s is None or alpha_inter_s >= 0):
+            raise ValueError(f"alpha must be >= 0 s, got {alpha_s}, {alpha_inter_s}")
         self.fabric, self.alpha_s = fabric, float(alpha_s)
+        self.alpha_inter_s = alpha_inter_s
+        """Start-up of a message between two servers of a multi-GPU fabric (None: ``alpha_s`` as any other)."""
+        self.nccl = nccl
+        """The ``nccl-*`` schedules take NCCL's own latency for their algorithm and protocol
+        (:mod:`.nccl_tuning`) instead of ``alpha`` per message (the fabric's default start-up)."""
         g = fabric.goodput
         self._fwd, self._ack = g.fwd, g.ack  # wire bytes per payload byte on its links, on their reverses
         self._rates_cache: dict[bytes, np.ndarray] = {}
@@ -128,7 +135,7 @@ class FlowModel:
     def _reset_table(self) -> None:
         """The table of routed pairs: row ``i`` holds the forward links ``_row_link[_row_ptr[i]:_row_ptr[i +
         1]]``, found by ``_dense[pair]`` or by ``_pair_key`` (sorted) and ``_key_row``."""
-        p = self.fabric.servers
+        p = self.fabric.endpoints
         self._dense = None if p * p > _DENSE_MAX or self.fabric.hops <= 2 else np.zeros(0, dtype=np.int32)
         self._pair_key = np.zeros(0, dtype=np.int64)
         self._key_row = np.zeros(0, dtype=np.int64)
@@ -139,7 +146,7 @@ class FlowModel:
         """Table rows of ``pair`` (-1 where not routed yet)."""
         if self._dense is not None:
             if not len(self._dense):  # made on first use: a model that never routes a batch needs none
-                p = self.fabric.servers
+                p = self.fabric.endpoints
                 self._dense = np.full(p * p, -1, dtype=np.int32)
             return self._dense[pair]
         table = self._pair_key
@@ -150,7 +157,7 @@ class FlowModel:
 
     def _add_rows(self, new: np.ndarray) -> None:
         """Route the pairs ``new`` (distinct, not in the table) and append them as rows."""
-        p = self.fabric.servers
+        p = self.fabric.endpoints
         links = self.fabric.routes(new // p, new % p)
         use = links >= 0
         n_rows = len(self._row_ptr) - 1
@@ -293,7 +300,7 @@ class FlowModel:
         flows' signature)."""
         src = np.asarray(src, dtype=np.int64)
         dst = np.asarray(dst, dtype=np.int64)
-        pair = src * self.fabric.servers + dst
+        pair = src * self.fabric.endpoints + dst
         return self._rates(_hasher(pair).digest(), pair, src, dst)
 
     # ------------------------------------------------------------------------------------------ times
@@ -404,7 +411,7 @@ class FlowModel:
     def _times(self, items: list[tuple[np.ndarray, np.ndarray, np.ndarray, bytes | None]]) -> list[float]:
         """Seconds until the last flow of each item ``(src, dst, nbytes, rates key)`` completes (no
         start-up); the flows of an item run together, items are independent."""
-        p = self.fabric.servers
+        p = self.fabric.endpoints
         out = [0.0] * len(items)
         small: list[int] = []
         flows: list[tuple] = []  # (src, dst, bytes, key): no per-flow copies until a batch is priced
@@ -518,7 +525,7 @@ class FlowModel:
 
     def _step_key(self, step: Step) -> tuple[bytes, bytes]:
         """``(step key, rates key)``: digests of ``(src, dst, bytes, lane)`` and of ``(src, dst)``."""
-        h = _hasher(step.src * self.fabric.servers + step.dst)
+        h = _hasher(step.src * self.fabric.endpoints + step.dst)
         rates_key = h.copy().digest()  # the flows' signature, as :meth:`rates` keys it
         lane = step.lane if step.lane is not None else np.zeros(0, dtype=np.int64)
         h.update(b"|")
@@ -528,23 +535,34 @@ class FlowModel:
         return h.digest(), rates_key
 
     def _start(self, step: Step) -> float:
-        """``alpha`` x the most messages one sender (one thread of it) posts in the step."""
-        if not self.alpha_s or not len(step.src):
+        """``alpha`` x the most messages one sender (one thread of it) posts in the step; on a multi-GPU fabric
+        with ``alpha_inter_s``, a message between servers costs that instead, and the busiest sender is the
+        one whose messages' start-ups add up to most."""
+        inter = self.alpha_inter_s
+        if (not self.alpha_s and not inter) or not len(step.src):
             return 0.0
         who = step.src if step.lane is None else step.src * (int(step.lane.max()) + 1) + step.lane
-        return self.alpha_s * int(np.bincount(who).max())
+        gpus = getattr(self.fabric.topology, "gpus", None)
+        if inter is None or gpus is None:
+            return self.alpha_s * int(np.bincount(who).max())
+        ranks = self.fabric.servers  # switch endpoints (>= ranks) count as across servers
+        cross = (step.src // gpus != step.dst // gpus) | (step.src >= ranks) | (step.dst >= ranks)
+        return float(np.bincount(who, weights=np.where(cross, inter, self.alpha_s)).max())
 
-    def step_times(self, steps: Sequence[Step]) -> list[float]:
-        """Seconds of each step: ``alpha`` x the busiest sender's messages, then its flows (steps not
-        priced before are priced together)."""
+    def step_times(self, steps: Sequence[Step], *, start: bool = True) -> list[float]:
+        """Seconds of each step: ``alpha`` x the busiest sender's messages (unless ``start`` is False: a
+        schedule whose start-up is priced elsewhere), then its flows (steps not priced before are priced
+        together)."""
         keys = [self._step_key(st) for st in steps]
+        if not start:
+            keys = [(k + b"-", r) for k, r in keys]
         todo: dict[bytes, int] = {}
         for i, (key, _) in enumerate(keys):
             if key not in self._steps and key not in todo:
                 todo[key] = i
         new = list(todo.values())
         flows = self._times([(steps[i].src, steps[i].dst, steps[i].nbytes, keys[i][1]) for i in new])
-        got = {keys[i][0]: self._start(steps[i]) + t for i, t in zip(new, flows, strict=True)}
+        got = {keys[i][0]: (self._start(steps[i]) if start else 0.0) + t for i, t in zip(new, flows, strict=True)}
         out = [got[k] if k in got else self._steps[k] for k, _ in keys]
         for k, t in got.items():
             if len(self._steps) >= _CACHE_MAX:
@@ -568,9 +586,9 @@ class FlowModel:
                 out += np.bincount(routes[ok], weights=w, minlength=self.fabric.links)
         return out
 
-    def run(self, steps: Sequence[Step], *, links: bool = False) -> FlowRun:
-        """Price a whole schedule (steps one after the other)."""
-        times = tuple(self.step_times(steps))
+    def run(self, steps: Sequence[Step], *, links: bool = False, start: bool = True) -> FlowRun:
+        """Price a whole schedule (steps one after the other; ``start``: with their start-ups)."""
+        times = tuple(self.step_times(steps, start=start))
         return FlowRun(
             time_s=float(sum(times)),
             step_s=times,

@@ -148,9 +148,18 @@ class Fabric:
     """Most links on any route (width of :meth:`routes`' array)."""
     _route: object = field(repr=False, default=None)
 
+    extra: int = 0
+    """Endpoints beyond the servers (ranks): a multi-GPU fabric's switches that reduce (NVLink SHARP, one
+    per server; InfiniBand SHARP, one per rail), numbered from :attr:`servers` on."""
+
     @property
     def servers(self) -> int:
         return self.topology.servers
+
+    @property
+    def endpoints(self) -> int:
+        """Ranks and switch endpoints: the range of a flow's ``src`` and ``dst``."""
+        return self.topology.servers + self.extra
 
     @property
     def links(self) -> int:
@@ -280,8 +289,9 @@ def make_fabric(
     build = build_multigpu if isinstance(topo, MultiGPU) else build
     if build is None:
         raise UserError(f"no flow model for topology {topo.spec}")
-    cap, names, hops, route = build(topo, c)
+    cap, names, hops, route, *extra = build(topo, c)
     return Fabric(
+        extra=extra[0] if extra else 0,
         topology=topo,
         rate_bps=float(rate_bps),
         goodput=goodput if goodput is not None else Goodput(),

@@ -12,14 +12,22 @@ rate NCCL's protocol moves, 1 unless the spec or preset gives one).
 * PCIe (``pcie=RATE``): cable ``h`` is server ``h``'s bus; link ``2h`` carries every transfer inside the
   server in either direction (``2h + 1`` is unused): one shared ``RATE``.
 * NICs: cable ``B + h N + n`` is NIC ``n`` of server ``h`` to its switch (``B``: the intra cables above);
-  ``2c`` sends, ``2c + 1`` receives, each the NIC rate. The switches (rail or one star) are non-blocking,
+  ``2c`` sends, ``2c + 1`` receives, each the NIC rate. With more NICs than GPUs (``N = k G``), the ``k``
+  NICs of a GPU are one cable of ``k`` times the rate: NCCL stripes a GPU's channels over its NICs, which
+  max-min sharing over one joined link gives exactly, with ``G`` NIC cables per server. The switches (rail or one star) are non-blocking,
   so a transfer between servers crosses the sending NIC's send link and the receiving NIC's receive link.
 
 Route between servers (``N`` NICs, ``k = G / N`` GPUs per NIC): the receiving NIC is the destination GPU's
 own (``gd div k``); with ``net=rail`` the sending NIC is on the same rail (PXN: if it is not the sender's
 own NIC, the data first crosses NVLink to the GPU beside that NIC: sender's send link, that GPU's
 receive link), with ``net=star`` it is the sender's own. With PCIe the bus is crossed on both ends.
-Routes have at most 4 links. No TCP: InfiniBand and NVLink carry no TCP/IP headers, so a multi-GPU
+Routes have at most 4 links.
+
+Switch endpoints (for the schedules whose switches reduce: NVLink SHARP, InfiniBand SHARP), numbered after
+the ``P`` GPUs: ``P + h`` is server ``h``'s NVSwitch (a GPU reaches it over its own NVLink send link and
+hears from it over its receive link; with PCIe, the bus), ``P + H + n`` the network switch of NIC ``n``'s
+rail (reached through NIC ``n`` of the GPU's server, over NVLink to the GPU beside that NIC first when it is
+not the GPU's own). A flow between two switch endpoints has no route. No TCP: InfiniBand and NVLink carry no TCP/IP headers, so a multi-GPU
 fabric adds no header overhead (``Goodput(mtu=0)``, :func:`.fabric.make_fabric`); its links carry the line
 rate times the efficiency.
 """
@@ -37,9 +45,11 @@ def build_multigpu(t: MultiGPU, nic_Bps: float) -> tuple:
     """``(capacity, names, hops, route)`` of ``t`` (:func:`.fabric.make_fabric`'s builder shape);
     ``nic_Bps``: a NIC's bytes/s each way when the spec gives no ``nic=``."""
     g, hosts, nics = t.gpus, t.hosts, t.nic_count
-    per = g // nics  # GPUs per NIC
-    # links carry the achievable rate: the line rate times NCCL's efficiency on it (1 unless given)
-    nic_c = (t.nic_bps / 8 if t.nic_bps is not None else nic_Bps) * t.nic_eff
+    joined = max(1, nics // g)  # NICs joined into one link per GPU where there are more NICs than GPUs
+    nics //= joined
+    per = g // nics  # GPUs per NIC link
+    # links carry the achievable rate: the line rate times NCCL's fraction of it (the transport's by default)
+    nic_c = (t.nic_bps / 8 if t.nic_bps is not None else nic_Bps) * t.nic_fraction * joined
     intra_c = t.intra_bps / 8 * t.intra_eff
     nvlink = t.intra == "nvlink"
     base = hosts * g if nvlink else hosts  # first NIC cable
@@ -53,7 +63,11 @@ def build_multigpu(t: MultiGPU, nic_Bps: float) -> tuple:
     cap[2 * base :] = nic_c
     rail = t.net == "rail"
 
-    def route(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    ranks = hosts * g
+    nvs0, sw0 = ranks, ranks + hosts  # switch endpoints: server h's NVSwitch, rail n's network switch
+
+    def between(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        """Routes between GPUs (the module docstring)."""
         hs, gs = np.divmod(src, g)
         hd, gd = np.divmod(dst, g)
         same = hs == hd
@@ -75,4 +89,43 @@ def build_multigpu(t: MultiGPU, nic_Bps: float) -> tuple:
             out[:, 3] = np.where(same, -1, 2 * hd)  # the receiver's bus
         return out
 
-    return cap, names, 4, route
+    def to_switch(gpu: np.ndarray, sw: np.ndarray, up: bool) -> np.ndarray:
+        """Routes from a GPU to a switch endpoint (``up``), or back: its server's NVSwitch is one NVLink
+        (or bus) hop; rail ``n``'s switch is NIC ``n`` of the GPU's server, reached over NVLink through the
+        GPU beside it when that is not the GPU's own NIC (or over the bus)."""
+        h, local = np.divmod(gpu, g)
+        out = np.full((len(gpu), 4), -1, dtype=np.int64)
+        on_nvs = sw < sw0
+        n = np.where(on_nvs, 0, sw - sw0)
+        nic = 2 * (base + h * nics + n) + (0 if up else 1)
+        own = 2 * gpu + (0 if up else 1)
+        if nvlink:
+            relay = ~on_nvs & (n != local // per)
+            beside = 2 * (h * g + n * per) + (1 if up else 0)
+            first = np.where(on_nvs | relay, own, nic)
+            second = np.where(on_nvs, -1, np.where(relay, beside, -1))
+            third = np.where(relay, nic, -1)
+            path = [first, second, third] if up else [np.where(relay, nic, first), np.where(relay, beside, second),
+                                                      np.where(relay, own, third)]  # fmt: skip
+        else:
+            bus = 2 * h
+            path = [bus, np.where(on_nvs, -1, nic)] if up else [np.where(on_nvs, bus, nic), np.where(on_nvs, -1, bus)]
+        for i, col in enumerate(path):
+            out[:, i] = col
+        return out
+
+    def route(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+        if len(src) and max(int(src.max()), int(dst.max())) < ranks:
+            return between(src, dst)
+        out = np.full((len(src), 4), -1, dtype=np.int64)
+        plain = (src < ranks) & (dst < ranks)
+        up, down = (src < ranks) & (dst >= ranks), (src >= ranks) & (dst < ranks)
+        if plain.any():
+            out[plain] = between(src[plain], dst[plain])
+        if up.any():
+            out[up] = to_switch(src[up], dst[up], True)
+        if down.any():
+            out[down] = to_switch(dst[down], src[down], False)
+        return out
+
+    return cap, names, 4, route, hosts + nics

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcomm.collectives.schedule import Step
+from dpcomm.messages import Step
 from dpcomm.sim.network._gpuparts import parts, shape
 
 __all__ = ["steps"]

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcomm.collectives.schedule import Step
+from dpcomm.messages import Step
 from dpcomm.sim.network._gpuparts import entry_gpu, parts, shape
 
 __all__ = ["rings", "steps"]

@@ -16,9 +16,11 @@ the heads carry the tree edges between servers.
 All-reduce, pipelined in chunks: every GPU reduces each chunk up its chain to the head, heads reduce up
 the tree to the root, which sends the sum back down the tree and every head down its chain (reduce and
 broadcast run at once on different chunks). As steps:
-    1. ``2 (G - 1 + d) - 1`` fill stages: every edge of both trees of every channel carries one chunk
-       (``min(S_t, b)`` bytes) up and one down at once: the pipeline filling and draining along its depth
-       ``D = 2 (G - 1 + d)``;
+    1. ``2 (G - 1 + d) - 1`` fill stages: every edge of one pipeline (the first channel's first tree)
+       carries one chunk (``min(S_t, b)`` bytes) up and one down at once: the pipeline filling and draining
+       along its depth ``D = 2 (G - 1 + d)``. The other pipelines fill at the same time through other GPUs
+       (each channel's chain starts at another GPU), so a link is not shared by all of them while they
+       fill: one pipeline's depth is what the fill costs;
     2. one streaming step: every edge carries its whole ``S_t`` up and down at once (max-min fair rates;
        the slowest edge sets the pace).
 Bytes per GPU: a chain GPU sends ``S_t`` up and ``S_t`` down per tree, per channel (``2 S`` in all, like a
@@ -38,7 +40,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpcomm.collectives.schedule import Step
+from dpcomm.messages import Step
 from dpcomm.sim.network._gpuparts import entry_gpu, parts, shape
 
 __all__ = ["CHUNK", "btree_parent", "dtree_parents", "steps"]
@@ -77,6 +79,15 @@ def _depth(parent: np.ndarray) -> int:
     return depth
 
 
+def _lanes(src: np.ndarray) -> np.ndarray:
+    """Every edge is its own pipeline, one alpha per stage: a sender's ``k``-th message is lane ``k``."""
+    order = np.argsort(src, kind="stable")
+    at = np.searchsorted(src[order], src[order])
+    lane = np.empty(len(src), dtype=np.int64)
+    lane[order] = np.arange(len(src)) - at
+    return lane
+
+
 def steps(
     p: int, g: int, numel: int, elem_size: int = 4, *, channels: int = 1, chunk_bytes: int = CHUNK
 ) -> list[Step]:
@@ -101,16 +112,15 @@ def steps(
             src += [up_s, up_d]  # broadcast: the same edges the other way
             dst += [up_d, up_s]
             full.append(np.full(2 * len(up_s), n_t * elem_size, dtype=np.int64))
+    first = 2 * len(src[0])  # the first channel's first tree: its up then its down messages come first
     src_a, dst_a, full_a = np.concatenate(src), np.concatenate(dst), np.concatenate(full)
-    order = np.argsort(src_a, kind="stable")  # every edge is its own pipeline: one alpha per stage, so a
-    first = np.searchsorted(src_a[order], src_a[order])  # sender's k-th message is lane k
-    lane = np.empty(len(src_a), dtype=np.int64)
-    lane[order] = np.arange(len(src_a)) - first
     depth = 2 * (g - 1 + max(_depth(tr) for tr in trees))
-    chunk = np.minimum(full_a, chunk_bytes)
+    chunk = np.minimum(full_a[:first], chunk_bytes)
+    fill_lane = _lanes(src_a[:first])
     out = [
-        Step(label=f"pipeline fill {i}", src=src_a, dst=dst_a, nbytes=chunk, lane=lane)
+        Step(label=f"pipeline fill {i}", src=src_a[:first], dst=dst_a[:first], nbytes=chunk, lane=fill_lane)
         for i in range(depth - 1)
     ]
+    lane = _lanes(src_a)
     out.append(Step(label="stream", src=src_a, dst=dst_a, nbytes=full_a, lane=lane))
     return out

@@ -1,0 +1,117 @@
+"""``nccl-nvls``, ``nccl-nvlstree`` and ``nccl-collnet``: NCCL's all-reduces whose switches reduce (a flow
+schedule: the messages, not an executing collective).
+
+Symbols: ``P = M G`` ranks on ``M`` servers of ``G`` GPUs; ``S`` bytes; ``B_in`` a GPU's NVLink rate each
+way, ``B_nic`` a NIC's; ``e`` NCCL's NVLS efficiency (:data:`NVLS_EFFICIENCY`: the fraction of NVLink the
+multimem loads and stores move). Switch endpoints are :mod:`.gpufabric`'s: ``P + h`` is server ``h``'s
+NVSwitch, ``P + M + n`` the network switch of rail ``n``.
+
+* **NVLS** (one server; NVLink SHARP): reduce-scatter by ``multimem.ld_reduce`` (GPU ``k`` loads its shard
+  ``S/G`` reduced by the switch from every GPU: each GPU sends ``S/G`` per shard, ``S`` in all, and
+  receives its reduced ``S/G``), then all-gather by ``multimem.st`` (GPU ``k`` stores its shard once, the
+  switch multicasts it: each GPU sends ``S/G`` and receives ``S``). NCCL runs the two on successive chunks
+  at once, so it is one step: every GPU sends ``S (1 + 1/G) / e`` to its NVSwitch and receives as much.
+  ``T = S (1 + 1/G) / (e B_in)``; busbw ``2 (G-1)/(G+1) e B_in``.
+* **NVLSTree** (several servers): NVLS inside each server as above, and each shard (GPU ``k`` of every
+  server, on its own NIC) all-reduced across servers by NCCL's double binary tree (the trees of
+  :func:`.nccl_tree.dtree_parents`, half the shard on each; an edge carries its half up and down); all of it
+  pipelined, so one step. Per NIC about ``S/G`` each way on 2 servers, up to ``2 S/G`` on more.
+* **CollNet Direct** (InfiniBand SHARP: the network switches reduce): ``R`` head GPUs per server (one per
+  NIC link, the GPU beside it); every GPU sends each head its ``S/R`` share over NVLink, each head sends
+  the server's sum of its share to its rail's switch, which returns the sum over servers, and the head
+  sends it to every GPU of its server; one pipelined step. Per NIC ``S/R`` each way.
+
+Source: NCCL 2.17+ (NVLS, NVLSTree) and 2.12+ (CollNet); the algorithms as NCCL's maintainers describe them
+(NVIDIA/nccl-tests issues 153 and 212: "With NVLink SHARP neither the algbw nor busbw correspond to the
+bandwidth on the wire"); NVLS efficiency 0.85 on Hopper, 0.74 on Blackwell (NCCL ``src/graph/tuning.cc``,
+``nvlsEfficiency``). Simplifications: each is priced as one streaming step (NCCL's pipeline fill is in its
+latency, :mod:`.nccl_tuning`); NVLS efficiency is applied as extra bytes on the multimem flows.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from dpcomm.messages import Step
+from dpcomm.sim.network._gpuparts import shape
+from dpcomm.sim.network.nccl_tree import dtree_parents
+
+__all__ = ["NVLS_EFFICIENCY", "collnet_steps", "nvls_steps", "nvls_tree_steps"]
+
+NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
+"""Fraction of NVLink bandwidth NVLS moves (NCCL ``tuning.cc``, ``nvlsEfficiency``)."""
+
+
+def _nvls_flows(
+    m: int, g: int, nbytes: int, eff: float, nvs0: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every GPU to its NVSwitch (endpoint ``nvs0 + server``) and back, ``S (1 + 1/G) / e`` bytes each way."""
+    gpu = np.arange(m * g, dtype=np.int64)
+    nvs = nvs0 + gpu // g
+    each = int(np.ceil(nbytes * (1 + 1 / g) / eff))
+    size = np.full(2 * len(gpu), each, dtype=np.int64)
+    return np.concatenate([gpu, nvs]), np.concatenate([nvs, gpu]), size
+
+
+def nvls_steps(p: int, g: int, nbytes: int, *, eff: float, nvs0: int) -> list[Step]:
+    """NVLS all-reduce of ``nbytes`` on ``p`` ranks of one server of ``g`` GPUs (``p <= g``); ``nvs0``: the
+    first NVSwitch endpoint (the fabric's rank count)."""
+    g, m = shape(p, g)
+    if m != 1:
+        raise ValueError(f"NVLS runs inside one server, not on {m} servers")
+    if p == 1:
+        return []
+    src, dst, size = _nvls_flows(1, g, nbytes, eff, nvs0)
+    return [Step(label="nvls stream", src=src, dst=dst, nbytes=size)]
+
+
+def nvls_tree_steps(p: int, g: int, nbytes: int, *, eff: float, nvs0: int) -> list[Step]:
+    """NVLSTree all-reduce of ``nbytes`` on ``p`` ranks, servers of ``g`` GPUs (``p`` a multiple of ``g``);
+    ``nvs0``: the first NVSwitch endpoint."""
+    g, m = shape(p, g)
+    if m == 1:
+        raise ValueError("NVLSTree runs across servers: use NVLS on one")
+    src, dst, size = _nvls_flows(m, g, nbytes, eff, nvs0)
+    shard = -(-nbytes // g)
+    hosts = np.arange(m, dtype=np.int64)
+    s_net, d_net, b_net = [src], [dst], [size]
+    for t, parent in enumerate(dtree_parents(m)):
+        kid = hosts[parent >= 0]
+        half = shard // 2 + (shard % 2 if t == 0 else 0)
+        for k in range(g):  # shard k rides GPU k's NIC on every server
+            a, b = kid * g + k, parent[kid] * g + k
+            s_net += [a, b]
+            d_net += [b, a]
+            b_net.append(np.full(2 * len(a), half, dtype=np.int64))
+    return [
+        Step(
+            label="nvls-tree stream",
+            src=np.concatenate(s_net),
+            dst=np.concatenate(d_net),
+            nbytes=np.concatenate(b_net),
+        )
+    ]
+
+
+def collnet_steps(p: int, g: int, nbytes: int, *, heads: int, sw0: int) -> list[Step]:
+    """CollNet Direct all-reduce of ``nbytes`` on ``p`` ranks, servers of ``g`` GPUs, ``heads`` NIC links per
+    server (head ``n`` is the GPU beside NIC ``n``; rail ``n``'s switch is endpoint ``sw0 + n``)."""
+    g, m = shape(p, g)
+    if m == 1:
+        raise ValueError("CollNet runs across servers")
+    heads = max(1, min(heads, g))
+    per, share = g // heads, -(-nbytes // heads)
+    gpu = np.arange(p, dtype=np.int64)
+    host, local = np.divmod(gpu, g)
+    src, dst = [], []
+    for n in range(heads):
+        head = host * g + n * per
+        other = local != n * per
+        src += [gpu[other], head[other]]  # every GPU's share to the head, and the result back
+        dst += [head[other], gpu[other]]
+        hs = np.arange(m, dtype=np.int64) * g + n * per
+        sw = np.full(m, sw0 + n, dtype=np.int64)
+        src += [hs, sw]
+        dst += [sw, hs]
+    s, d = np.concatenate(src), np.concatenate(dst)
+    return [Step(label="collnet stream", src=s, dst=d, nbytes=np.full(len(s), share, dtype=np.int64))]

@@ -1,0 +1,90 @@
+"""The network transports of a multi-GPU cluster: what fraction of a NIC's line rate NCCL moves over each,
+and how long a message takes to start on it.
+
+A :class:`~dpcomm.topology.MultiGPU` names its NICs' transport (``transport=ib|roce|efa|tcp``); the flow
+model's NIC links then carry ``line rate x fraction`` unless the spec gives ``nic_eff=`` itself, and the
+start-up of a network hop adds the transport's own latency to NCCL's per-hop figure
+(:mod:`dpcomm.sim.network.nccl_tuning`). Every number has its source next to it; where a source gives a
+range, the table keeps the middle and says so.
+
+Sources, by transport:
+
+* **InfiniBand** (``ib``; HDR 200 Gb/s, NDR 400 Gb/s, XDR 800 Gb/s): 0.96 of the line rate. HDR: "we
+  usually consider 24GB/s is the peak performance per 200G NIC (12 GB/s for 100G NICs)" (NCCL maintainer
+  sjeaugey, github.com/NVIDIA/nccl-tests/issues/119); NDR: "around 48GB/s from each CX7 NIC at 400Gbps"
+  (AddyLaddy, github.com/NVIDIA/nccl-tests/issues/319; "46-48GB/s per NIC", issues/290); XDR: NCCL's own
+  fastest per-channel network speed on Blackwell, 96 GB/s of an 800 Gb/s (100 GB/s) NIC
+  (``sm100SpeedArrayInter`` in NCCL's ``src/graph/search.cc``, github.com/NVIDIA/nccl commit 5067397c).
+  InfiniBand adds nothing to NCCL's per-hop latency (its net plugin reports latency 0).
+* **RoCE** (``roce``): NCCL drives RoCE NICs with the same verbs transport as InfiniBand (``src/transport/
+  net_ib.cc``: "IB/RoCE"), and the maintainer's per-NIC rule above is stated for NICs, not link layers
+  ("12 GB/s for 100G NICs", issues/119), so the same 0.96; the start-up as InfiniBand's.
+* **EFA** (``efa``, AWS Elastic Fabric Adapter through the aws-ofi-nccl plugin): see :data:`TRANSPORTS`.
+* **TCP** (``tcp``, NCCL's socket transport): the payload fraction of a TCP stream with a 1500-byte MTU
+  when both directions are busy, 1448 / (1514 + 66/2) = 0.936 (Ethernet, IP and TCP headers and an ACK
+  per two segments: the ceiling measured on dpcomm's testbed, docs/testbed.md section 1, and the flow
+  model's own :class:`dpcomm.sim.network.Goodput`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["TRANSPORTS", "Transport", "transport"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Transport:
+    """One NIC transport: its name, NCCL's achievable fraction of the line rate, its own latency."""
+
+    key: str
+    """As written in a spec: ``ib``, ``roce``, ``efa``, ``tcp``."""
+    name: str
+    """As printed: ``InfiniBand``."""
+    fraction: float
+    """Fraction of a NIC's line rate NCCL's Simple protocol moves (the flow model's NIC ``nic_eff``)."""
+    latency_s: float
+    """Extra start-up per network hop beyond NCCL's per-hop figure (NCCL's ``latencyInter``: what the
+    net plugin reports as its latency), seconds."""
+    source: str
+    """Where ``fraction`` and ``latency_s`` come from."""
+
+
+TRANSPORTS: dict[str, Transport] = {
+    "ib": Transport(
+        key="ib",
+        name="InfiniBand",
+        fraction=0.96,  # 24 of 25 GB/s (HDR, nccl-tests#119), 48 of 50 (NDR, #319), 96 of 100 (XDR, search.cc)
+        latency_s=0.0,  # NCCL's IB plugin reports latency 0: NCCL's own NET hop figures are IB's
+        source="nccl-tests#119, #319, #290; NCCL src/graph/search.cc (sm100SpeedArrayInter)",
+    ),
+    "roce": Transport(
+        key="roce",
+        name="RoCE",
+        fraction=0.96,  # the same verbs transport as IB (NCCL net_ib.cc); "12 GB/s for 100G NICs", #119
+        latency_s=0.0,
+        source="NCCL src/transport/net_ib.cc (one verbs transport for IB and RoCE); nccl-tests#119",
+    ),
+    "efa": Transport(
+        key="efa",
+        name="EFA",
+        fraction=0.96,  # placeholder until sourced
+        latency_s=75e-6,  # what aws-ofi-nccl reports to NCCL on p4d, p4de, p5, p5e (35 us from p5en on)
+        source="aws/aws-ofi-nccl src/platform-aws.cpp (platform latency 75.0 us; 35.0 for p5en and later)",
+    ),
+    "tcp": Transport(
+        key="tcp",
+        name="TCP",
+        fraction=1448 / (1514 + 66 / 2),  # 0.936: headers and ACKs at MTU 1500, both directions busy
+        latency_s=0.0,
+        source="TCP/IP framing at MTU 1500 (docs/testbed.md section 1; dpcomm.sim.network.Goodput)",
+    ),
+}
+"""The transports a ``transport=`` key may name."""
+
+
+def transport(key: str) -> Transport:
+    """The transport named ``key`` (a ValueError naming the choices otherwise)."""
+    if key not in TRANSPORTS:
+        raise ValueError(f"transport is one of {', '.join(TRANSPORTS)}, not {key!r}")
+    return TRANSPORTS[key]
