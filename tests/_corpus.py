@@ -218,6 +218,18 @@ def _images(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.randn(4, 1, 8, 8, generator=g), torch.randint(0, 4, (4,), generator=g)
 
 
+def _zoo_gpt2() -> nn.Module:
+    from dpcomm.models import get_model
+
+    return get_model("gpt2-tiny")
+
+
+def _gpt2_tokens(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randint(0, 256, (2, 33), generator=g)
+    return x[:, :-1], x[:, 1:]
+
+
 CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dict[str, Any], ...]]] = {
     "encoder": (EncoderClassifier, _tokens(4), ALL_MODES),
     "decoder": (TorchDecoder, _tokens(None), ALL_MODES),
@@ -228,6 +240,9 @@ CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dic
     "nested": (NestedDict, _vectors, ALL_MODES),
     "bn": (BNConv, _images, ALL_MODES),
 }
+
+ZOO = {"gpt2-tiny": (_zoo_gpt2, _gpt2_tokens, ALL_MODES)}
+"""The zoo's GPT-2 (tied ``lm_head``), for the FSDP budget finding of issue 36."""
 
 
 def loss_of(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

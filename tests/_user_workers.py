@@ -21,7 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dpcomm.launch import init_worker
-from tests._corpus import CORPUS, loss_of
+from tests._corpus import CORPUS, ZOO, loss_of
 
 STEPS = 3
 LR = 0.1
@@ -228,3 +228,76 @@ def _bad_shard(kind: str, rank: int) -> None:
         dpcomm.fsdp.shard(nn.ReLU(), "per-block", example=x)
     elif kind == "weights":
         dpcomm.fsdp.shard(model, "per-block", example=x)
+
+
+def _view_warnings(caught: list[Any], model: nn.Module) -> list[str]:
+    """FSDP2's "returned a view tensor" warnings about any module but the root (a root that returns a
+    view warns under plain ``fully_shard(model)`` too)."""
+    root = type(model).__name__
+    out = []
+    for m in caught:
+        text = str(m.message)
+        if "returned a view tensor" in text and f"({root})" not in text:
+            out.append(text[:120])
+    return out
+
+
+def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case ``{model, planner, memory (fraction of the parameters' bytes or None), meta}``: ``shard``
+    against plain DDP from the same weights and random state (a meta-device model is built on ``meta``,
+    sharded, then materialised with ``to_empty`` and loaded with the reference's full state dict)."""
+    import dpcomm.fsdp
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    rank, _ = init_worker()
+    torch.set_num_threads(1)
+    out = []
+    for case in cases:
+        build, batch_of, modes = {**CORPUS, **ZOO}[case["model"]]
+        torch.manual_seed(0)
+        plain = build()
+        full = {k: v.clone() for k, v in plain.state_dict().items()}
+        if case.get("meta"):
+            with torch.device("meta"):
+                model = build()
+        else:
+            model = copy.deepcopy(plain)
+        batch = batch_of(10 + rank)
+        total = sum(p.numel() * p.element_size() for p in plain.parameters())
+        memory = case.get("memory_bytes") or (None if case.get("memory") is None else int(case["memory"] * total))
+        torch.manual_seed(100 + rank)
+        before = _rng()
+        r: dict[str, Any] = {}
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                model = dpcomm.fsdp.shard(model, case["planner"], example=batch[0], memory=memory,
+                                          profile_iters=1, verify_iters=2)  # fmt: skip
+                r["rng_same"] = bool(torch.equal(before, _rng()))
+                if case.get("meta"):  # materialise and initialise after sharding, torchtitan's way
+                    model.to_empty(device="cpu")
+                    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
+                    torch.set_rng_state(before)
+                losses, grads = _train(model, batch, None)
+            r["view_warnings"] = _view_warnings(caught, model)
+            r["text"] = str(model.dpcomm)
+            r["units"] = len(model.dpcomm.plan.units)
+            r["bound"] = model.dpcomm.peak_bound_bytes
+            r["memory"] = memory
+            torch.set_rng_state(before)
+            kw = {} if modes[0] == {} else {"find_unused_parameters": True}
+            ref = DistributedDataParallel(plain, **kw)
+            ref_losses, ref_grads = _train(ref, batch, None)
+            r.update(
+                losses=losses,
+                ref_losses=ref_losses,
+                grad_diff=_diff(grads, {k.removeprefix("module."): v for k, v in ref_grads.items()}),
+                param_diff=_diff(_params(model), _params(ref)),
+                replicas=_same_on_all_ranks(_fingerprint(model)),
+            )
+            del model, ref
+        except Exception as exc:
+            r["error"] = f"{type(exc).__name__}: {exc}"
+            r["trace"] = traceback.format_exc(limit=6)
+        out.append(r)
+    return out

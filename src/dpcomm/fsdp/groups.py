@@ -18,22 +18,29 @@ before their parents and the root (``fully_shard(model)``) last, taking whatever
    unit is *spanning*, and its bytes are added to the plan's peak as a bound;
 3. each unit's module list is lifted to the largest subtrees whose parameter-holding modules are all in
    the unit (``h.3`` rather than its eight leaves): the same parameters, fewer hooks;
-4. calls are ordered children first (a module holding parameters of unit ``j`` whose submodules hold
+4. a module whose forward never runs on the example (``nn.MultiheadAttention``'s ``out_proj``: its weight is
+   read by its parent's forward) or whose output is a view (an ``nn.Linear`` on a 3-D input: FSDP2's
+   pre-backward hook on a view is lost to an in-place op, and FSDP2 warns) is not *shardable*: its
+   parameters count as held by its nearest shardable ancestor (the root at worst), so FSDP2 gathers them
+   where they are read (:func:`shardable_modules`; without an example, every module that has a forward);
+5. calls are ordered children first (a module holding parameters of unit ``j`` whose submodules hold
    those of unit ``k`` is sharded after ``k``); a unit holding the root's own parameters is the root call,
    made last. Parameters in no layer (frozen ones) stay with the root.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+import torch
 from torch import nn
 
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp_model import FsdpPlan
 
-__all__ = ["ShardGroups", "merge_units", "shard_groups"]
+__all__ = ["ShardGroups", "merge_units", "shard_groups", "shardable_modules"]
 
 ROOT = ""
 """The root module's path (``model.named_modules()`` names it ``""``)."""
@@ -72,25 +79,80 @@ def merge_units(units: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int
     return out
 
 
-def _holders(model: nn.Module) -> dict[str, list[str]]:
+def shardable_modules(model: nn.Module, example: Any) -> frozenset[str]:
+    """Paths of the modules whose forward runs on ``example`` and returns no view that needs a gradient
+    (point 4); one forward, no backward. Run it under :func:`dpcomm.utils.user_run.untouched`."""
+    paths = {m: p for p, m in model.named_modules()}
+    ran: set[str] = {ROOT}
+    views: set[str] = set()
+
+    def hook(mod: nn.Module, _inputs: Any, output: Any) -> None:
+        ran.add(paths[mod])
+        stack, seen = [output], 0
+        while stack and seen < 64:  # outputs are a tensor, or a few nested in tuples, lists and dicts
+            o = stack.pop()
+            seen += 1
+            if isinstance(o, torch.Tensor):
+                if o.requires_grad and o._base is not None:
+                    views.add(paths[mod])
+            elif isinstance(o, tuple | list):
+                stack.extend(o)
+            elif isinstance(o, dict):
+                stack.extend(o.values())
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()]
+    try:
+        with torch.enable_grad():
+            model(*example) if isinstance(example, tuple) else model(example)
+    finally:
+        for h in handles:
+            h.remove()
+    return frozenset(ran - (views - {ROOT}))
+
+
+def _shardable(model: nn.Module, shardable: Collection[str] | None) -> Callable[[str, nn.Module], bool]:
+    def ok(path: str, mod: nn.Module) -> bool:
+        if not path:
+            return True
+        if type(mod).forward is nn.Module.forward:  # a ModuleList runs no forward: fully_shard refuses it
+            return False
+        return shardable is None or path in shardable
+
+    return ok
+
+
+def _holders(model: nn.Module, shardable: Collection[str] | None = None) -> dict[str, list[str]]:
     """Module path -> names of the parameters it holds directly, a tied one by its first name in
-    ``model.named_parameters()`` (the name traces use)."""
+    ``model.named_parameters()`` (the name traces use); a module that is not shardable hands its parameters
+    to its nearest shardable ancestor (point 4)."""
     canon = {id(p): n for n, p in model.named_parameters()}
+    ok = _shardable(model, shardable)
+    mods = dict(model.named_modules())
     direct: dict[str, list[str]] = {}
     for path, mod in model.named_modules():
         names = [canon[id(p)] for _, p in mod.named_parameters(recurse=False, remove_duplicate=False)]
-        if names:
-            direct[path] = names
+        if not names:
+            continue
+        holder = path
+        while not ok(holder, mods[holder]):
+            holder = holder.rpartition(".")[0]
+        direct.setdefault(holder, []).extend(n for n in names if n not in direct.get(holder, []))
     return direct
 
 
-def shard_groups(model: nn.Module, plan: FsdpPlan, layer_params: Sequence[Sequence[str]]) -> ShardGroups:
+def shard_groups(
+    model: nn.Module,
+    plan: FsdpPlan,
+    layer_params: Sequence[Sequence[str]],
+    shardable: Collection[str] | None = None,
+) -> ShardGroups:
     """The ``fully_shard`` calls that run ``plan`` on ``model`` (module docstring); ``layer_params``: the
-    parameter names of each of the plan's layers (forward order). A one-line :class:`UserError` where the
-    layers do not match the model, or where no call order exists."""
+    parameter names of each of the plan's layers (forward order); ``shardable``: the modules that may be a
+    unit (:func:`shardable_modules`; None: every module with a forward). A one-line :class:`UserError` where
+    the layers do not match the model, or where no call order exists."""
     if len(layer_params) != plan.num_modules:
         raise UserError(f"the plan has {plan.num_modules} modules, the model's trace {len(layer_params)}")
-    direct = _holders(model)
+    direct = _holders(model, shardable)
     known = {n for names in direct.values() for n in names}
     layer_of: dict[str, int] = {}
     for i, names in enumerate(layer_params):
@@ -134,7 +196,8 @@ def shard_groups(model: nn.Module, plan: FsdpPlan, layer_params: Sequence[Sequen
                 f"unit {k} also holds {', '.join(shared)} (a tied parameter): FSDP2 keeps it unsharded until "
                 "its last module's forward"
             )
-    lifted = [_lift(model, mods, set(direct)) if ROOT not in mods else (ROOT,) for mods in members]
+    ok = _shardable(model, shardable)
+    lifted = [_lift(model, mods, set(direct), ok) if ROOT not in mods else (ROOT,) for mods in members]
     return ShardGroups(
         units=tuple(units),
         modules=tuple(lifted),
@@ -144,9 +207,11 @@ def shard_groups(model: nn.Module, plan: FsdpPlan, layer_params: Sequence[Sequen
     )
 
 
-def _lift(model: nn.Module, mods: set[str], holders: set[str]) -> tuple[str, ...]:
+def _lift(
+    model: nn.Module, mods: set[str], holders: set[str], ok: Callable[[str, nn.Module], bool]
+) -> tuple[str, ...]:
     """The largest non-root subtrees whose parameter-holding modules all lie in ``mods`` (point 3); a
-    container that runs no forward of its own (``nn.ModuleList``) is never one, its children are."""
+    module that is not shardable (``ok``; a ``ModuleList`` runs no forward of its own) is never one."""
     below: dict[str, set[str]] = {}
     for path, _ in model.named_modules():
         if path in holders:
@@ -157,12 +222,14 @@ def _lift(model: nn.Module, mods: set[str], holders: set[str]) -> tuple[str, ...
     for path, mod in model.named_modules():  # pre-order: an ancestor comes before its descendants
         if not path or any(path.startswith(c + ".") for c in chosen):
             continue
-        if type(mod).forward is nn.Module.forward:  # a ModuleList runs no forward: fully_shard refuses it
+        if not ok(path, mod):
             continue
         if below.get(path) and below[path] <= mods:
             chosen.append(path)
     left = sorted(mods - {h for c in chosen for h in below[c]})  # holders whose subtree reaches other units
-    return tuple(chosen + left)
+    out = chosen + left
+    # a module whose ancestor is in the same call is taken by it (the other units below are sharded first)
+    return tuple(p for p in out if not any(p.startswith(q + ".") for q in out))
 
 
 def _order(lifted: list[tuple[str, ...]]) -> tuple[int, ...]:

@@ -23,6 +23,7 @@ from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, Modules, fsdp_time, peak_memory,
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.utils.sizes import parse_size
+from dpcomm.utils.user_run import on_every_rank
 
 __all__ = [
     "REPLANS",
@@ -36,10 +37,82 @@ __all__ = [
 ]
 
 
+def target_device(model: nn.Module) -> torch.device:
+    """Where ``model`` trains: its parameters' device, or for a model built on ``meta`` (to be materialised
+    after sharding, ``model.to_empty(device=...)``), the current CUDA device under NCCL, else the CPU."""
+    dev = next(model.parameters()).device
+    if dev.type != "meta":
+        return dev
+    if dist.is_initialized() and dist.get_backend() == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def is_meta(model: nn.Module) -> bool:
+    return next(model.parameters()).device.type == "meta"
+
+
 def overlap_of(model: nn.Module) -> str:
-    """The FSDP model's overlap for where ``model`` lives: ``gathers`` on CPU (asynchronous all-gathers,
+    """The FSDP model's overlap for where ``model`` trains: ``gathers`` on CPU (asynchronous all-gathers,
     blocking reduce-scatters), ``streams`` elsewhere (:mod:`dpcomm.fsdp.shard`)."""
-    return "gathers" if next(model.parameters()).device.type == "cpu" else "streams"
+    return "gathers" if target_device(model).type == "cpu" else "streams"
+
+
+def on_model_device(model: nn.Module, example: Any) -> Any:
+    """``example`` on ``meta`` for a meta-device model (its forward then costs nothing), else as given."""
+    if not is_meta(model):
+        return example
+    if isinstance(example, tuple):
+        return tuple(x.to("meta") if isinstance(x, torch.Tensor) else x for x in example)
+    return example.to("meta") if isinstance(example, torch.Tensor) else example
+
+
+def _flops_per_s(device: torch.device) -> float:
+    """Measured matrix-multiply rate of ``device`` (FLOP/s): 3 products of 256 x 256 fp32 matrices."""
+    import time
+
+    a = torch.randn(256, 256, device=device)
+    a @ a  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(3):
+        a @ a
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return 3 * 2 * 256**3 / max(time.perf_counter() - t0, 1e-9)
+
+
+def _analytic_profile(model: nn.Module, example: Any, loss_fn: Any, group: Any) -> Trace:
+    """Step 1 for a meta-device model: the gradient units from one forward and backward on ``meta`` (no
+    memory, no compute), each timed as its layers' FLOPs (:func:`dpcomm.trace.analytic.layer_costs`, shared
+    among a layer's units by parameters) over the device's measured matrix-multiply rate, averaged over
+    ranks. No parameter is materialised."""
+    from dpcomm.planner.autoplan import rank_mean
+    from dpcomm.trace.analytic import layer_costs
+    from dpcomm.trace.units import gradient_units
+
+    units = gradient_units(model, example, loss_fn)
+    costs = {c.name: c for c in layer_costs(model, example)}
+    named = dict(model.named_parameters())
+    sizes = [sum(named[n].numel() for n in u.param_names) for u in units]
+    per_module: dict[str, int] = {}
+    for u, n in zip(units, sizes, strict=True):
+        per_module[u.module] = per_module.get(u.module, 0) + n
+    rate = rank_mean([_flops_per_s(target_device(model))], group)[0]
+    rows = []
+    for u, n in zip(units, sizes, strict=True):
+        c = costs.get(u.module)
+        share = n / per_module[u.module] if per_module[u.module] else 1.0
+        f, b = (c.fwd_flops * share, c.bwd_flops * share) if c is not None else (2.0 * n, 4.0 * n)
+        rows.append(Layer(name=u.name, params=n, forward_s=f / rate, backward_s=b / rate,
+                          param_names=u.param_names, unused=u.unused))  # fmt: skip
+    first = example[0] if isinstance(example, tuple) else example
+    return Trace(
+        model=type(model).__name__, batch_size=int(first.shape[0]) if first.dim() else 1,
+        device=f"analytic:{target_device(model).type}", dtype_bytes=next(model.parameters()).element_size(),
+        layers=tuple(rows), extra={"measured_by": "dpcomm.fsdp.shard (meta: FLOPs / measured rate)"},
+    )  # fmt: skip
 
 
 def budget_bytes(memory: int | str | None) -> int | None:
@@ -56,18 +129,18 @@ def call_model(model: nn.Module, example: Any) -> Any:
     return model(*example) if isinstance(example, tuple) else model(example)
 
 
-def _profile(model: nn.Module, example: Any, loss_fn: Any, iters: int, group: Any) -> Trace:
-    """Step 1: the gradient units' times on every rank, averaged; buffers and RNG as they were."""
-    from dpcomm.planner.autoplan import rank_mean
+def _profile_local(model: nn.Module, example: Any, loss_fn: Any, iters: int) -> Trace:
+    """Step 1 on this rank: the gradient units' times (the caller restores the model: ``untouched``)."""
     from dpcomm.trace.profiler import profile
 
-    buffers = {n: b.detach().clone() for n, b in model.named_buffers()}
-    with torch.random.fork_rng(devices=[]):
-        local = profile(model, example, iters=iters, warmup=1, device=next(model.parameters()).device,
-                        loss_fn=loss_fn)  # fmt: skip
-    with torch.no_grad():
-        for n, b in model.named_buffers():
-            b.copy_(buffers[n])
+    return profile(model, example, iters=iters, warmup=1, device=next(model.parameters()).device,
+                   loss_fn=loss_fn)  # fmt: skip
+
+
+def _rank_mean_trace(model: nn.Module, local: Trace, group: Any) -> Trace:
+    """Step 1 over ranks: every unit's times averaged."""
+    from dpcomm.planner.autoplan import rank_mean
+
     n = local.num_layers
     fb = rank_mean([x.forward_s for x in local.layers] + [x.backward_s for x in local.layers], group)
     layers = tuple(
@@ -136,8 +209,19 @@ def plan_on_workers(
     name = str(method).strip().lower()
     if example is None and name == "optimal":
         raise UserError("FSDP planner 'optimal' needs the units' times: pass example=<one input batch>")
-    trace = _sizes_trace(model) if example is None else _profile(model, example, loss_fn, profile_iters,
-                                                                  process_group)  # fmt: skip
+    if example is None:
+        trace = _sizes_trace(model)
+    elif is_meta(model):
+        trace = on_every_rank(
+            lambda: _analytic_profile(model, on_model_device(model, example), loss_fn, process_group),
+            process_group, "dpcomm.fsdp.shard: running the meta-device model on the example",
+        )  # fmt: skip
+    else:
+        local = on_every_rank(
+            lambda: _profile_local(model, example, loss_fn, profile_iters), process_group,
+            "dpcomm.fsdp.shard: profiling the model on the example",
+        )  # fmt: skip
+        trace = _rank_mean_trace(model, local, process_group)
     total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
     ag, rs, _, _ = fsdp_costs(total, process_group)
     plan = plan_on_root(
@@ -154,7 +238,7 @@ def as_run(
     trace: Trace | None,
     ag: Any,
     rs: Any,
-) -> tuple[FsdpPlan, int]:
+) -> tuple[FsdpPlan, int]:  # fmt: skip
     """The plan with the units FSDP2 runs (re-modelled where merged and the trace is known), and the peak
     bound: the model's peak plus the spanning units' bytes (bytes from the model's own parameters)."""
     size = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
@@ -179,7 +263,7 @@ REPLANS = 4
 
 def within_bound(
     method: str, plan: FsdpPlan, model: nn.Module, layer_params: Any, trace: Trace, ag: Any, rs: Any,
-    budget: int | None, max_depth: int, group: Any,
+    budget: int | None, max_depth: int, group: Any, shardable: Any = None,
 ) -> FsdpPlan:  # fmt: skip
     """``plan`` (planner ``method``'s), or ``method``'s plan under a budget lowered by what FSDP2 keeps
     unsharded beyond the model's peak (a tied weight's unit, kept to its last module's forward:
@@ -190,7 +274,7 @@ def within_bound(
         return plan
     lowered = budget
     for _ in range(REPLANS):
-        groups = shard_groups(model, plan, layer_params)
+        groups = shard_groups(model, plan, layer_params, shardable)
         over = as_run(model, plan, groups, layer_params, trace, ag, rs)[1] - budget
         if over <= 0 or lowered - over < 0:
             return plan

@@ -38,6 +38,7 @@ anything is sharded.
 from __future__ import annotations
 
 import copy
+import logging
 import statistics
 import time
 from dataclasses import dataclass
@@ -49,19 +50,25 @@ from torch import nn
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.fsdp.groups import ROOT, ShardGroups, shard_groups
+from dpcomm.fsdp.groups import ROOT, ShardGroups, shard_groups, shardable_modules
 from dpcomm.fsdp.planning import (
     as_run,
     budget_bytes,
     call_model,
+    is_meta,
+    on_model_device,
     overlap_of,
     plan_on_root,
     plan_on_workers,
+    target_device,
     within_bound,
 )
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.trace.format import Trace
+from dpcomm.utils.user_run import check_same_weights, first_param, on_every_rank, untouched
+
+_log = logging.getLogger("dpcomm.fsdp")
 
 __all__ = ["Sharded", "apply_plan", "overlap_of", "plan_on_workers", "shard"]
 
@@ -92,12 +99,40 @@ class Sharded:
     """Median forward+backward seconds per candidate (slowest rank), if the trial ran."""
     overlap: str = "streams"
     """The model's overlap the plan was made and timed under: ``gathers`` on CPU, else ``streams``."""
+    said: tuple[str, ...] = ()
+    """What ``shard`` told rank 0's log besides its decision (a comparison skipped, and why)."""
+    why: str = ""
+    """Why this plan runs (as given, planned, the trial's choice, the budget)."""
+
+    def __str__(self) -> str:
+        from dpcomm.trace.names import pattern
+
+        names = [n for ns in self.layer_params for n in ns]
+        why = self.why or "as given"
+        peak = f"{self.peak_bound_bytes:,} bytes unsharded at most"
+        lines = [
+            f"dpcomm.fsdp.shard: {len(self.plan.units)} fully_shard units, prefetch depth {self.plan.depth}, "
+            f"reshard after forward {self.plan.reshard_after_forward}, {peak} ({why})"
+        ]
+        if self.trial:
+            lines.append("  candidates: trial median forward+backward (slowest rank)")
+            for name, t in self.trial.items():
+                lines.append(f"    {name:<10}{t * 1e3:9.3f} ms")
+        if self.plan.time_s == self.plan.time_s and self.plan.time_s:  # not NaN, not 0
+            lines.append(f"  the model's iteration time: {self.plan.time_s * 1e3:.3f} ms")
+        lines.append("  units in forward order:")
+        for k, (a, z) in enumerate(self.plan.units):
+            params = [n for names_ in self.layer_params[a : z + 1] for n in names_]
+            mods = ", ".join(m or "(root)" for m in self.groups.modules[k])
+            lines.append(f"    {k}: {pattern(params, names)}  [fully_shard: {mods}]")
+        lines += [f"  note: {n}" for n in (*self.groups.notes, *self.said)]
+        return "\n".join(lines)
 
 
 def _mesh(model: nn.Module, group: Any) -> Any:
     from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
-    kind = next(model.parameters()).device.type
+    kind = target_device(model).type
     if group is None:
         return init_device_mesh(kind, (dist.get_world_size(),))
     return DeviceMesh.from_group(group, kind)
@@ -146,33 +181,40 @@ def _layer_params(model: nn.Module, example: Any, loss_fn: Any) -> tuple[tuple[s
 
     if example is None:
         return tuple(u.param_names for u in layer_units(model, learnable_layers(model)))
-    with torch.random.fork_rng(devices=[]):
-        return tuple(u.param_names for u in gradient_units(model, example, loss_fn))
+    return tuple(u.param_names for u in gradient_units(model, on_model_device(model, example), loss_fn))
 
 
-def _trial(model, plans, layer_params, example, loss_fn, iters, mesh, group) -> tuple[int, list[float]]:
+def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh, group):
     """Step 4: each plan applied to a copy of ``model``, timed round-robin; the kept index and medians."""
     from dpcomm.timing import slowest
     from dpcomm.trace.profiler import default_loss
 
     copies = [copy.deepcopy(model) for _ in plans]
     for c, p in zip(copies, plans, strict=True):
-        apply_plan(c, p, shard_groups(c, p, layer_params), mesh)
+        apply_plan(c, p, shard_groups(c, p, layer_params, shardable), mesh)
+    device = target_device(model)
     times: list[list[float]] = [[] for _ in plans]
-    with torch.random.fork_rng(devices=[]):
-        for step in range(len(plans) * (1 + iters)):  # one untimed pass each: FSDP2's lazy init
-            k = step % len(plans)
-            for p in copies[k].parameters():
-                p.grad = None
-            t0 = time.perf_counter()
-            (loss_fn or default_loss)(call_model(copies[k], example)).backward()
-            if step >= len(plans):
-                times[k].append(time.perf_counter() - t0)
+    for step in range(len(plans) * (1 + iters)):  # one untimed pass each: FSDP2's lazy init
+        k = step % len(plans)
+        for p in copies[k].parameters():
+            p.grad = None
+        _synchronize(device)
+        t0 = time.perf_counter()
+        (loss_fn or default_loss)(call_model(copies[k], example)).backward()
+        _synchronize(device)
+        if step >= len(plans):
+            times[k].append(time.perf_counter() - t0)
+    del copies
     medians = slowest([statistics.median(t) for t in times], group)
     best = min(range(len(plans)), key=medians.__getitem__)
     if medians[-1] <= medians[best] * (1 + _PREFER_WITHIN):
         best = len(plans) - 1  # the last candidate is per-block
     return best, medians
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _shape(p: FsdpPlan) -> tuple[Any, ...]:
@@ -200,47 +242,75 @@ def shard(
     candidate in the trial (``optimal`` only; 0: keep the planned plan untimed). ``layer_params``: with a
     given plan, the parameter names of each of its layers (default: the gradient units of ``example``, else
     the learnable layers). Build the optimizer after.
+
+    A model built under ``torch.device("meta")`` is planned without materialising it (its units from a
+    forward and backward on ``meta``, their times from FLOPs, :func:`dpcomm.fsdp.planning.plan_on_workers`)
+    and sharded on ``meta``; materialise and initialise it after, as with ``fully_shard``
+    (``model.to_empty(device=...)``, then your initialisation). The model's gradients, buffers, training
+    flags and the random state are as they were (:mod:`dpcomm.utils.user_run`).
     """
     if not dist.is_initialized():
         raise UserError(
             "dpcomm.fsdp.shard needs torch.distributed initialised (dist.init_process_group(...))"
         )
+    first_param(model, "dpcomm.fsdp.shard")
     budget = budget_bytes(memory)
+    check_same_weights(model, process_group, "dpcomm.fsdp.shard")
     trace = ag = rs = None
     trial = None
-    if isinstance(plan, str):
-        requested, trace, ag, rs = plan_on_workers(
-            model, plan, example=example, loss_fn=loss_fn, memory=budget, profile_iters=profile_iters,
-            max_depth=max_depth, process_group=process_group,
-        )  # fmt: skip
-        layer_params = tuple(tuple(x.param_names) for x in trace.layers)
-    else:
-        requested = plan
-        if layer_params is None:
-            layer_params = _layer_params(model, example, loss_fn)
-        layer_params = tuple(tuple(x) for x in layer_params)
-    if trace is not None:
-        requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
-                                  budget, max_depth, process_group)  # fmt: skip
-    kept = requested
-    mesh = _mesh(model, process_group)
-    if (trace is not None and example is not None and verify_iters > 0 and requested.method == "optimal"
-            and dist.get_world_size(process_group) > 1):  # fmt: skip
-        try:
-            block = plan_on_root(
-                "per-block", trace, ag, rs, budget, max_depth, process_group, overlap_of(model)
-            )
-            block = within_bound("per-block", block, model, layer_params, trace, ag, rs, budget, max_depth,
-                                  process_group)  # fmt: skip
-        except UserError:  # no blocks, or per-block does not fit: nothing to time against
-            block = None
-        if block is not None and _shape(block) != _shape(requested):
-            best, medians = _trial(model, [requested, block], layer_params, example, loss_fn, verify_iters,
-                                   mesh, process_group)  # fmt: skip
-            kept = [requested, block][best]
-            trial = {"optimal": medians[0], "per-block": medians[1]}
-    groups = shard_groups(model, kept, layer_params)
-    run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs)
+    said: list[str] = []
+    with untouched(model):
+        shardable = None
+        if example is not None:
+            shardable = on_every_rank(
+                lambda: shardable_modules(model, on_model_device(model, example)), process_group,
+                "dpcomm.fsdp.shard: running the model on the example",
+            )  # fmt: skip
+        if isinstance(plan, str):
+            requested, trace, ag, rs = plan_on_workers(
+                model, plan, example=example, loss_fn=loss_fn, memory=budget, profile_iters=profile_iters,
+                max_depth=max_depth, process_group=process_group,
+            )  # fmt: skip
+            layer_params = tuple(tuple(x.param_names) for x in trace.layers)
+        else:
+            requested = plan
+            if layer_params is None:
+                layer_params = _layer_params(model, example, loss_fn)
+            layer_params = tuple(tuple(x) for x in layer_params)
+        if trace is not None:
+            requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
+                                      budget, max_depth, process_group, shardable)  # fmt: skip
+        kept = requested
+        why = "as given" if trace is None else f"planned by '{requested.method}'"
+        mesh = _mesh(model, process_group)
+        groups = shard_groups(model, kept, layer_params, shardable)
+        run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs)
+        fits = budget is None or bound <= budget
+        if not fits and trace is not None and kept.method != "per-block":
+            block = _comparison(model, trace, ag, rs, budget, max_depth, process_group, layer_params,
+                                shardable, [])  # fmt: skip
+            if block is not None:  # the planner's units merged past the budget where FSDP2 cannot cut
+                said.append(
+                    f"'{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it (units merged where "
+                    f"it cannot cut), over the budget of {budget:,}; running per-block, which fits"
+                )
+                kept, why, fits = block, "per-block: the plan does not fit the budget as FSDP2 runs it", True
+        timed = (fits and kept is requested and example is not None and verify_iters > 0
+                 and requested.method == "optimal" and dist.get_world_size(process_group) > 1)  # fmt: skip
+        if timed and is_meta(model):
+            said.append("not timed against per-block: the model is on the meta device (nothing to run)")
+        elif timed:
+            block = _comparison(model, trace, ag, rs, budget, max_depth, process_group, layer_params, shardable,
+                                said)  # fmt: skip
+            if block is not None and _shape(block) != _shape(requested):
+                best, medians = _trial(model, [requested, block], layer_params, shardable, example, loss_fn,
+                                       verify_iters, mesh, process_group)  # fmt: skip
+                kept = [requested, block][best]
+                trial = {"optimal": medians[0], "per-block": medians[1]}
+                why = "fastest in the timed trial" if best == 0 else (
+                    "per-block: the plan was not measurably (> 2%) faster in the timed trial")  # fmt: skip
+        groups = shard_groups(model, kept, layer_params, shardable)
+        run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs)
     if budget is not None and bound > budget:
         raise UserError(
             f"FSDP plan '{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it, over the budget of "
@@ -249,6 +319,30 @@ def shard(
     apply_plan(model, run, groups, mesh)
     model.dpcomm = Sharded(
         plan=run, requested=requested, groups=groups, layer_params=layer_params, peak_bound_bytes=bound,
-        trace=trace, ag_cost=ag, rs_cost=rs, trial=trial, overlap=overlap_of(model),
+        trace=trace, ag_cost=ag, rs_cost=rs, trial=trial, overlap=overlap_of(model), said=tuple(said),
+        why=why,
     )  # fmt: skip
+    if dist.get_rank(process_group) == 0:
+        _log.info(str(model.dpcomm).splitlines()[0])
+        for line in said:
+            _log.info("dpcomm.fsdp.shard: %s", line)
     return model
+
+
+def _comparison(model, trace, ag, rs, budget, max_depth, group, layer_params, shardable, said):
+    """The trial's comparison plan, ``per-block`` within the budget as FSDP2 runs it, or None (said why)."""
+    try:
+        block = plan_on_root("per-block", trace, ag, rs, budget, max_depth, group, overlap_of(model))
+        block = within_bound("per-block", block, model, layer_params, trace, ag, rs, budget, max_depth, group,
+                             shardable)  # fmt: skip
+    except UserError as exc:  # no blocks, or per-block does not fit: nothing to time against
+        said.append(f"not timed against per-block: {exc}")
+        return None
+    bound = as_run(model, block, shard_groups(model, block, layer_params, shardable), layer_params, trace, ag,
+                   rs)[1]  # fmt: skip
+    if budget is not None and bound > budget:
+        said.append(
+            f"not timed against per-block: it needs {bound:,} bytes unsharded, over the budget of {budget:,}"
+        )
+        return None
+    return block
