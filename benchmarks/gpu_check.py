@@ -133,14 +133,16 @@ def profile_case(device: torch.device, models: dict[str, int]) -> dict[str, Any]
         ratio = layers_s / iteration_s
         rows[name] = {"batch": batch, "layers": trace.num_layers, "layers_s": layers_s,
                       "iteration_s": iteration_s, "ratio": ratio, "device": trace.device}  # fmt: skip
-        checks[name] = 0.7 <= ratio <= 1.3 or device.type == "cpu"  # the CPU: the machine's load decides
+        # a sanity bound: the hooks' launch gaps put the sums up to 41% above (docs/traces.md, H100 fp32);
+        # a host-only reading of queued kernels would be far off. The CPU: the machine's load decides.
+        checks[name] = 0.5 <= ratio <= 2.0 or device.type == "cpu"
         del model
     return {"models": rows, "checks": checks}
 
 
 def timing_case(ctx: Ctx, group: Any) -> dict[str, Any]:
     """A collective queued behind ``busy_s`` of device work: time_calls counts it, the host alone does not."""
-    from dpcomm.timing import time_calls
+    from dpcomm.timing import synchronize, time_calls
 
     dev, busy_s = ctx.device, 0.02
     if dev.type == "cuda":
@@ -171,7 +173,7 @@ def timing_case(ctx: Ctx, group: Any) -> dict[str, Any]:
         work = call()
         host.append(time.perf_counter() - t0)
         work.wait()
-        torch.cuda.synchronize(dev) if dev.type == "cuda" else None
+        synchronize(dev)
     checks = {"counts_the_queued_work": min(timed) >= 0.9 * busy_s}
     if dev.type == "cuda":
         checks["the_host_alone_does_not"] = statistics.median(host) < 0.5 * busy_s
