@@ -101,3 +101,134 @@ def test_calibrate_two_workers_writes_a_valid_network(tmp_path, capsys):
     assert r2 <= 1.0
     cost = allreduce_cost(net, 2)
     assert isinstance(cost, MeasuredCost) and cost(65536.0) == max(t for m, t in table if m <= 65536.0)
+
+
+# --- dpcomm calibrate --from-nccl-tests: a cluster's own nccl-tests table, fitted to its topology ---------
+
+
+def _nccl_tests_log(rows, ranks=None, host="node", per_host=8, extra=""):
+    """An all_reduce_perf output with ``rows`` of ``(bytes, seconds)`` (nccl-tests 2.13's columns)."""
+    head = ["# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20", "#"]
+    for r in range(ranks or 0):
+        head.append(f"#  Rank {r:2d} Group  0 Pid {100 + r} on {host}-{r // per_host} device {r % per_host} [0x1]")
+    body = []
+    for n, t in rows:
+        us, p = t * 1e6, ranks or 16
+        alg = n / us / 1e3
+        bus = alg * 2 * (p - 1) / p
+        body.append(f"{n:12d} {n // 4:12d}     float     sum      -1  {us:9.2f} {alg:7.2f} {bus:7.2f}      0"
+                    f"  {us:9.2f} {alg:7.2f} {bus:7.2f}      0")  # fmt: skip
+    return "\n".join([*head, extra, *body, "# Avg bus bandwidth    : 1.0", ""])
+
+
+def _model_rows(spec, algo, alpha, sizes):
+    from dpcomm.sim.network import make_fabric, simulate_allreduce
+    from dpcomm.sim.network.pricing import default_model
+
+    model = default_model(make_fabric(spec, 10e9), alpha)
+    return [(n, simulate_allreduce(model, algo, n)[0].time_s) for n in sizes]
+
+
+SIZES = [8 << k for k in range(0, 14)] + [64 << 20, 128 << 20, 256 << 20, 512 << 20, 1 << 30]
+
+
+@pytest.mark.parametrize(
+    ("truth", "given", "algo"),
+    [
+        # A100, 4 HDR NICs per server, 3 servers: NIC-bound ring; the NIC fraction is recovered
+        ("gpus:3,8,nvlink=300GB/s,intra_eff=230/300,nics=4,nic=200gbit,nic_eff=0.81,arch=ampere",
+         "gpus:3,8,nvlink=300GB/s,intra_eff=230/300,nics=4,nic=200gbit,arch=ampere", "nccl"),
+        # H100 on 2 servers, NCCL's choice (NVLSTree at large sizes), a slower fabric than the preset's
+        ("dgx-h100:2,nic_eff=0.7,intra_eff=0.7", "dgx-h100:2", "nccl"),
+        # one server, forced ring: the NVLink fraction
+        ("dgx-h100:1,intra_eff=0.75", "dgx-h100:1", "nccl-ring"),
+    ],
+)  # fmt: skip
+def test_from_nccl_tests_round_trips(tmp_path, capsys, truth, given, algo):
+    from dpcomm.topology import parse_multigpu
+
+    p = parse_multigpu(truth).servers
+    rows = _model_rows(truth, algo, 3e-6, SIZES)
+    log = tmp_path / "all_reduce.log"
+    log.write_text(_nccl_tests_log(rows, ranks=p))
+    out = tmp_path / "net.json"
+    argv = ["calibrate", "--from-nccl-tests", str(log), "--topology", given, "-o", str(out)]
+    assert main([*argv, *(["--algo", algo] if algo != "nccl" else [])]) == 0
+    net = load_network(out)
+    assert net.fabric["alpha_s"] == pytest.approx(3e-6, rel=0.02)  # the start-up, from 8 B .. 64 KiB
+    refit = _model_rows(net.fabric["topology"], algo, net.fabric["alpha_s"], SIZES)
+    for (n, t), (_, got) in zip(rows, refit, strict=True):
+        if n >= 64 << 20:
+            assert abs(got / t - 1) < 0.05, (n, got, t)  # reproduces the table within 5% at 64 MB and up
+    if "nics=4" in truth:
+        assert net.fabric["nic_eff"] == pytest.approx(0.81, rel=0.01)
+    assert net.allreduce_tables[p][0] == (8.0, pytest.approx(rows[0][1], rel=1e-3))
+    assert "within" in capsys.readouterr().out
+
+
+def test_the_fitted_file_serves_simulate_and_netsim_on_other_server_counts(tmp_path, capsys):
+    truth = "gpus:2,8,nvlink=300GB/s,intra_eff=230/300,nics=4,nic=200gbit,nic_eff=0.6,arch=ampere"
+    log = tmp_path / "a.log"
+    log.write_text(_nccl_tests_log(_model_rows(truth, "nccl-ring", 2e-6, SIZES), extra="NCCL_ALGO=Ring"))
+    given = "gpus:2,8,nvlink=300GB/s,intra_eff=230/300,nics=4,nic=200gbit,arch=ampere"
+    out = tmp_path / "net.json"
+    assert main(["calibrate", "--from-nccl-tests", str(log), "--topology", given, "-o", str(out)]) == 0
+    assert load_network(out).fabric["algorithm"] == "nccl-ring"  # the log forced it (NCCL_ALGO=Ring)
+    capsys.readouterr()
+    four = given.replace("gpus:2,", "gpus:4,")
+    argv = ["netsim", "--topology", four, "--algorithms", "nccl-ring", "--sizes", "1G", "--json"]
+    assert main([*argv, "--network", str(out)]) == 0
+    fitted = __import__("json").loads(capsys.readouterr().out)[0]["busbw_GBps"]
+    assert main(argv) == 0
+    preset = __import__("json").loads(capsys.readouterr().out)[0]["busbw_GBps"]
+    assert fitted == pytest.approx(4 * 25 * 0.6, rel=0.03) and preset > 1.4 * fitted  # 4 NICs x 25 GB/s x 0.6
+    sim = ["simulate", "--trace", "resnet50-k80-b32", "--nodes", "32", "--topology", four, "--json"]
+    assert main([*sim, "--network", str(out), "--schedules", "ddp"]) == 0
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("", "no all_reduce_perf rows"),
+        ("#  size count type\nnot a table at all\n", "no all_reduce_perf rows"),
+        ("     8  2  float  sum  -1  -3.0  0.00  0.00  0  3.0  0.00  0.00  0\n", "not a positive number"),
+        ("    8  2  float  sum  -1  30.0  0.00  0.00  0  30.0  0.00  0.00  0\n", "no row of 67,108,864 bytes"),
+    ],
+)
+def test_malformed_nccl_tests_log_is_one_line(tmp_path, capsys, text, words):
+    log = tmp_path / "bad.log"
+    log.write_text(text)
+    out = tmp_path / "net.json"
+    argv = ["calibrate", "--from-nccl-tests", str(log), "--topology", "dgx-h100:2", "-o", str(out)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("dpcomm: error: ") and words in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    ("extra", "words"),
+    [
+        (["--topology", "star:4"], "servers of GPUs"),
+        ([], "needs --topology"),
+        (["--topology", "dgx-h100:4"], "ran on 16 ranks on 2 servers"),
+        (["--topology", "dgx-h100:2", "--nproc", "2"], "give one"),
+        (["--topology", "dgx-h100:2", "--algo", "nccl-warp"], "unknown algorithm"),
+    ],
+)
+def test_from_nccl_tests_bad_arguments(tmp_path, capsys, extra, words):
+    log = tmp_path / "a.log"
+    log.write_text(_nccl_tests_log(_model_rows("dgx-h100:2", "nccl", 2e-6, SIZES), ranks=16))
+    assert main(["calibrate", "--from-nccl-tests", str(log), *extra, "-o", str(tmp_path / "n.json")]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
+
+
+def test_a_missing_or_binary_log_is_one_line(tmp_path, capsys):
+    for path, words in ((tmp_path / "none.log", "no such file"), (tmp_path / "bin.log", "not a text file")):
+        if path.name == "bin.log":
+            path.write_bytes(b"\xff\xfe\x00\x81" * 10)
+        argv = ["calibrate", "--from-nccl-tests", str(path), "--topology", "dgx-h100:2", "-o", str(tmp_path / "n")]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert words in err and err.count("\n") == 1

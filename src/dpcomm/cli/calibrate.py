@@ -1,7 +1,14 @@
-"""Measure this machine's allreduce with P local workers, fit T_ar(M) = a + b*M, and write a network file.
+"""Measure this machine's allreduce with P local workers, fit T_ar(M) = a + b*M, and write a network file;
+or fit a cluster's own nccl-tests table to its topology.
 
 Example: ``dpcomm calibrate --nproc 4 -o net.json`` (then ``dpcomm plan --network net.json ...``).
 Sizes take K/M/G suffixes (powers of 1024): ``--sizes 4K 64K 1M``.
+
+``dpcomm calibrate --from-nccl-tests all_reduce.log --topology dgx-h100:2 -o mycluster.json`` reads an
+``all_reduce_perf`` output and fits that cluster's start-up (from its rows of 8 B to 64 KiB) and
+achievable NIC and intra-server fractions (from its rows of 64 MiB and up) on the topology
+(:mod:`dpcomm.sim.network.fit`); the file then serves ``plan --network``, and ``simulate``/``netsim
+--network mycluster.json --topology dgx-h100:S`` on any server count of that cluster.
 """
 
 from __future__ import annotations
@@ -12,12 +19,25 @@ import re
 from dpcomm.errors import UserError
 
 COMMAND = "calibrate"
-HELP = "time real allreduce on P local workers, fit a + b*M (R^2), write a network file"
+HELP = "time allreduce on P local workers, or read a cluster's nccl-tests log; fit it; write a network file"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     # Numbers are read as text and checked in run(), so a bad value is one line and exit status 2.
-    parser.add_argument("--nproc", required=True, metavar="P", help="local worker processes (>= 2)")
+    parser.add_argument("--nproc", metavar="P", help="local worker processes (>= 2)")
+    parser.add_argument(
+        "--from-nccl-tests",
+        metavar="LOG",
+        help="fit an all_reduce_perf output instead of timing local workers (needs --topology)",
+    )
+    parser.add_argument(
+        "--topology", metavar="T", help="with --from-nccl-tests: the cluster it ran on (dgx-h100:S, gpus:S,G,...)"
+    )
+    parser.add_argument(
+        "--algo",
+        metavar="A",
+        help="with --from-nccl-tests: the algorithm that ran (default: the one the log forced, else nccl)",
+    )
     parser.add_argument(
         "--sizes",
         nargs="+",
@@ -42,6 +62,15 @@ def _int(flag: str, text: str) -> int:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.from_nccl_tests is not None:
+        if args.nproc is not None:
+            raise UserError("--nproc times local workers, --from-nccl-tests reads a log: give one")
+        return _from_nccl_tests(args)
+    if args.nproc is None:
+        raise UserError("give --nproc P (time local workers) or --from-nccl-tests LOG --topology T")
+    for flag in ("topology", "algo"):
+        if getattr(args, flag) is not None:
+            raise UserError(f"--{flag} goes with --from-nccl-tests")
     from rich.console import Console
     from rich.table import Table
 
@@ -90,4 +119,60 @@ def run(args: argparse.Namespace) -> int:
     console.print(f"ring: alpha = a/(2(N-1)) = {net.alpha * 1e6:.2f} us{clamped}", highlight=False)
     console.print(f"ring: beta = b*N/(2(N-1)) = {net.beta * 1e9:.4f} ns/byte", highlight=False)
     console.print(f'wrote {path} (measured table under allreduce_tables["{cal.nproc}"])', highlight=False)
+    return 0
+
+
+def _from_nccl_tests(args: argparse.Namespace) -> int:
+    """``--from-nccl-tests LOG --topology T``: fit, print the rows, write the network file."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from dpcomm.costmodel.calibrate import ring_alpha_beta
+    from dpcomm.costmodel.fit import fit_line
+    from dpcomm.costmodel.network import Network, save_network
+    from dpcomm.sim.network.algorithms import parse_algorithm
+    from dpcomm.sim.network.fit import LARGE, fit_nccl_tests
+    from dpcomm.sim.network.nccl_tests import read_log
+    from dpcomm.utils.io import check_output_path
+
+    check_output_path(args.output, make_folders=False)
+    if args.topology is None:
+        raise UserError("--from-nccl-tests needs --topology (the cluster the log ran on: dgx-h100:S, gpus:S,G,...)")
+    if args.algo is not None:
+        parse_algorithm(args.algo)
+    log = read_log(args.from_nccl_tests)
+    fit = fit_nccl_tests(log, args.topology, args.algo)
+    p = fit.topology.servers
+    line = fit_line([(n, t) for n, t in log.rows], weighting="relative") if len(log.rows) >= 2 else None
+    alpha_ring, beta = ring_alpha_beta(*line.coef, p) if line is not None and p > 1 else (0.0, 0.0)
+    alpha = fit.alpha_s if fit.alpha_s is not None else alpha_ring
+    net = Network(
+        name=args.name or f"{args.topology} (nccl-tests)",
+        alpha=alpha,
+        beta=max(beta, 0.0),
+        source=f"dpcomm calibrate --from-nccl-tests {args.from_nccl_tests} --topology {args.topology}",
+        allreduce_tables={p: tuple((float(n), t) for n, t in log.rows)} if len(log.rows) >= 2 else {},
+        fabric=fit.to_dict(),
+    )
+    path = save_network(net, args.output)
+    console = Console()
+    table = Table(title=f"all_reduce on {args.topology} ({p} GPUs), {fit.algorithm}: measured and fitted")
+    for col in ("bytes", "measured us", "model us", "error"):
+        table.add_column(col, justify="right")
+    for n, t, g in fit.rows:
+        table.add_row(f"{n:,}", f"{t * 1e6:,.1f}", f"{g * 1e6:,.1f}", f"{g / t - 1:+.1%}")
+    console.print(table)
+    errs = [abs(e) for e in fit.errors()]
+    start = (
+        f"start-up {fit.startup_s * 1e6:.1f} us at {min(n for n, _ in log.rows):,} B = {fit.alpha_s * 1e6:.3f} us "
+        "per message"
+        if fit.alpha_s is not None
+        else "no rows of 64 KiB or less: NCCL's latency model kept"
+    )
+    console.print(
+        f"fitted: nic_eff {fit.topology.nic_fraction:.4f}, intra_eff {fit.topology.intra_eff:.4f}; {start}; "
+        f"{len(errs)} rows of {LARGE >> 20} MiB and up within {max(errs):.1%}",
+        highlight=False,
+    )
+    console.print(f"wrote {path} (fabric: {fit.topology.spec})", highlight=False)
     return 0

@@ -33,7 +33,7 @@ import time
 
 from dpcomm.errors import UserError
 
-__all__ = ["fabric_for", "flow_cost_for", "tcp_note"]
+__all__ = ["fabric_for", "flow_cost_for", "network_startup", "tcp_note"]
 
 COMMAND = "netsim"
 HELP = "flow-level simulation of allreduce on star, fattree, bcube, leafspine and multi-GPU (NCCL) clusters"
@@ -73,6 +73,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--block-bytes", metavar="B", help="LP block, K/M suffixes (default: the cost model's optimum)"
     )
+    parser.add_argument(
+        "--network",
+        metavar="FILE",
+        help="a network file: its start-up (and, fitted by calibrate --from-nccl-tests, its fabric's rates)",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
     parser.add_argument("--plot", metavar="PNG", help="write link utilisation per algorithm (largest size)")
 
@@ -87,15 +92,21 @@ def _number(flag: str, text: str, kind=float, most: float = _MAX_ALPHA_US) -> fl
     return value
 
 
-def fabric_for(args: argparse.Namespace):
+def fabric_for(args: argparse.Namespace, net=None):
     """The fabric of ``--topology`` with ``--rate`` and ``--mtu`` (netsim's and simulate's): on a multi-GPU
     spec that sets its NICs' rate, ``--rate`` is a one-line error, and ``--mtu`` is one on any multi-GPU
-    spec (no TCP framing); nothing given is silently dropped."""
+    spec (no TCP framing); nothing given is silently dropped. ``net``: a network whose file carries a
+    fitted fabric (``dpcomm calibrate --from-nccl-tests``) puts its achievable fractions on a multi-GPU
+    topology (:func:`dpcomm.sim.network.fit.apply_fit`)."""
     from dpcomm.sim.network import Goodput, make_fabric, parse_fabric_topology
     from dpcomm.testbed.config import parse_rate
     from dpcomm.topology import MultiGPU
 
     topo = parse_fabric_topology(args.topology)
+    if net is not None and net.fabric and isinstance(topo, MultiGPU):
+        from dpcomm.sim.network.fit import apply_fit
+
+        topo = apply_fit(topo, net.fabric)
     if isinstance(topo, MultiGPU):
         if args.rate is not None and topo.nic_bps is not None:
             raise UserError(
@@ -126,14 +137,25 @@ def tcp_note(fabric, alpha_s: float, what: str) -> str | None:
     return None
 
 
-def flow_cost_for(args: argparse.Namespace, most_nodes: int, alpha_s: float | None):
+def network_startup(net, fabric) -> float | None:
+    """The start-up per message a network gives a fabric: a fitted file's own for the multi-GPU fabric it
+    was fitted to (None where it kept NCCL's latency model), else the network's alpha."""
+    from dpcomm.topology import MultiGPU
+
+    if net.fabric and isinstance(fabric.topology, MultiGPU):
+        return net.fabric.get("alpha_s")
+    return net.alpha
+
+
+def flow_cost_for(args: argparse.Namespace, most_nodes: int, alpha_s: float | None, net=None):
     """``nodes -> CommCost`` by the flow model for ``dpcomm simulate --topology T``: the ``--algo`` all-reduce
-    on the first ``nodes`` servers of T; ``alpha_s`` per message (None: the fabric's own start-up)."""
+    on the first ``nodes`` servers of T; ``alpha_s`` per message (None: the fabric's own start-up); ``net``
+    a network whose fitted fabric applies (:func:`fabric_for`)."""
     from dpcomm.sim.network.pricing import default_model, flow_cost_factory
 
     if args.linear_cost:
         raise UserError("--linear-cost and --topology are two different costs: give one")
-    fabric = fabric_for(args)
+    fabric = fabric_for(args, net)
     if most_nodes > fabric.servers:
         raise UserError(
             f"--nodes {most_nodes} does not fit on the {fabric.servers} servers of {args.topology}"
@@ -157,7 +179,14 @@ def run(args: argparse.Namespace) -> int:
     if args.block_bytes is not None:
         block = parse_size(args.block_bytes, what="--block-bytes", minimum=1, maximum=MAX_BYTES)
     sizes = parse_sizes(args.sizes, what="--sizes", minimum=4, maximum=MAX_BYTES)  # at least one float32
-    fabric = fabric_for(args)  # at most MAX_SERVERS, checked first
+    net = None
+    if args.network is not None:
+        from dpcomm.costmodel import resolve_network
+
+        net = resolve_network(args.network)
+    fabric = fabric_for(args, net)  # at most MAX_SERVERS, checked first
+    if net is not None and alpha is None:
+        alpha = network_startup(net, fabric)
     multi = isinstance(fabric.topology, MultiGPU)
     chosen = args.algorithms if args.algorithms is not None else ("nccl" if multi else "ring,be,mst,lp,ps")
     algos = [a.strip() for a in chosen.split(",") if a.strip()]
@@ -169,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
     for a in algos:  # every case's flows are bounded before the first is simulated
         for s in sizes:
             check_allreduce(a, fabric, s, model.alpha_s, block)
-    note = tcp_note(fabric, alpha, "--alpha-us") if alpha is not None else None
+    note = tcp_note(fabric, alpha, "--alpha-us" if args.alpha_us else f"--network {args.network}") if alpha else None
     if note:
         print(note, file=sys.stderr)
     from rich.progress import Progress

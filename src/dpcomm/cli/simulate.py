@@ -126,19 +126,22 @@ def _flow_cost(args: argparse.Namespace, most_nodes: int):
     """``(nodes -> CommCost, flow model)`` of ``--topology``: ``--algo`` (default ``nccl`` on servers of
     several GPUs, else ``ring``), the start-up of ``--network`` (default: the fabric's own; a TCP one on an
     InfiniBand fabric gets a one-line note)."""
-    from dpcomm.cli.netsim import fabric_for, flow_cost_for, tcp_note
+    from dpcomm.cli.netsim import fabric_for, flow_cost_for, network_startup, tcp_note
     from dpcomm.costmodel import resolve_network
     from dpcomm.topology import MultiGPU
 
-    multi = isinstance(fabric_for(args).topology, MultiGPU)
+    net = resolve_network(args.network) if args.network is not None else None
+    fabric = fabric_for(args, net)
+    multi = isinstance(fabric.topology, MultiGPU)
     if args.algo is None:
         args.algo = "nccl" if multi else "ring"
     alpha = None
-    if args.network is not None or not multi:
-        net = resolve_network(args.network if args.network is not None else "10gbe")
-        alpha = net.alpha
-    cost, model = flow_cost_for(args, most_nodes, alpha)
-    note = tcp_note(model.fabric, alpha, f"--network {args.network}") if args.network is not None else None
+    if net is not None:
+        alpha = network_startup(net, fabric)
+    elif not multi:
+        alpha = resolve_network("10gbe").alpha
+    cost, model = flow_cost_for(args, most_nodes, alpha, net)
+    note = tcp_note(model.fabric, alpha, f"--network {args.network}") if alpha is not None and net else None
     if note:
         print(note, file=sys.stderr)
     return cost, model

@@ -7,7 +7,10 @@ A network file is JSON::
 
     {"format": "dpcomm-network/1", "alpha_s": 4.526e-05, "beta_s_per_byte": 8e-10, "gamma_s_per_byte": 0.0,
      "name": "my-cluster",                           # optional
-     "allreduce_tables": {"8": [[bytes, seconds], ...]}}   # optional measured tables per node count
+     "allreduce_tables": {"8": [[bytes, seconds], ...]},   # optional measured tables per node count
+     "fabric": {"topology": "gpus:2,8,...", "nic_eff": 0.93, "intra_eff": 0.8, "alpha_s": 2.1e-06, ...}}
+                                                     # optional: a multi-GPU fabric fitted to nccl-tests
+                                                     # (dpcomm calibrate --from-nccl-tests)
 """
 
 from __future__ import annotations
@@ -42,6 +45,9 @@ class Network:
     """Where the figures come from."""
     allreduce_tables: dict[int, tuple[tuple[float, float], ...]] = field(default_factory=dict)
     """Measured all-reduce (bytes, seconds) tables keyed by node count, if any."""
+    fabric: dict[str, Any] = field(default_factory=dict)
+    """A multi-GPU fabric fitted to the cluster's nccl-tests table (``dpcomm calibrate --from-nccl-tests``:
+    ``topology``, ``nic_eff``, ``intra_eff``, ``alpha_s`` or null, ...), empty if none."""
 
     def __post_init__(self) -> None:
         for key in ("alpha", "beta", "gamma"):
@@ -61,6 +67,8 @@ class Network:
             out["source"] = self.source
         if self.allreduce_tables:
             out["allreduce_tables"] = {str(n): [list(p) for p in t] for n, t in self.allreduce_tables.items()}
+        if self.fabric:
+            out["fabric"] = dict(self.fabric)
         return out
 
 
@@ -136,6 +144,20 @@ def network_from_dict(obj: Any, source: str = "network") -> Network:
                 raise UserError(f"{source}: field '{where}[{i}]' must be [bytes >= 0, seconds >= 0]")
             pts.append((float(row[0]), float(row[1])))
         tables[int(key)] = tuple(pts)
+    fabric = obj.get("fabric", {})
+    if not isinstance(fabric, dict):
+        raise UserError(f"{source}: field 'fabric' must be an object")
+    if fabric:
+        for key in ("nic_eff", "intra_eff"):
+            v = fabric.get(key)
+            if isinstance(v, bool) or not isinstance(v, int | float) or not 0 < v <= 1:
+                raise UserError(f"{source}: field 'fabric.{key}' must be a fraction in (0, 1], got {v!r}")
+        a = fabric.get("alpha_s")
+        if a is not None and (isinstance(a, bool) or not isinstance(a, int | float) or not 0 <= a < 1):
+            raise UserError(f"{source}: field 'fabric.alpha_s' must be seconds in [0, 1) or null, got {a!r}")
+        g = fabric.get("gpus_per_server")
+        if g is not None and (isinstance(g, bool) or not isinstance(g, int) or g < 1):
+            raise UserError(f"{source}: field 'fabric.gpus_per_server' must be an integer >= 1, got {g!r}")
     name = obj.get("name", str(source))
     return Network(
         name=str(name),
@@ -144,6 +166,7 @@ def network_from_dict(obj: Any, source: str = "network") -> Network:
         gamma=gamma,
         source=str(obj.get("source", source)),
         allreduce_tables=tables,
+        fabric=dict(fabric),
     )
 
 
