@@ -246,8 +246,9 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per case ``{model, planner, memory (fraction of the parameters' bytes or None), meta}``: ``shard``
     against plain DDP from the same weights and random state (a meta-device model is built on ``meta``,
     sharded, then materialised with ``to_empty`` and loaded with the reference's full state dict)."""
-    import dpcomm.fsdp
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    import dpcomm.fsdp
 
     rank, _ = init_worker()
     torch.set_num_threads(1)
@@ -264,7 +265,9 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             model = copy.deepcopy(plain)
         batch = batch_of(10 + rank)
         total = sum(p.numel() * p.element_size() for p in plain.parameters())
-        memory = case.get("memory_bytes") or (None if case.get("memory") is None else int(case["memory"] * total))
+        memory = case.get("memory_bytes") or (
+            None if case.get("memory") is None else int(case["memory"] * total)
+        )
         torch.manual_seed(100 + rank)
         before = _rng()
         r: dict[str, Any] = {}

@@ -25,7 +25,10 @@ def _mode_name(kw: dict) -> str:
 
 
 WRAP_CASES = [
-    {"model": m, "planner": p, "ddp": kw} for m, (_, _, modes) in CORPUS.items() for kw in modes for p in PLANNERS
+    {"model": m, "planner": p, "ddp": kw}
+    for m, (_, _, modes) in CORPUS.items()
+    for kw in modes
+    for p in PLANNERS
 ]
 EXTRA_CASES = [  # the rest of what users pass, on two models, with a timed planner
     {"model": "encoder", "planner": "optimal", "ddp": {"gradient_as_bucket_view": True}},
@@ -92,7 +95,9 @@ def test_wrap_trains_like_plain_ddp_and_runs_the_plan(runs, index):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(EXTRA_CASES)), ids=[c.get("extra", _mode_name(c["ddp"])) for c in EXTRA_CASES])
+@pytest.mark.parametrize(
+    "index", range(len(EXTRA_CASES)), ids=[c.get("extra", _mode_name(c["ddp"])) for c in EXTRA_CASES]
+)
 def test_wrap_with_the_other_ddp_options_trains_like_plain_ddp(runs, index):
     _check(runs[0][len(WRAP_CASES) + index], EXTRA_CASES[index])
 

@@ -35,7 +35,6 @@ first; with ``find_unused_parameters=True`` they are the construction-time bucke
 from __future__ import annotations
 
 import logging
-import time
 import warnings
 from dataclasses import dataclass, replace
 from typing import Any
@@ -50,6 +49,7 @@ from dpcomm.ddp.buckets import BucketCaps, bucket_caps, build_ddp
 from dpcomm.ddp.hooks import HookState, collective_hook
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
+from dpcomm.timing import now
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.utils.user_run import check_same_weights, first_param, on_every_rank, untouched
 
@@ -100,7 +100,9 @@ class Wrapped:
             f"buckets ({why})"
         ]
         if self.trial:
-            lines.append("  candidates: trial median forward+backward (slowest rank) | model's iteration time")
+            lines.append(
+                "  candidates: trial median forward+backward (slowest rank) | model's iteration time"
+            )
             for name, t in self.trial.items():
                 model = (self.predicted or {}).get(name)
                 mark = "  <- kept" if name == self.plan.schedule else ""
@@ -364,13 +366,12 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs)
             k = step % len(ddps)
             for p in params:
                 p.grad = None
-            synchronize(device)
-            t0 = time.perf_counter()
+            t0 = now(device)
             out = ddps[k](*example) if isinstance(example, tuple) else ddps[k](example)
             (loss_fn or default_loss)(out).backward()
-            synchronize(device)
+            t1 = now(device)  # CUDA runs kernels after the calls return: read the clock once they ran
             if step >= 2 * len(ddps):
-                trial.record(time.perf_counter() - t0)
+                trial.record(t1 - t0)
             del out
         # DDP's own buckets are what the user had: kept unless a plan is measurably (> 2%) faster
         default = ddp_default_plan(trace, cost, world).groups
@@ -388,9 +389,3 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs)
             warn=False, assign=True, **_walk_kwargs(ddp_kwargs),
         )  # fmt: skip
     return caps, {c.plan.schedule: m for c, m in zip(options, medians, strict=True)}, predicted
-
-
-def synchronize(device: torch.device) -> None:
-    """Wait for the work queued on ``device`` (CUDA runs kernels after the call returns)."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)

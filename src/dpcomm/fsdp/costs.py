@@ -23,7 +23,7 @@ import torch.distributed as dist
 
 from dpcomm.costmodel.base import LinearCost
 from dpcomm.planner.autoplan import fit_linear
-from dpcomm.timing import slowest, time_calls
+from dpcomm.timing import group_device, slowest, time_calls
 
 __all__ = ["Points", "fsdp_costs", "measure_fsdp_collectives"]
 
@@ -42,11 +42,15 @@ def measure_fsdp_collectives(
 ) -> tuple[Points, Points]:
     """``(all-gather points, reduce-scatter points)`` on ``group`` (every rank calls it alike)."""
     world = dist.get_world_size(group)
+    dev = group_device(group)  # NCCL refuses CPU tensors
     element = torch.empty((), dtype=dtype).element_size()
     ag: Points = []
     rs: Points = []
     for n in _sizes(total_bytes, world, element):
-        full, shard = torch.zeros(n, dtype=dtype), torch.zeros(n // world, dtype=dtype)
+        full, shard = (
+            torch.zeros(n, dtype=dtype, device=dev),
+            torch.zeros(n // world, dtype=dtype, device=dev),
+        )
 
         def gather(full=full, shard=shard) -> None:
             dist.all_gather_single(full, shard, group=group)
@@ -56,7 +60,8 @@ def measure_fsdp_collectives(
 
         for call, out in ((gather, ag), (scatter, rs)):
             call()  # warm-up
-            out.append((n * element, statistics.median(time_calls(call, reps, barrier="each", group=group))))
+            times = time_calls(call, reps, barrier="each", group=group, device=dev)
+            out.append((n * element, statistics.median(times)))
     worst = slowest([t for _, t in ag] + [t for _, t in rs], group)
     k = len(ag)
     return [(b, t) for (b, _), t in zip(ag, worst[:k], strict=True)], [

@@ -40,11 +40,9 @@ from __future__ import annotations
 import copy
 import logging
 import statistics
-import time
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -186,7 +184,7 @@ def _layer_params(model: nn.Module, example: Any, loss_fn: Any) -> tuple[tuple[s
 
 def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh, group):
     """Step 4: each plan applied to a copy of ``model``, timed round-robin; the kept index and medians."""
-    from dpcomm.timing import slowest
+    from dpcomm.timing import now, slowest
     from dpcomm.trace.profiler import default_loss
 
     copies = [copy.deepcopy(model) for _ in plans]
@@ -198,23 +196,17 @@ def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh,
         k = step % len(plans)
         for p in copies[k].parameters():
             p.grad = None
-        _synchronize(device)
-        t0 = time.perf_counter()
+        t0 = now(device)
         (loss_fn or default_loss)(call_model(copies[k], example)).backward()
-        _synchronize(device)
+        t1 = now(device)  # CUDA runs kernels after the calls return: read the clock once they ran
         if step >= len(plans):
-            times[k].append(time.perf_counter() - t0)
+            times[k].append(t1 - t0)
     del copies
     medians = slowest([statistics.median(t) for t in times], group)
     best = min(range(len(plans)), key=medians.__getitem__)
     if medians[-1] <= medians[best] * (1 + _PREFER_WITHIN):
         best = len(plans) - 1  # the last candidate is per-block
     return best, medians
-
-
-def _synchronize(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _shape(p: FsdpPlan) -> tuple[Any, ...]:
@@ -300,8 +292,8 @@ def shard(
         if timed and is_meta(model):
             said.append("not timed against per-block: the model is on the meta device (nothing to run)")
         elif timed:
-            block = _comparison(model, trace, ag, rs, budget, max_depth, process_group, layer_params, shardable,
-                                said)  # fmt: skip
+            block = _comparison(model, trace, ag, rs, budget, max_depth, process_group, layer_params,
+                                shardable, said)  # fmt: skip
             if block is not None and _shape(block) != _shape(requested):
                 best, medians = _trial(model, [requested, block], layer_params, shardable, example, loss_fn,
                                        verify_iters, mesh, process_group)  # fmt: skip

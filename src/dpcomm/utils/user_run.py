@@ -104,8 +104,8 @@ def check_same_weights(model: nn.Module, group: Any, who: str) -> None:
     odd = [r for r, d in enumerate(digests) if d != digests[0]]
     if odd:
         raise UserError(
-            f"{who}: rank(s) {', '.join(map(str, odd))} hold other initial weights than rank 0; build the model "
-            "from the same seed on every rank (torch.manual_seed before constructing it)"
+            f"{who}: rank(s) {', '.join(map(str, odd))} hold other initial weights than rank 0; build the "
+            "model from the same seed on every rank (torch.manual_seed before constructing it)"
         )
 
 
