@@ -1,28 +1,18 @@
-"""Servers with several GPUs: the flow model against published nccl-tests all_reduce_perf tables, and its
-speed on 1,024 GPUs in 128 servers.
+"""Servers with several GPUs: the flow model against published nccl-tests all_reduce_perf tables, in-sample
+and held-out, and its speed on 1,024 GPUs in 128 servers.
 
     .venv/bin/python benchmarks/netsim_multigpu.py [--skip-speed] [--out docs]
 
-Reads ``docs/data/netsim_multigpu_published.json`` (the published measurements, each with its source) and
-simulates exactly those cases: the same topology (a ``gpus:``/``dgx-*`` spec), GPU count and sizes. The
-topologies carry the line (datasheet) rates and NCCL's published achievable fraction of them
-(``intra_eff``, ``nic_eff``; sources in the JSON and in ``dpcomm.topology.multigpu``). Alpha is per case
-and never read from the compared rows: where the table has its smallest sizes (``latency_rows``, 8 B to
-64 KB: nccl-tests' latency-bound rows), a least-squares line ``t = a + S/b`` through them gives the
-start-up at the smallest size, and alpha is set so that the faster schedule's all-reduce of that size
-takes that long (:func:`alpha_from_small`); otherwise the case names its alpha and the reason. For each
-compared row it prints the measured busbw (nccl-tests: ``2 (P-1)/P * S / t``), the simulated busbw of
-``nccl-ring`` and ``nccl-tree``, and the error ``simulated / measured - 1`` of the algorithm the case names
-(``auto``: the faster of the two, as NCCL's tuner would pick; the tables do not say which ran), and, where
-the table comes with a published simulator's numbers (ASTRA-sim's HGX-H100 validation), that simulator's
-error next to ours. Then it prices one 100 MB allreduce on ``dgx-h100:128`` (1,024 GPUs) with every
-schedule, each in a fresh model, and records the wall seconds. Writes ``<out>/data/netsim_multigpu.json``.
-
-What the model leaves out (so what the errors contain): the LL/LL128 protocols and their selection by size
-(the achievable rates above are the Simple protocol's), NVLink SHARP (NVLS) and CollNet/SHARP in-network
-reduction, the GPU's reduction kernels and memory bandwidth, PCIe between GPU and NIC, TCP (A3 Mega's
-GPUDirect-TCPXO) or InfiniBand transport behaviour beyond a start-up and a rate, and the pipelining of
-chunks inside a ring step.
+Reads ``docs/data/netsim_multigpu_published.json`` (the published measurements, each with its source and
+its split) and prices exactly those cases with the model's defaults: the case's topology (a preset or a
+``gpus:`` spec with line rates and the achievable fractions of ``dpcomm.topology``), NCCL's own choice of
+algorithm and protocol (``nccl``) or the one the run forced, NCCL's latency model for the start-up. Nothing
+is fitted to a table here: a table is *in-sample* if the model or a preset was set while looking at it (the
+JSON's ``tuned`` says what), *held-out* if it was only compared. For every row of 64 MiB and up it prints
+the measured busbw (nccl-tests: ``2 (P-1)/P * S / t``), the model's, the error ``model / measured - 1``
+and what ran, then the geometric mean of |error| per table and per split, and the worst row. Then it prices
+one 100 MB allreduce on ``dgx-h100:128`` (1,024 GPUs) with every schedule, each in a fresh model, and
+records the wall seconds. Writes ``<out>/data/netsim_multigpu.json``.
 """
 
 from __future__ import annotations
@@ -38,12 +28,13 @@ import numpy as np
 
 from _common import loadavg
 from dpcomm.sim.network import FlowModel, make_fabric, simulate_allreduce
+from dpcomm.sim.network.fit import LARGE
+from dpcomm.sim.network.pricing import default_model
 
 ROOT = Path(__file__).resolve().parent.parent
 ALPHA = 1e-6  # s per message for the speed run only: about ASTRA-sim's 936.25 ns HGX-H100 link latency
-SCHEDULES = ("nccl-ring", "nccl-tree")
 SPEED_SPEC = "dgx-h100:128"  # 1,024 GPUs in 128 servers
-SPEED_ALGOS = ("hierarchical", "nccl-ring", "nccl-tree", "ring", "be", "mst", "lp", "ps")
+SPEED_ALGOS = ("nccl", "nccl-ring", "nccl-tree", "hierarchical", "ring", "be", "mst", "lp", "ps")
 
 
 def busbw(nbytes: float, p: int, t: float) -> float:
@@ -51,70 +42,39 @@ def busbw(nbytes: float, p: int, t: float) -> float:
     return 2 * (p - 1) / p * nbytes / t / 1e9
 
 
-def startup_s(rows: list[dict]) -> float:
-    """Seconds at the smallest size of the least-squares line ``t = a + S/b`` through ``rows``."""
-    x = np.array([r["bytes"] for r in rows], dtype=float)
-    y = np.array([r["time_us"] for r in rows]) * 1e-6
-    slope, a = np.polyfit(x, y, 1)
-    return float(a + slope * x.min())
+def _rows(case: dict) -> list[tuple[str, int, int, float]]:
+    """``(topology, ranks, bytes, seconds)`` of a case's compared rows (64 MiB and up)."""
+    if "per_server_rows" in case:
+        return [
+            (case["topology"].format(servers=r["servers"]), 8 * r["servers"], r["bytes"], r["time_us"] * 1e-6)
+            for r in case["per_server_rows"]
+        ]
+    out = [(case["topology"], case["gpus"], r["bytes"], r["time_us"] * 1e-6) for r in case["rows"]]
+    return [r for r in out if r[2] >= LARGE]
 
 
-def alpha_from_small(spec: str, p: int, nbytes: int, t_meas: float, algos: tuple[str, ...]) -> float:
-    """The alpha at which the fastest of ``algos`` all-reduces ``nbytes`` in ``t_meas`` seconds.
-
-    A schedule's time is linear in alpha, ``t0 + k alpha`` (``k``: its messages in sequence), so the
-    fastest one's time is ``min_s (t0_s + k_s alpha)``, which equals ``t_meas`` at ``alpha = max_s
-    (t_meas - t0_s) / k_s``."""
-    best = 0.0
-    for algo in algos:
-        t0, t1 = (
-            simulate_allreduce(FlowModel(make_fabric(spec, 10e9), alpha_s=a), algo, nbytes, ranks=p)[0].time_s
-            for a in (0.0, 1.0)
-        )
-        best = max(best, (t_meas - t0) / (t1 - t0))
-    return best
-
-
-def case_alpha(case: dict) -> tuple[float, dict]:
-    """``(alpha, how)`` of a published case: from its latency-bound rows, or as the case states it."""
-    if "latency_rows" not in case:
-        return float(case["alpha_s"]), {"alpha_s": float(case["alpha_s"]), "from": "stated in the case"}
-    algos = SCHEDULES if case["algorithm"] == "auto" else (case["algorithm"],)
-    small = min(r["bytes"] for r in case["latency_rows"])
-    t_small = startup_s(case["latency_rows"])
-    alpha = alpha_from_small(case["topology"], case["gpus"], small, t_small, algos)
-    sizes = sorted(r["bytes"] for r in case["latency_rows"])
-    how = {"alpha_s": alpha, "from": f"latency rows {sizes[0]}..{sizes[-1]} B", "startup_s": t_small}
-    return alpha, how
-
-
-def validate(published: dict) -> tuple[list[dict], list[dict]]:
-    rows, alphas = [], []
+def validate(published: dict) -> list[dict]:
+    rows = []
     for case in published["cases"]:
-        alpha, how = case_alpha(case)
-        alphas.append({"case": case["name"], **how})
-        model = FlowModel(make_fabric(case["topology"], 10e9), alpha_s=alpha)
-        p = case["gpus"]
-        for r in case["rows"]:
-            n = r["bytes"]
-            sim = {a: simulate_allreduce(model, a, n, ranks=p)[0].time_s for a in SCHEDULES}
-            pick = case["algorithm"] if case["algorithm"] != "auto" else min(sim, key=sim.get)
-            measured = busbw(n, p, r["time_us"] * 1e-6)
-            ours = busbw(n, p, sim[pick])
+        models: dict[str, object] = {}
+        for spec, p, n, t in _rows(case):
+            if spec not in models:
+                models[spec] = default_model(make_fabric(spec, 10e9))
+            sim, _ = simulate_allreduce(models[spec], case["algorithm"], n, ranks=p)
+            measured = busbw(n, p, t)
             row = {
                 "case": case["name"],
+                "split": case["split"],
+                "topology": spec,
                 "gpus": p,
                 "bytes": n,
                 "measured_busbw": measured,
-                "ring_busbw": busbw(n, p, sim["nccl-ring"]),
-                "tree_busbw": busbw(n, p, sim["nccl-tree"]),
-                "algorithm": pick,
-                "error": ours / measured - 1,
+                "model_busbw": sim.busbw_GBps,
+                "ran": sim.ran,
+                "error": sim.busbw_GBps / measured - 1,
             }
-            if "published_sim_time_us" in r:
-                row["published_sim_error"] = busbw(n, p, r["published_sim_time_us"] * 1e-6) / measured - 1
             rows.append(row)
-    return rows, alphas
+    return rows
 
 
 def geomean(values: list[float]) -> float:
@@ -135,6 +95,24 @@ def speed() -> list[dict]:
     return out
 
 
+def summary(rows: list[dict]) -> dict:
+    """Geomean |error| per table and per split, and the worst row of each split."""
+    out: dict = {"tables": {}, "splits": {}}
+    for r in rows:
+        out["tables"].setdefault(r["case"], []).append(abs(r["error"]))
+    out["tables"] = {k: geomean(v) for k, v in out["tables"].items()}
+    for split in ("in-sample", "held-out"):
+        part = [r for r in rows if r["split"] == split]
+        if part:
+            worst = max(part, key=lambda r: abs(r["error"]))
+            out["splits"][split] = {
+                "rows": len(part),
+                "geomean_abs_error": geomean([abs(r["error"]) for r in part]),
+                "worst": {k: worst[k] for k in ("case", "bytes", "error")},
+            }
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-speed", action="store_true", help="only the validation table")
@@ -142,35 +120,22 @@ def main() -> int:
     args = ap.parse_args()
     published = json.loads((ROOT / "docs/data/netsim_multigpu_published.json").read_text())
     load0, stamp = loadavg(), time.strftime("%a %d %b %Y %H:%M UTC", time.gmtime())
-    rows, alphas = validate(published)
-    for a in alphas:
-        extra = f", start-up {a['startup_s'] * 1e6:.1f} us" if "startup_s" in a else ""
-        print(f"alpha {a['case']}: {a['alpha_s'] * 1e6:.3f} us per message ({a['from']}{extra})")
-    print(
-        "| case | GPUs | S | measured busbw | nccl-ring | nccl-tree | error (algorithm) "
-        "| published sim. error |"
-    )
+    rows = validate(published)
+    print("| split | case | GPUs | S (bytes) | measured busbw | model busbw | error | ran |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
-        pub = f"{r['published_sim_error']:+.1%}" if "published_sim_error" in r else ""
         print(
-            f"| {r['case']} | {r['gpus']} | {r['bytes']:,} | {r['measured_busbw']:.1f} "
-            f"| {r['ring_busbw']:.1f} | {r['tree_busbw']:.1f} "
-            f"| {r['error']:+.1%} ({r['algorithm']}) | {pub} |"
+            f"| {r['split']} | {r['case']} | {r['gpus']} | {r['bytes']:,} | {r['measured_busbw']:.1f} "
+            f"| {r['model_busbw']:.1f} | {r['error']:+.1%} | {r['ran']} |"
         )
-    geo = geomean([abs(r["error"]) for r in rows])
-    worst = max(rows, key=lambda r: abs(r["error"]))
-    print(f"geomean |error| {geo:.1%}; worst {worst['error']:+.1%} ({worst['case']}, {worst['bytes']:,} B)")
-    pub_rows = [r for r in rows if "published_sim_error" in r]
-    geo_pub = {}
-    if pub_rows:
-        geo_pub = {
-            "ours": geomean([abs(r["error"]) for r in pub_rows]),
-            "published_sim": geomean([abs(r["published_sim_error"]) for r in pub_rows]),
-        }
+    summ = summary(rows)
+    for case, g in summ["tables"].items():
+        print(f"table {case}: geomean |error| {g:.1%}")
+    for split, v in summ["splits"].items():
+        w = v["worst"]
         print(
-            f"on the {len(pub_rows)} rows with ASTRA-sim's prediction: geomean |error| ours "
-            f"{geo_pub['ours']:.1%}, ASTRA-sim {geo_pub['published_sim']:.1%}"
+            f"{split}: {v['rows']} rows, geomean |error| {v['geomean_abs_error']:.1%}; "
+            f"worst {w['error']:+.1%} ({w['case']}, {w['bytes']:,} B)"
         )
     timing = []
     if not args.skip_speed:
@@ -187,10 +152,8 @@ def main() -> int:
                 "when": stamp,
                 "load_before": load0,
                 "load_after": load1,
-                "alpha": alphas,
                 "validation": rows,
-                "geomean_abs_error": geo,
-                "geomean_abs_error_where_published_sim": geo_pub,
+                "summary": summ,
                 "speed_alpha_s": ALPHA,
                 "speed_topology": SPEED_SPEC,
                 "speed": timing,

@@ -209,6 +209,7 @@ PRESETS: dict[str, dict[str, object]] = {
         "nic_eff": 48 / 50,
         "transport": "ib",
         "arch": "hopper",
+        "net": "star",  # the SuperPOD's rail leaves sit under a full-bisection spine (see below)
     },
     # DGX A100: 8 A100 SXM4; NVLink3 "600 GB/s" bidirectional per GPU = 12 links x 25 GB/s each way
     # (NVIDIA A100 Tensor Core GPU datasheet and architecture whitepaper); 8 ConnectX-6 200 Gb/s HDR
@@ -228,10 +229,61 @@ PRESETS: dict[str, dict[str, object]] = {
         "nic_eff": 24 / 25,
         "transport": "ib",
         "arch": "ampere",
+        "net": "star",
+    },
+    # DGX B200: 8 B200; NVLink5 "1.8 TB/s" bidirectional per GPU = 18 links x 50 GB/s each way (NVIDIA DGX
+    # B200 datasheet); 8 x 400 Gb/s ConnectX-7 InfiniBand compute NICs ("8x single-port NVIDIA ConnectX-7
+    # VPI ... up to 400Gb/s InfiniBand", same datasheet). Achievable NVLink: NCCL's own figure for a
+    # Blackwell NVLink, 40.1 GB/s x 18 links = 721.8 GB/s (SM100_NVLINK_BW, NCCL src/graph/topo.h, as
+    # its SM90 figure 20.6 x 18 = 370.8 is the H100's 370 above); NICs as InfiniBand's 0.96.
+    "dgx-b200": {
+        "gpus": 8,
+        "intra": "nvlink",
+        "intra_bps": 900 * _GB,
+        "intra_eff": 721.8 / 900,
+        "nics": 8,
+        "nic_bps": 400e9,
+        "transport": "ib",
+        "arch": "blackwell",
+        "net": "star",
+    },
+    # AWS p4d.24xlarge: 8 A100 40GB on NVSwitch (NVLink3 as dgx-a100) and 4 x 100 Gb/s EFA ("GPUDirect RDMA
+    # backed with 4x100 Gbps EFA", github.com/aws-samples/aws-efa-eks README); EFA's fraction and latency
+    # in dpcomm.topology.transports.
+    "p4d": {
+        "gpus": 8,
+        "intra": "nvlink",
+        "intra_bps": 300 * _GB,
+        "intra_eff": 230 / 300,
+        "nics": 4,
+        "nic_bps": 100e9,
+        "transport": "efa",
+        "arch": "ampere",
+        "net": "star",
+    },
+    # AWS p5.48xlarge: 8 H100 on NVSwitch (NVLink4 as dgx-h100) and 32 x 100 Gb/s EFA, four per GPU
+    # (aws-ofi-nccl's tuner for P5: "num_rails = 4" of 12.5 GB/s, src/tuner/nccl_ofi_model.cpp).
+    "p5": {
+        "gpus": 8,
+        "intra": "nvlink",
+        "intra_bps": 450 * _GB,
+        "intra_eff": 370 / 450,
+        "nics": 32,
+        "nic_bps": 100e9,
+        "transport": "efa",
+        "arch": "hopper",
+        "net": "star",
     },
 }
 PRESETS["hgx-h100"] = PRESETS["dgx-h100"]  # the HGX board is the DGX's GPU tray: same GPUs and NVSwitch
 PRESETS["hgx-a100"] = PRESETS["dgx-a100"]
+PRESETS["hgx-b200"] = PRESETS["dgx-b200"]
+# Why net=star on the presets: a DGX SuperPOD's rail switches are leaves under spine switches, a
+# full-bisection fat tree (the DGX SuperPOD reference architectures), so a NIC reaches any NIC, and
+# NCCL's rings leave a server by the last GPU's own NIC (NCCL_CROSS_NIC) rather than over NVLink to the
+# first GPU's rail: measured 2 x 8 H100 rings reach 384-392 GB/s busbw (NCCL_ALGO=RING,
+# github.com/wutz/k8s-in-action mpi-operator/README.md), above NVLink's 370, which they could not if every
+# exit crossed NVLink (docs/netsim.md, in-sample tables). net=rail is a rail-only network (no spine).
 
 _HEAD = re.compile(r"^\s*([a-z0-9-]+)\s*:\s*(.*)$")
 _INT = re.compile(r"^\s*(\d{1,9})\s*$")

@@ -11,12 +11,13 @@ Price of one all-reduce of ``S`` bytes on ``P`` ranks: ``T = L + T_flow``, where
 * ``L`` is NCCL's latency for the chosen algorithm and protocol (:func:`.nccl_tuning.latency_us`, with the
   ring's plateau factor of :func:`.nccl_tuning.predict_us`) when the model takes the fabric's own start-up
   (:attr:`.engine.FlowModel.nccl`); otherwise (a start-up given by the user: ``--alpha-us``, a network
-  file) the schedule's steps each pay ``alpha`` per message as every other schedule does, and ``L = 0``;
+  file) the schedule's steps each pay ``alpha`` per message as every other schedule does (NVLS, NVLSTree
+  and CollNet, one streaming step each, pay it once per hop of NCCL's latency formula), and ``L = 0``;
 * ``T_flow`` is the flow model's time of the algorithm's messages (:mod:`.nccl_ring`, :mod:`.nccl_tree`,
   :mod:`.nvls`), their bytes grown by the protocol's wire format: LL sends a 4-byte flag with every 4
-  bytes of data (x2), LL128 8 bytes of flags per 128 (x128/120), Simple none; for LL and LL128 at least
-  ``S`` over NCCL's own bandwidth for them (its per-channel caps, which are limits of the GPU's copy loops,
-  not of any link).
+  bytes of data (x2), LL128 8 bytes of flags per 128 (x128/120), Simple none; and at least ``S`` over
+  the bandwidth NCCL's per-channel caps allow (:func:`.nccl_tuning.cap_bandwidth`: LL, LL128, the tree and
+  NVLSTree; limits of the GPU's copy loops that NCCL measured, not of any link).
 
 So at large sizes (Simple) the price is the flow model's on the fabric's achievable rates, and at small
 sizes NCCL's measured latencies: the two ends the published tables are fitted and checked at
@@ -141,6 +142,16 @@ def steps(t: MultiGPU, picked: Picked, p: int, nbytes: int, ranks_total: int) ->
     return nvls.collnet_steps(p, g, wire, heads=heads, sw0=ranks_total + t.hosts)
 
 
+def _hops(t: MultiGPU, algorithm: str) -> int:
+    """Messages in sequence of NCCL's NVLS, NVLSTree and CollNet pipelines, as its latency formula counts
+    them (:func:`.nccl_tuning.latency_us`): NVLS 1 (+1 across servers), NVLSTree ``1 + 2 log2 M``,
+    CollNet Direct ``2 + 1``, Chain ``2 (G-1) + 1``."""
+    logm = int(math.log2(t.hosts)) if t.hosts > 1 else 0
+    return {"nvls": 1 + (t.hosts > 1), "nvls_tree": 1 + 2 * logm, "collnet_direct": 3}.get(
+        algorithm, 2 * (t.gpus - 1) + 1
+    )
+
+
 def price(model, name: str, protocol: str | None, nbytes: int, p: int) -> tuple[float, list[Step], Picked]:
     """``(seconds, steps, picked)`` of ``name``'s all-reduce of ``nbytes`` on ``p`` ranks of ``model``'s
     fabric (module docstring)."""
@@ -151,13 +162,17 @@ def price(model, name: str, protocol: str | None, nbytes: int, p: int) -> tuple[
     flow = model.run(st, start=not model.nccl).time_s if p > 1 else 0.0
     lat = 0.0
     sub = ranks_topology(t, p)
+    if p > 1 and not model.nccl and picked.algorithm not in ("ring", "tree"):
+        # one streaming step stands for a pipeline as deep as NCCL's latency formula counts its hops
+        alpha = model.alpha_inter_s if model.alpha_inter_s is not None and sub.hosts > 1 else model.alpha_s
+        lat = alpha * (_hops(sub, picked.algorithm) - 1)
     if p > 1 and model.nccl:
         lat = nccl_tuning.latency_us(sub, picked.algorithm, picked.protocol) * 1e-6
         if picked.algorithm == "ring" and picked.protocol == "Simple" and sub.hosts > 1:
             if nbytes / (picked.channels * p) >= 64:
                 lat *= 1.9 if sub.arch == "volta" else 1.4  # the ring's plateau (nccl_tuning.predict_us)
-    if p > 1 and picked.protocol != "Simple":
-        bw = nccl_tuning.bus_bandwidth(sub, picked.algorithm, picked.protocol, fabric.rate_bps)
-        if bw > 0:
-            flow = max(flow, nbytes / (bw * 1e9))
+    if p > 1:  # no faster than NCCL's per-channel caps allow (the GPU's copy loops, not any link)
+        cap = nccl_tuning.cap_bandwidth(sub, picked.algorithm, picked.protocol, fabric.rate_bps)
+        if cap:
+            flow = max(flow, nbytes / (cap * 1e9))
     return lat + flow, st, picked

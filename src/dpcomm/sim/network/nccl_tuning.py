@@ -52,6 +52,8 @@ __all__ = [
     "Choice",
     "Graph",
     "algorithms_for",
+    "bus_bandwidth",
+    "cap_bandwidth",
     "choose",
     "graph",
     "hop_latency_us",
@@ -314,6 +316,34 @@ def bus_bandwidth(t: MultiGPU, algorithm: str, protocol: str, nic_bps: float) ->
             bus *= 0.85
     ratio = p_all / (2 * (p_all - 1)) if algorithm in ("ring", "nvls", "nvls_tree") else 0.5
     return bus * ratio
+
+
+def cap_bandwidth(t: MultiGPU, algorithm: str, protocol: str, nic_bps: float) -> float | None:
+    """NCCL's algorithm bandwidth (GB/s) of ``algorithm`` and ``protocol`` on ``t`` from its per-channel caps
+    alone (``llMaxBw``, ``perChMaxRingLL128Bw``, ``perChMaxTreeBw``, ``perChMaxTreeLL128Bw``,
+    ``perChMaxNVLSTreeBw``: limits of the GPU's copy loops, measured by NCCL, not of any link), None where
+    NCCL sets none (ring and NVLS with Simple). :mod:`.nccl` prices no all-reduce faster than this."""
+    gr = graph(t, algorithm, nic_bps)
+    if gr is None:
+        return None
+    m, arch, p_all, i = t.hosts, t.arch, t.servers, _idx(t.hosts)
+    ll_max = _LL_MAX_BW_1[arch] if m == 1 else _LL_MAX_BW_N[0 if m == 2 else 1]
+    bus = None
+    if algorithm == "ring" and protocol == "LL":
+        bus = ll_max
+    elif algorithm == "ring" and protocol == "LL128":
+        bus = gr.channels * _PER_CH_RING_LL128[arch][i]
+    elif algorithm == "tree":
+        bus = gr.channels * _PER_CH_TREE[arch][i]
+        if protocol == "LL":
+            bus = min(bus / 3.8, ll_max)
+        elif protocol == "LL128":
+            bus = min(bus * (7 / 9 if m == 1 else 120 / 128), gr.channels * _PER_CH_TREE_LL128[arch][i])
+    elif algorithm == "nvls_tree" and _PER_CH_NVLS_TREE[arch][i] > 0:
+        bus = gr.channels * _PER_CH_NVLS_TREE[arch][i]
+    if bus is None:
+        return None
+    return bus * (p_all / (2 * (p_all - 1)) if algorithm in ("ring", "nvls", "nvls_tree") else 0.5)
 
 
 def predict_us(t: MultiGPU, algorithm: str, protocol: str, nbytes: int, nic_bps: float) -> float:
