@@ -108,9 +108,14 @@ def test_calibrate_two_workers_writes_a_valid_network(tmp_path, capsys):
 
 def _nccl_tests_log(rows, ranks=None, host="node", per_host=8, extra=""):
     """An all_reduce_perf output with ``rows`` of ``(bytes, seconds)`` (nccl-tests 2.13's columns)."""
-    head = ["# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20", "#"]
+    head = [
+        "# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20",
+        "#",
+    ]
     for r in range(ranks or 0):
-        head.append(f"#  Rank {r:2d} Group  0 Pid {100 + r} on {host}-{r // per_host} device {r % per_host} [0x1]")
+        head.append(
+            f"#  Rank {r:2d} Group  0 Pid {100 + r} on {host}-{r // per_host} device {r % per_host} [0x1]"
+        )
     body = []
     for n, t in rows:
         us, p = t * 1e6, ranks or 16
@@ -192,7 +197,10 @@ def test_the_fitted_file_serves_simulate_and_netsim_on_other_server_counts(tmp_p
         ("", "no all_reduce_perf rows"),
         ("#  size count type\nnot a table at all\n", "no all_reduce_perf rows"),
         ("     8  2  float  sum  -1  -3.0  0.00  0.00  0  3.0  0.00  0.00  0\n", "not a positive number"),
-        ("    8  2  float  sum  -1  30.0  0.00  0.00  0  30.0  0.00  0.00  0\n", "no row of 67,108,864 bytes"),
+        (
+            "    8  2  float  sum  -1  30.0  0.00  0.00  0  30.0  0.00  0.00  0\n",
+            "no row of 67,108,864 bytes",
+        ),
     ],
 )
 def test_malformed_nccl_tests_log_is_one_line(tmp_path, capsys, text, words):
@@ -228,7 +236,15 @@ def test_a_missing_or_binary_log_is_one_line(tmp_path, capsys):
     for path, words in ((tmp_path / "none.log", "no such file"), (tmp_path / "bin.log", "not a text file")):
         if path.name == "bin.log":
             path.write_bytes(b"\xff\xfe\x00\x81" * 10)
-        argv = ["calibrate", "--from-nccl-tests", str(path), "--topology", "dgx-h100:2", "-o", str(tmp_path / "n")]
+        argv = [
+            "calibrate",
+            "--from-nccl-tests",
+            str(path),
+            "--topology",
+            "dgx-h100:2",
+            "-o",
+            str(tmp_path / "n"),
+        ]
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1

@@ -6,14 +6,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dpcomm.sim.network import FlowModel, make_fabric, simulate_allreduce
-from dpcomm.sim.network import nccl_tree
+from dpcomm.sim.network import FlowModel, make_fabric, nccl_tree, simulate_allreduce
 from dpcomm.sim.network.nccl_tree import dtree_parents
 from dpcomm.topology import parse_multigpu
 
 S = 1 << 24  # bytes
 A = 1e-6  # alpha, s
-SPEC = "gpus:2,2,nvlink=100GB/s,nic=200gbit,nic_eff=1"  # 2 servers x 2 GPUs, NVLink 100 GB/s, 2 NICs of 25 GB/s
+SPEC = (
+    "gpus:2,2,nvlink=100GB/s,nic=200gbit,nic_eff=1"  # 2 servers x 2 GPUs, NVLink 100 GB/s, 2 NICs of 25 GB/s
+)
 
 
 def _time(spec: str, algo: str, nbytes: int = S) -> float:

@@ -37,9 +37,13 @@ def test_nccl_picks_as_its_maintainers_say():
 
 def test_nccl_latency_is_the_published_tables():
     # ring, Simple, 2 servers x 8: base 8.4 + 28 x max(3.4, 3 x 1.0) + 2 x 14 us (tuning.cc)
-    assert latency_us(parse_multigpu("dgx-h100:2"), "ring", "Simple") == pytest.approx(8.4 + 28 * 3.4 + 2 * 14)
+    assert latency_us(parse_multigpu("dgx-h100:2"), "ring", "Simple") == pytest.approx(
+        8.4 + 28 * 3.4 + 2 * 14
+    )
     # tree, LL, 16 servers: 6.8 + 2 (7 x 0.6 + 4 x 5.0)
-    assert latency_us(parse_multigpu("dgx-h100:16"), "tree", "LL") == pytest.approx(6.8 + 2 * (7 * 0.6 + 4 * 5))
+    assert latency_us(parse_multigpu("dgx-h100:16"), "tree", "LL") == pytest.approx(
+        6.8 + 2 * (7 * 0.6 + 4 * 5)
+    )
     # EFA's own latency (aws-ofi-nccl reports 75 us on p4d/p5) is added per network hop, twice for Simple
     efa = parse_multigpu("gpus:2,8,nics=4,nic=100gbit,transport=efa,arch=ampere")
     ib = parse_multigpu("gpus:2,8,nics=4,nic=100gbit,transport=ib,arch=ampere")
@@ -48,7 +52,9 @@ def test_nccl_latency_is_the_published_tables():
 
 def test_forced_algorithm_and_protocol_run_as_named():
     model = default_model(make_fabric("dgx-h100:2", 10e9))
-    got = {a: simulate_allreduce(model, a, 64 << 20)[0].ran for a in ("nccl-ring:LL128", "nccl-tree", "nccl:LL")}
+    got = {
+        a: simulate_allreduce(model, a, 64 << 20)[0].ran for a in ("nccl-ring:LL128", "nccl-tree", "nccl:LL")
+    }
     assert got["nccl-ring:LL128"].startswith("ring/LL128")
     assert got["nccl-tree"].startswith("tree/")
     assert got["nccl:LL"].endswith("x8") and "/LL " in got["nccl:LL"] + " "
@@ -60,7 +66,10 @@ def test_forced_algorithm_and_protocol_run_as_named():
 
 def test_the_ib_preset_gets_nccl_latency_not_tcp_start_up(capsys):
     # issue 39: 45.26 us (TCP) per ring step halved dgx-h100's busbw at 1 GB; now NCCL's latencies
-    assert main(["netsim", "--topology", "dgx-h100:8", "--algorithms", "nccl-ring", "--sizes", "1G", "--json"]) == 0
+    assert (
+        main(["netsim", "--topology", "dgx-h100:8", "--algorithms", "nccl-ring", "--sizes", "1G", "--json"])
+        == 0
+    )
     busbw = json.loads(capsys.readouterr().out)[0]["busbw_GBps"]
     assert busbw > 300
     # the same with the TCP start-up given on purpose: priced so, with a one-line note
@@ -155,3 +164,20 @@ def test_flow_model_prices_switch_endpoints():
     t = simulate_allreduce(model, "nccl-nvls", 1 << 30)[0].time_s
     want = (1 << 30) * (1 + 1 / 8) / 0.85 / 370e9
     assert t == pytest.approx(want, rel=1e-6)
+
+
+def test_simulate_prices_ps_schedules_on_the_topology(capsys):
+    # the ps-* schedules used --network's beta whatever the topology; now a byte costs what it costs there
+    argv = ["simulate", "--trace", "resnet50-k80-b32", "--nodes", "16", "--schedules", "ps-all", "--json"]
+    got = {}
+    for nic in ("100gbit", "400gbit"):
+        assert main([*argv, "--topology", f"gpus:2,8,nics=8,nic={nic}"]) == 0
+        got[nic] = json.loads(capsys.readouterr().out)[0]["t_iter_s"]
+    assert got["100gbit"] > got["400gbit"]
+
+
+def test_simulate_header_names_servers_and_gpus(capsys):
+    argv = ["simulate", "--trace", "resnet50-k80-b32", "--nodes", "16", "--schedules", "ddp"]
+    assert main([*argv, "--topology", "dgx-h100:2"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "2 servers x 8 GPUs (16 ranks)" in out and "all-reduce nccl on dgx-h100:2" in out

@@ -31,7 +31,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="fit an all_reduce_perf output instead of timing local workers (needs --topology)",
     )
     parser.add_argument(
-        "--topology", metavar="T", help="with --from-nccl-tests: the cluster it ran on (dgx-h100:S, gpus:S,G,...)"
+        "--topology",
+        metavar="T",
+        help="with --from-nccl-tests: the cluster it ran on (dgx-h100:S, gpus:S,G,...)",
     )
     parser.add_argument(
         "--algo",
@@ -137,7 +139,9 @@ def _from_nccl_tests(args: argparse.Namespace) -> int:
 
     check_output_path(args.output, make_folders=False)
     if args.topology is None:
-        raise UserError("--from-nccl-tests needs --topology (the cluster the log ran on: dgx-h100:S, gpus:S,G,...)")
+        raise UserError(
+            "--from-nccl-tests needs --topology (the cluster the log ran on: dgx-h100:S, gpus:S,G,...)"
+        )
     if args.algo is not None:
         parse_algorithm(args.algo)
     log = read_log(args.from_nccl_tests)
@@ -163,9 +167,9 @@ def _from_nccl_tests(args: argparse.Namespace) -> int:
         table.add_row(f"{n:,}", f"{t * 1e6:,.1f}", f"{g * 1e6:,.1f}", f"{g / t - 1:+.1%}")
     console.print(table)
     errs = [abs(e) for e in fit.errors()]
+    smallest = min(n for n, _ in log.rows)
     start = (
-        f"start-up {fit.startup_s * 1e6:.1f} us at {min(n for n, _ in log.rows):,} B = {fit.alpha_s * 1e6:.3f} us "
-        "per message"
+        f"start-up {fit.startup_s * 1e6:.1f} us at {smallest:,} B = {fit.alpha_s * 1e6:.3f} us per message"
         if fit.alpha_s is not None
         else "no rows of 64 KiB or less: NCCL's latency model kept"
     )

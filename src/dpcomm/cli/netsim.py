@@ -59,7 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--sizes", default="1M,16M,64M", help="bytes, K/M/G suffixes (default 1M,16M,64M)")
     parser.add_argument(
-        "--rate", default=None, help="server link rate per direction (default 10gbit; gpus:/dgx-*: the spec's)"
+        "--rate",
+        default=None,
+        help="server link rate per direction (default 10gbit; gpus:/dgx-*: the spec's)",
     )
     parser.add_argument(
         "--alpha-us",
@@ -198,7 +200,11 @@ def run(args: argparse.Namespace) -> int:
     for a in algos:  # every case's flows are bounded before the first is simulated
         for s in sizes:
             check_allreduce(a, fabric, s, model.alpha_s, block)
-    note = tcp_note(fabric, alpha, "--alpha-us" if args.alpha_us else f"--network {args.network}") if alpha else None
+    note = (
+        tcp_note(fabric, alpha, "--alpha-us" if args.alpha_us else f"--network {args.network}")
+        if alpha
+        else None
+    )
     if note:
         print(note, file=sys.stderr)
     from rich.progress import Progress
@@ -270,4 +276,3 @@ def _print(fabric, rows, written, wall: float, model, spec: str) -> None:
     out.print(f"simulated in {wall:.2f} s", highlight=False)
     for path in written:
         out.print(f"wrote {path}")
-

@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "leafspine:L,H,R or gpus:S,G,... / dgx-h100:S (nodes = GPUs; alpha from --network; docs/netsim.md)",
     )
     parser.add_argument(
-        "--rate", default=None, help="link rate per direction with --topology (default 10gbit; gpus: its nic=)"
+        "--rate",
+        default=None,
+        help="link rate per direction with --topology (default 10gbit; gpus: its nic=)",
     )
     parser.add_argument(
         "--mtu", default=None, help="MTU of the TCP overhead with --topology (default 1500); 0: none"

@@ -27,7 +27,13 @@ from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.planner._common import check_nodes
-from dpcomm.planner.bucket import DDP_BUCKET_BYTES, HOROVOD_FUSION_BYTES, parse_bucket_size, plan_bucket, plan_ddp
+from dpcomm.planner.bucket import (
+    DDP_BUCKET_BYTES,
+    HOROVOD_FUSION_BYTES,
+    parse_bucket_size,
+    plan_bucket,
+    plan_ddp,
+)
 from dpcomm.planner.mgwfbp import plan_mgwfbp
 from dpcomm.planner.optimal import optimal_partition, plan_optimal
 from dpcomm.planner.pull import PULL_METHODS, PullPlan, plan_pulls

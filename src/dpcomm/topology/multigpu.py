@@ -143,12 +143,15 @@ class MultiGPU:
         """One line for a header: ``8 servers x 8 GPUs (64 ranks), NVLink 450 GB/s x 82%, 8 x 400gbit
         InfiniBand NICs x 96%`` (``nic_bps``: the NIC rate when the spec gives none)."""
         rate = self.nic_bps if self.nic_bps is not None else nic_bps
-        nic = f"{self.nic_count} x {rate / 1e9:g}gbit {self.link.name} NIC" if rate else f"{self.nic_count} NIC"
+        nic = (
+            f"{self.nic_count} x {rate / 1e9:g}gbit {self.link.name} NIC" if rate else f"{self.nic_count} NIC"
+        )
         intra = "NVLink" if self.intra == "nvlink" else "PCIe bus"
+        nics = "s" if self.nic_count > 1 else ""
         plural = "s" if self.hosts != 1 else ""
         return (
             f"{self.hosts} server{plural} x {self.gpus} GPUs ({self.servers} ranks), {intra} "
-            f"{_fmt(self.intra_bps).replace('GB/s', ' GB/s')} x {self.intra_eff:.0%}, {nic}{'s' if self.nic_count > 1 else ''} x "
+            f"{_fmt(self.intra_bps).replace('GB/s', ' GB/s')} x {self.intra_eff:.0%}, {nic}{nics} x "
             f"{self.nic_fraction:.0%}, {self.arch}{', SHARP' if self.sharp else ''}"
         )
 

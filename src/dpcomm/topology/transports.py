@@ -60,7 +60,7 @@ TRANSPORTS: dict[str, Transport] = {
     "ib": Transport(
         key="ib",
         name="InfiniBand",
-        fraction=0.96,  # 24 of 25 GB/s (HDR, nccl-tests#119), 48 of 50 (NDR, #319), 96 of 100 (XDR, search.cc)
+        fraction=0.96,  # 24 of 25 GB/s (HDR, nccl-tests#119), 48 of 50 (NDR, #319), 96 of 100 (XDR)
         latency_s=0.0,  # NCCL's IB plugin reports latency 0: NCCL's own NET hop figures are IB's
         source="nccl-tests#119, #319, #290; NCCL src/graph/search.cc (sm100SpeedArrayInter)",
     ),

@@ -25,11 +25,8 @@ over all steps.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
 import importlib
+from dataclasses import dataclass
 
 import dpcomm.costmodel.collective  # noqa: F401 - fills the registry's cost formulas (ALGORITHMS is checked)
 from dpcomm import registry

@@ -117,7 +117,7 @@ class FlowModel:
             raise ValueError(f"alpha must be >= 0 s, got {alpha_s}, {alpha_inter_s}")
         self.fabric, self.alpha_s = fabric, float(alpha_s)
         self.alpha_inter_s = alpha_inter_s
-        """Start-up of a message between two servers of a multi-GPU fabric (None: ``alpha_s`` as any other)."""
+        """Start-up of a message between two servers of a multi-GPU fabric (None: ``alpha_s``, as any)."""
         self.nccl = nccl
         """The ``nccl-*`` schedules take NCCL's own latency for their algorithm and protocol
         (:mod:`.nccl_tuning`) instead of ``alpha`` per message (the fabric's default start-up)."""
@@ -535,9 +535,9 @@ class FlowModel:
         return h.digest(), rates_key
 
     def _start(self, step: Step) -> float:
-        """``alpha`` x the most messages one sender (one thread of it) posts in the step; on a multi-GPU fabric
-        with ``alpha_inter_s``, a message between servers costs that instead, and the busiest sender is the
-        one whose messages' start-ups add up to most."""
+        """``alpha`` x the most messages one sender (one thread of it) posts in the step; on a multi-GPU
+        fabric with ``alpha_inter_s``, a message between servers costs that instead, and the busiest sender
+        is the one whose messages' start-ups add up to most."""
         inter = self.alpha_inter_s
         if (not self.alpha_s and not inter) or not len(step.src):
             return 0.0
@@ -562,7 +562,9 @@ class FlowModel:
                 todo[key] = i
         new = list(todo.values())
         flows = self._times([(steps[i].src, steps[i].dst, steps[i].nbytes, keys[i][1]) for i in new])
-        got = {keys[i][0]: (self._start(steps[i]) if start else 0.0) + t for i, t in zip(new, flows, strict=True)}
+        got = {
+            keys[i][0]: (self._start(steps[i]) if start else 0.0) + t for i, t in zip(new, flows, strict=True)
+        }
         out = [got[k] if k in got else self._steps[k] for k, _ in keys]
         for k, t in got.items():
             if len(self._steps) >= _CACHE_MAX:

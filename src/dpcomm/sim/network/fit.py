@@ -156,7 +156,9 @@ def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> Fab
     """Fit ``spec``'s start-up and achievable rates to ``log`` (module docstring). The log's ranks (where
     its header lists them) must be ``spec``'s GPUs; a one-line :class:`UserError` otherwise."""
     if not is_multigpu_spec(spec):
-        raise UserError(f"--topology {spec}: a table is fitted on servers of GPUs (gpus:S,G,... or dgx-h100:S)")
+        raise UserError(
+            f"--topology {spec}: a table is fitted on servers of GPUs (gpus:S,G,... or dgx-h100:S)"
+        )
     topo = parse_multigpu(spec)
     if topo.nic_bps is None:
         topo = dataclasses.replace(topo, nic_bps=_NIC_RATE)

@@ -4,7 +4,7 @@ Endpoints are GPUs (rank ``r`` = GPU ``r mod G`` of server ``r div G``). Cables,
 ``c`` gives directed links ``2c`` and ``2c + 1``, as in :mod:`.fabric`):
 
 Every capacity is the line rate times its efficiency (``intra_eff``, ``nic_eff``: the fraction of the line
-rate NCCL's protocol moves, 1 unless the spec or preset gives one).
+rate NCCL's protocol moves; ``nic_eff`` defaults to the transport's).
 
 * NVLink (``nvlink=RATE``): cable ``h G + g`` is GPU ``g`` of server ``h`` to its NVSwitch; link ``2c``
   the GPU's send direction, ``2c + 1`` its receive direction, each ``RATE``. A transfer inside a server
@@ -14,8 +14,9 @@ rate NCCL's protocol moves, 1 unless the spec or preset gives one).
 * NICs: cable ``B + h N + n`` is NIC ``n`` of server ``h`` to its switch (``B``: the intra cables above);
   ``2c`` sends, ``2c + 1`` receives, each the NIC rate. With more NICs than GPUs (``N = k G``), the ``k``
   NICs of a GPU are one cable of ``k`` times the rate: NCCL stripes a GPU's channels over its NICs, which
-  max-min sharing over one joined link gives exactly, with ``G`` NIC cables per server. The switches (rail or one star) are non-blocking,
-  so a transfer between servers crosses the sending NIC's send link and the receiving NIC's receive link.
+  max-min sharing over one joined link gives exactly, with ``G`` NIC cables per server. The switches
+  (rail or one star) are non-blocking, so a transfer between servers crosses the sending NIC's send link
+  and the receiving NIC's receive link.
 
 Route between servers (``N`` NICs, ``k = G / N`` GPUs per NIC): the receiving NIC is the destination GPU's
 own (``gd div k``); with ``net=rail`` the sending NIC is on the same rail (PXN: if it is not the sender's
@@ -27,9 +28,11 @@ Switch endpoints (for the schedules whose switches reduce: NVLink SHARP, InfiniB
 the ``P`` GPUs: ``P + h`` is server ``h``'s NVSwitch (a GPU reaches it over its own NVLink send link and
 hears from it over its receive link; with PCIe, the bus), ``P + H + n`` the network switch of NIC ``n``'s
 rail (reached through NIC ``n`` of the GPU's server, over NVLink to the GPU beside that NIC first when it is
-not the GPU's own). A flow between two switch endpoints has no route. No TCP: InfiniBand and NVLink carry no TCP/IP headers, so a multi-GPU
-fabric adds no header overhead (``Goodput(mtu=0)``, :func:`.fabric.make_fabric`); its links carry the line
-rate times the efficiency.
+not the GPU's own). A flow between two switch endpoints has no route.
+
+No TCP: InfiniBand and NVLink carry no TCP/IP headers, so a multi-GPU fabric adds no header overhead
+(``Goodput(mtu=0)``, :func:`.fabric.make_fabric`); its links carry the line rate times the efficiency (a
+``transport=tcp`` fabric's TCP framing is in its fraction).
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def build_multigpu(t: MultiGPU, nic_Bps: float) -> tuple:
     rail = t.net == "rail"
 
     ranks = hosts * g
-    nvs0, sw0 = ranks, ranks + hosts  # switch endpoints: server h's NVSwitch, rail n's network switch
+    sw0 = ranks + hosts  # switch endpoints: server h's NVSwitch is ranks + h, rail n's switch sw0 + n
 
     def between(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
         """Routes between GPUs (the module docstring)."""
@@ -105,11 +108,15 @@ def build_multigpu(t: MultiGPU, nic_Bps: float) -> tuple:
             first = np.where(on_nvs | relay, own, nic)
             second = np.where(on_nvs, -1, np.where(relay, beside, -1))
             third = np.where(relay, nic, -1)
-            path = [first, second, third] if up else [np.where(relay, nic, first), np.where(relay, beside, second),
-                                                      np.where(relay, own, third)]  # fmt: skip
+            down = [np.where(relay, nic, first), np.where(relay, beside, second), np.where(relay, own, third)]
+            path = [first, second, third] if up else down
         else:
             bus = 2 * h
-            path = [bus, np.where(on_nvs, -1, nic)] if up else [np.where(on_nvs, bus, nic), np.where(on_nvs, -1, bus)]
+            path = (
+                [bus, np.where(on_nvs, -1, nic)]
+                if up
+                else [np.where(on_nvs, bus, nic), np.where(on_nvs, -1, bus)]
+            )
         for i, col in enumerate(path):
             out[:, i] = col
         return out

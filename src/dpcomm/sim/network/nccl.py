@@ -29,8 +29,8 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from dpcomm.messages import Step
 from dpcomm.errors import UserError
+from dpcomm.messages import Step
 from dpcomm.sim.network import nccl_ring, nccl_tree, nccl_tuning, nvls
 from dpcomm.sim.network._gpuparts import shape
 from dpcomm.topology.multigpu import MultiGPU
@@ -109,7 +109,8 @@ def _tree_chunk(t: MultiGPU, picked: Picked, nbytes: int) -> int:
     """Data bytes of one pipeline chunk of NCCL's tree (``src/enqueue.cc``): a step of the protocol's buffer
     (``NCCL_STEPS`` = 8 per buffer: Simple 4 MiB, so 512 KiB; LL 512 KiB of 16-byte lines half data, so
     32 KiB; LL128 4,915,200 bytes of 120/128 data, so 576,000), and for LL128 halved while a channel would
-    get fewer chunks than ``(1 + log2 M + 0.1 G) x 64 / G`` (down to 128 KiB), then ``x 16 / G`` (to 32 KiB)."""
+    get fewer chunks than ``(1 + log2 M + 0.1 G) x 64 / G`` (down to 128 KiB), then ``x 16 / G`` (to 32
+    KiB)."""
     if picked.protocol == "Simple":
         return nccl_tree.CHUNK
     if picked.protocol == "LL":

@@ -64,7 +64,9 @@ def parse_nccl_tests(text: str, source: str = "log") -> NcclTestsLog:
     one-line :class:`UserError` naming ``source`` and the line."""
     lines = text.splitlines()
     if len(lines) > _MAX_LINES:
-        raise UserError(f"{source}: {len(lines):,} lines is not one all_reduce_perf run (at most {_MAX_LINES:,})")
+        raise UserError(
+            f"{source}: {len(lines):,} lines is not one all_reduce_perf run (at most {_MAX_LINES:,})"
+        )
     rows: dict[int, float] = {}
     hosts: dict[int, str] = {}
     env: dict[str, str] = {}
@@ -83,14 +85,18 @@ def parse_nccl_tests(text: str, source: str = "log") -> NcclTestsLog:
         if not math.isfinite(t_us) or t_us <= 0:
             raise UserError(f"{source}, line {number}: time {m.group(6)} us is not a positive number")
         if size in rows and not math.isclose(rows[size], t_us * 1e-6, rel_tol=0.5):
-            raise UserError(f"{source}, line {number}: {size:,} bytes measured twice ({rows[size] * 1e6:g} us)")
+            raise UserError(
+                f"{source}, line {number}: {size:,} bytes measured twice ({rows[size] * 1e6:g} us)"
+            )
         rows.setdefault(size, t_us * 1e-6)
     if not rows:
         raise UserError(
             f"{source}: no all_reduce_perf rows (size count type redop [root] time algbw busbw ...) in it"
         )
     algo = _single(env["ALGO"], _ALGOS) if "ALGO" in env else None
-    proto = _single(env["PROTO"], {"ll": "LL", "ll128": "LL128", "simple": "Simple"}) if "PROTO" in env else None
+    proto = (
+        _single(env["PROTO"], {"ll": "LL", "ll128": "LL128", "simple": "Simple"}) if "PROTO" in env else None
+    )
     return NcclTestsLog(
         rows=tuple(sorted(rows.items())),
         ranks=len(hosts) or None,

@@ -3,8 +3,9 @@
 Our reading of NCCL's tuning model (github.com/NVIDIA/nccl, ``src/graph/tuning.cc``, ``ncclTopoTuneModel``
 and ``ncclTopoGetAlgoTime``; ``src/graph/search.cc`` for the channels; commit 5067397c): NCCL prices every
 (algorithm, protocol) pair of an all-reduce of ``S`` bytes as ``time = latency + S / bandwidth`` and runs
-the cheapest; ``NCCL_ALGO`` and ``NCCL_PROTO`` only narrow the candidates. The tables below are NCCL's
-published constants (microseconds, GB/s); the code that combines them is ours.
+the cheapest; ``NCCL_ALGO`` and ``NCCL_PROTO`` only narrow the candidates. The tables
+(:mod:`.nccl_tables`) are NCCL's published constants (microseconds, GB/s); the code that combines them is
+ours.
 
 Symbols: ``P`` ranks on ``M`` servers of ``G = P / M`` GPUs; ``C`` channels of an algorithm, each moving
 ``b`` GB/s (``b_intra`` inside a server, ``b_inter`` across servers: NCCL's ``graph->bwIntra/bwInter``).
@@ -34,9 +35,11 @@ Inter``) not above a NIC's achievable rate; on one server as many channels as th
 the fastest intra-node speed (``speedArrayIntra``) that gives at least two; channels doubled (and their
 speed halved) when the speed is at least 25 GB/s, except from Hopper at under 50 GB/s with more than 4
 channels (``ncclTopoDupChannels``); a tree's intra-server speed then rises through the same speeds while
-it is under twice the inter-server one and NVLink carries it (the search's second pass). NVLS: one channel per GPU up to 16 (``NCCL_MAX_NVLS_ARITY``), at the
-fastest speed whose total fits NVLink x G/(G-1). What this leaves out: NCCL's search also weighs PCIe paths,
-crossing NICs and CPU sockets; AMD CPUs (Intel's figures are used); a tuner plugin's own model.
+it is under twice the inter-server one and NVLink carries it (the search's second pass). NVLS: one
+channel per GPU up to 16 (``NCCL_MAX_NVLS_ARITY``), at the fastest speed whose total fits NVLink x
+G/(G-1). What this leaves out: NCCL's search also weighs PCIe paths,
+crossing NICs and CPU sockets; AMD CPUs (Intel's figures are used); a tuner plugin's own model. NCCL's
+constants are in :mod:`.nccl_tables`.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from dpcomm.sim.network import nccl_tables as T
 from dpcomm.topology.multigpu import ARCHS, MultiGPU
 
 __all__ = [
@@ -65,87 +69,6 @@ ALGORITHMS = ("tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_t
 """NCCL's all-reduce algorithms (``NCCL_ALGO`` names, lower case); PAT runs only all-gather and
 reduce-scatter, so it is not among them."""
 PROTOCOLS = ("LL", "LL128", "Simple")
-
-# --- NCCL's constants (tuning.cc, ncclTunerConstantsDefaults), microseconds --------------------------------
-# (LL, LL128, Simple) per algorithm, in ALGORITHMS' order
-_BASE_LAT = {
-    "tree": (6.8, 14.0, 8.4),
-    "ring": (6.6, 14.0, 8.4),
-    "collnet_direct": (0.0, 0.0, 0.0),
-    "collnet_chain": (0.0, 0.0, 0.0),
-    "nvls": (0.0, 0.0, 0.0),
-    "nvls_tree": (0.0, 0.0, 0.0),
-}
-_HW_LAT = {  # per link type: a hop's latency
-    "nvlink": {
-        "tree": (0.6, 1.25, 4.0),
-        "ring": (0.6, 1.9, 3.4),
-        "collnet_direct": (0.0, 0.0, 3.7),
-        "collnet_chain": (0.0, 0.0, 2.8),
-        "nvls": (0.0, 0.0, 25.0),
-        "nvls_tree": (0.0, 0.0, 25.0),
-    },
-    "pci": {
-        "tree": (1.0, 1.9, 4.0),
-        "ring": (1.0, 2.5, 5.7),
-        "collnet_direct": (0.0, 0.0, 3.7),
-        "collnet_chain": (0.0, 0.0, 2.8),
-        "nvls": (0.0, 0.0, 0.0),
-        "nvls_tree": (0.0, 0.0, 0.0),
-    },
-    "net": {
-        "tree": (5.0, 8.5, 14.0),
-        "ring": (2.7, 4.0, 14.0),
-        "collnet_direct": (0.0, 0.0, 31.0),
-        "collnet_chain": (0.0, 0.0, 30.0),
-        "nvls": (0.0, 0.0, 18.0),
-        "nvls_tree": (0.0, 0.0, 20.9),
-    },
-}
-# GB/s caps, per architecture (volta, ampere, hopper, blackwell) x servers (1, 2, more)
-_LL_MAX_BW_1 = {"volta": 39.0, "ampere": 87.7, "hopper": 141.0, "blackwell": 282.0}  # one server: by GPU
-_LL_MAX_BW_N = (39.0, 20.4)  # several servers: by CPU (Intel's row), 2 servers / more
-_PER_CH_RING_LL128 = {"volta": (20.0,) * 3, "ampere": (20.0,) * 3, "hopper": (36.7,) * 3, "blackwell": (40.0,) * 3}
-_PER_CH_TREE_LL128 = {
-    "volta": (20.0, 20.0, 20.0),
-    "ampere": (20.0, 20.0, 20.0),
-    "hopper": (36.7, 36.7, 29.0),
-    "blackwell": (55.6, 31.67, 20.0),
-}
-_PER_CH_TREE = {
-    "volta": (26.5, 18.5, 10.0),
-    "ampere": (24.0, 23.6, 17.8),
-    "hopper": (38.7, 41.4, 36.0),
-    "blackwell": (70.0, 42.8, 24.0),
-}
-_PER_CH_NVLS_TREE = {
-    "volta": (26.5, 18.5, 10.0),
-    "ampere": (24.0, 23.6, 17.8),
-    "hopper": (0.0, 57.7, 45.5),
-    "blackwell": (0.0, 96.0, 80.0),
-}
-_NVLS_EFF = {"volta": 0.0, "ampere": 0.0, "hopper": 0.85, "blackwell": 0.74}
-_NET_OVERHEAD_US = 1.0  # getNetOverhead: Intel x86 (AMD: 2.0)
-_TREE_CORRECTION = {  # by log2(S / 64 B), 0..23
-    "LL": (1.0, 1.0, 1.0, 1.0, .9, .8, .7, .7, .7, .7, .6, .5, .4, .4, .5, .6, .7, .8, .9, 1.0, 1.0, 1.0, 1.0, 1.0),
-    "LL128": (1.0, 1.0, 1.0, 1.0, 1.0, .9, .8, .8, .8, .7, .6, .6, .6, .6, .6, .6, .8, .9, .9, .9, .9, 1.0, 1.0, 1.0),
-    "Simple": (.9, .9, .9, .9, .9, .9, .9, .8, .7, .6, .6, .5, .5, .5, .5, .6, .7, .8, .7, .7, .8, .9, .9, .9),
-}
-# search.cc: per-channel speeds NCCL tries, GB/s (before Hopper / Hopper / Blackwell)
-_SPEED_INTRA = {
-    "volta": (40.0, 30.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0),
-    "hopper": (60.0, 50.0, 40.0, 30.0, 24.0, 20.0, 15.0, 12.0, 11.0, 6.0, 3.0),
-    "blackwell": (90.0, 80.0, 70.0, 60.0, 50.0, 45.0, 40.0, 30.0, 24.0, 20.0, 19.0, 18.0),
-}
-_SPEED_INTER = {
-    "volta": (48.0, 30.0, 28.0, 24.0, 20.0, 18.0, 15.0, 12.0, 10.0, 9.0, 7.0, 6.0, 5.0, 4.0, 3.0, 2.4, 1.2, 0.24,
-              0.12),
-    "hopper": (48.0, 45.0, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0, 2.4, 1.2, 0.24, 0.12),
-    "blackwell": (96.0, 86.0, 80.0, 48.0, 45.1, 42.0, 40.0, 30.0, 24.0, 22.0, 20.0, 17.5, 15.0, 12.0, 6.0, 3.0,
-                  2.4, 1.2, 0.24, 0.12),
-}  # fmt: skip
-_MAX_CHANNELS = 32  # MAXCHANNELS / 2 for rings and trees (NCCL's MAXCHANNELS is 64)
-_MAX_NVLS_ARITY = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -191,9 +114,9 @@ def graph(t: MultiGPU, algorithm: str, nic_bps: float) -> Graph | None:
     if algorithm in ("nvls", "nvls_tree"):
         if not t.nvls or g < 2 or (algorithm == "nvls" and m > 1) or (algorithm == "nvls_tree" and m == 1):
             return None
-        ch = min(_MAX_NVLS_ARITY, g)
+        ch = min(T.MAX_NVLS_ARITY, g)
         room = intra * g / (g - 1)  # NCCL lets non-ring patterns use NVLink x G/(G-1)
-        speeds = _speeds(_SPEED_INTER if m > 1 else _SPEED_INTRA, arch)
+        speeds = _speeds(T.SPEED_INTER if m > 1 else T.SPEED_INTRA, arch)
         cap = _nic_GBps(t, nic_bps) if m > 1 else math.inf
         s = next((x for x in speeds if x <= cap and x * ch <= room), speeds[-1])
         return Graph(ch, s, s)
@@ -203,16 +126,16 @@ def graph(t: MultiGPU, algorithm: str, nic_bps: float) -> Graph | None:
         links = min(t.nic_count, g)
         return Graph(links, intra / links, _nic_GBps(t, nic_bps))
     if m == 1:  # one server: as many channels as NVLink carries at the fastest speed giving at least two
-        speeds = _speeds(_SPEED_INTRA, arch)
+        speeds = _speeds(T.SPEED_INTRA, arch)
         s = next((x for x in speeds if intra / x >= 2), speeds[-1])
-        ch = max(1, min(_MAX_CHANNELS // 2, int(intra // s)))
+        ch = max(1, min(T.MAX_CHANNELS // 2, int(intra // s)))
     else:  # a channel per NIC (joined NICs count once per GPU), at the fastest speed a NIC carries
-        speeds = _speeds(_SPEED_INTER, arch)
+        speeds = _speeds(T.SPEED_INTER, arch)
         s = next((x for x in speeds if x <= _nic_GBps(t, nic_bps) * 1.0001), speeds[-1])
-        ch = min(max(1, min(t.nic_count, g)), _MAX_CHANNELS // 2)
+        ch = min(max(1, min(t.nic_count, g)), T.MAX_CHANNELS // 2)
     later = ARCHS.index(arch) >= ARCHS.index("hopper")
     if s >= 25 and not (later and s < 50 and ch > 4):  # ncclTopoDupChannels
-        dup = min(2 * ch, _MAX_CHANNELS)
+        dup = min(2 * ch, T.MAX_CHANNELS)
         s, ch = s / -(-dup // ch), dup
     s_intra = s
     if algorithm == "tree" and m > 1:  # the search's second pass raises a tree's bwIntra (up to ~2 bwInter)
@@ -236,9 +159,9 @@ def _idx(m: int) -> int:
 def _hop(t: MultiGPU, algorithm: str, protocol: str) -> tuple[float, float]:
     """``(lat_intra, lat_inter)`` of one hop, microseconds (module docstring)."""
     p = PROTOCOLS.index(protocol)
-    intra = _HW_LAT["nvlink" if t.intra == "nvlink" else "pci"][algorithm][p]
+    intra = T.HW_LAT["nvlink" if t.intra == "nvlink" else "pci"][algorithm][p]
     ppn1 = t.gpus == 1
-    inter = _HW_LAT["net"]["tree" if ppn1 else algorithm][p] + t.link.latency_s * 1e6
+    inter = T.HW_LAT["net"]["tree" if ppn1 else algorithm][p] + t.link.latency_s * 1e6
     if protocol == "Simple":  # the flush after a receive costs the transport's latency once more
         inter += t.link.latency_s * 1e6
     return intra, inter
@@ -251,7 +174,7 @@ def hop_latency_us(t: MultiGPU) -> tuple[float, float]:
     for Simple), and at least the network post overhead inside a server of a multi-server cluster."""
     intra, inter = _hop(t, "ring", "Simple")
     if t.hosts > 1:
-        intra = max(intra, 3 * _NET_OVERHEAD_US)
+        intra = max(intra, 3 * T.NET_OVERHEAD_US)
     return intra, inter
 
 
@@ -260,11 +183,11 @@ def latency_us(t: MultiGPU, algorithm: str, protocol: str) -> float:
     the ring's plateau factor, which depends on the size: :func:`predict_us`)."""
     m, g, p_all = t.hosts, t.gpus, t.servers
     intra, inter = _hop(t, algorithm, protocol)
-    lat = _BASE_LAT[algorithm][PROTOCOLS.index(protocol)]
+    lat = T.BASE_LAT[algorithm][PROTOCOLS.index(protocol)]
     logm = int(math.log2(m)) if m > 1 else 0  # NCCL's log2i: the floor
     if algorithm == "ring":
         if m > 1:
-            intra = max(intra, _NET_OVERHEAD_US * (3 if protocol == "Simple" else 1))
+            intra = max(intra, T.NET_OVERHEAD_US * (3 if protocol == "Simple" else 1))
         steps, net_steps = 2 * (p_all - 1), 2 * (m - 1)
         return lat + (steps - net_steps) * intra + net_steps * inter
     if algorithm == "tree":
@@ -291,22 +214,22 @@ def bus_bandwidth(t: MultiGPU, algorithm: str, protocol: str, nic_bps: float) ->
     if algorithm in ("nvls", "nvls_tree"):
         if gr.channels < 2:
             return 0.0
-        intra = gr.bw_intra * _NVLS_EFF[arch] * (gr.channels - 1) / gr.channels * 2  # pipelines two ops
+        intra = gr.bw_intra * T.NVLS_EFF[arch] * (gr.channels - 1) / gr.channels * 2  # pipelines two ops
         inter = gr.bw_inter * (2 if (m <= 2 and algorithm == "nvls_tree") else 1)
-        cap = _PER_CH_NVLS_TREE[arch][i] if algorithm == "nvls_tree" else math.inf
+        cap = T.PER_CH_NVLS_TREE[arch][i] if algorithm == "nvls_tree" else math.inf
         bw = min(intra, inter, cap)
     bus = gr.channels * bw
-    ll_max = _LL_MAX_BW_1[arch] if m == 1 else _LL_MAX_BW_N[0 if m == 2 else 1]
+    ll_max = T.LL_MAX_BW_1[arch] if m == 1 else T.LL_MAX_BW_N[0 if m == 2 else 1]
     if algorithm == "ring" and protocol == "LL":
         bus = min(ll_max, bus * 0.5)
     if algorithm == "ring" and protocol == "LL128":
-        bus = min(bus * 0.92, gr.channels * _PER_CH_RING_LL128[arch][i])
+        bus = min(bus * 0.92, gr.channels * T.PER_CH_RING_LL128[arch][i])
     if algorithm == "tree":
-        bus = min(bus * 0.92, gr.channels * _PER_CH_TREE[arch][i])
+        bus = min(bus * 0.92, gr.channels * T.PER_CH_TREE[arch][i])
         if protocol == "LL":
             bus = min(bus / 3.8, ll_max)
         if protocol == "LL128":
-            bus = min(bus * (7 / 9 if m == 1 else 120 / 128), gr.channels * _PER_CH_TREE_LL128[arch][i])
+            bus = min(bus * (7 / 9 if m == 1 else 120 / 128), gr.channels * T.PER_CH_TREE_LL128[arch][i])
         if gr.pattern_tree:
             bus *= 0.85
     if algorithm == "collnet_direct":
@@ -327,20 +250,20 @@ def cap_bandwidth(t: MultiGPU, algorithm: str, protocol: str, nic_bps: float) ->
     if gr is None:
         return None
     m, arch, p_all, i = t.hosts, t.arch, t.servers, _idx(t.hosts)
-    ll_max = _LL_MAX_BW_1[arch] if m == 1 else _LL_MAX_BW_N[0 if m == 2 else 1]
+    ll_max = T.LL_MAX_BW_1[arch] if m == 1 else T.LL_MAX_BW_N[0 if m == 2 else 1]
     bus = None
     if algorithm == "ring" and protocol == "LL":
         bus = ll_max
     elif algorithm == "ring" and protocol == "LL128":
-        bus = gr.channels * _PER_CH_RING_LL128[arch][i]
+        bus = gr.channels * T.PER_CH_RING_LL128[arch][i]
     elif algorithm == "tree":
-        bus = gr.channels * _PER_CH_TREE[arch][i]
+        bus = gr.channels * T.PER_CH_TREE[arch][i]
         if protocol == "LL":
             bus = min(bus / 3.8, ll_max)
         elif protocol == "LL128":
-            bus = min(bus * (7 / 9 if m == 1 else 120 / 128), gr.channels * _PER_CH_TREE_LL128[arch][i])
-    elif algorithm == "nvls_tree" and _PER_CH_NVLS_TREE[arch][i] > 0:
-        bus = gr.channels * _PER_CH_NVLS_TREE[arch][i]
+            bus = min(bus * (7 / 9 if m == 1 else 120 / 128), gr.channels * T.PER_CH_TREE_LL128[arch][i])
+    elif algorithm == "nvls_tree" and T.PER_CH_NVLS_TREE[arch][i] > 0:
+        bus = gr.channels * T.PER_CH_NVLS_TREE[arch][i]
     if bus is None:
         return None
     return bus * (p_all / (2 * (p_all - 1)) if algorithm in ("ring", "nvls", "nvls_tree") else 0.5)
@@ -354,9 +277,9 @@ def predict_us(t: MultiGPU, algorithm: str, protocol: str, nbytes: int, nic_bps:
     lat = latency_us(t, algorithm, protocol)
     log_size = int(math.log2(nbytes >> 6)) if nbytes >> 6 else -1
     if algorithm == "tree" and 0 <= log_size < 23:
-        bw *= _TREE_CORRECTION[protocol][log_size]
+        bw *= T.TREE_CORRECTION[protocol][log_size]
     if algorithm == "nvls_tree" and t.arch == "blackwell" and 0 <= log_size < 24:
-        bw *= _TREE_CORRECTION[protocol][log_size]
+        bw *= T.TREE_CORRECTION[protocol][log_size]
     if algorithm == "ring" and protocol == "Simple" and t.hosts > 1:
         ch = graph(t, "ring", nic_bps).channels
         if nbytes / (ch * t.servers) >= 64:

@@ -25,8 +25,8 @@ from dpcomm.costmodel.base import CommCost, MeasuredCost
 from dpcomm.errors import UserError
 from dpcomm.sim.network.algorithms import ELEM, parse_algorithm, simulate_allreduce
 from dpcomm.sim.network.engine import FlowModel
-from dpcomm.sim.network.nccl import NAMES as NCCL_NAMES
 from dpcomm.sim.network.fabric import Fabric
+from dpcomm.sim.network.nccl import NAMES as NCCL_NAMES
 from dpcomm.topology import MultiGPU
 
 __all__ = ["TCP_ALPHA_S", "FlowCost", "default_model", "flow_algorithm", "flow_cost_factory", "startup_text"]
@@ -111,8 +111,8 @@ def startup_text(model: FlowModel) -> str:
     t = model.fabric.topology
     inter = f", {model.alpha_inter_s * 1e6:g} us between servers" if t.hosts > 1 else ""
     return (
-        f"start-up NCCL's latency model ({t.link.name}); other schedules {model.alpha_s * 1e6:g} us per message "
-        f"inside a server{inter}"
+        f"start-up NCCL's latency model ({t.link.name}); other schedules {model.alpha_s * 1e6:g} us per "
+        f"message inside a server{inter}"
     )
 
 
