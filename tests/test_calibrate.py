@@ -248,3 +248,23 @@ def test_a_missing_or_binary_log_is_one_line(tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert words in err and err.count("\n") == 1
+
+
+def test_reads_old_and_tagged_nccl_tests_logs():
+    from dpcomm.sim.network.nccl_tests import parse_nccl_tests
+
+    # nccl-tests before 2.10 (no Group, no root column, 'error') under mpirun --tag-output (aws-efa-eks's log)
+    text = "\n".join(
+        [
+            "[1,0]<stdout>:#   Rank  0 Pid     26 on worker-0 device  0 [0x10] A100-SXM4-40GB",
+            "[1,0]<stdout>:#   Rank  1 Pid     27 on worker-1 device  1 [0x10] A100-SXM4-40GB",
+            "[1,0]<stdout>:worker-0:26:26 [0] NCCL INFO Launch mode Parallel",
+            "[1,0]<stdout>:           8             2   float     sum    167.5    0.00    0.00  2e-07"
+            "    167.1    0.00    0.00  1e-07",
+            "[1,0]<stdout>:  1073741824     268435456   float     sum    61556   17.44   32.71  5e-07"
+            "    61303   17.52   32.84  5e-07",
+        ]
+    )
+    log = parse_nccl_tests(text)
+    assert log.rows == ((8, pytest.approx(167.5e-6)), (1073741824, pytest.approx(61556e-6)))
+    assert (log.ranks, log.hosts) == (2, 2)

@@ -5,7 +5,8 @@ A data row is ``size count type redop [root] time algbw busbw #wrong time algbw 
 out-of-place columns, then the in-place ones; ``root`` since nccl-tests 2.13, ``error`` instead of
 ``#wrong`` before it); sizes in bytes, times in microseconds, bandwidths in GB/s. Rows may carry a prefix
 (``[0]``, a host name and a colon) as ``mpirun --tag-output`` writes them. The header's ``#  Rank  0 Group
-0 Pid 123 on host-a device 0 [...]`` lines give the ranks and servers (distinct host names);
+0 Pid 123 on host-a device 0 [...]`` lines (``Group`` since nccl-tests 2.10) give the ranks and servers
+(distinct host names);
 ``NCCL_ALGO set by environment to Ring`` / ``NCCL_PROTO ...`` (``NCCL_DEBUG=INFO``) or ``-x NCCL_ALGO=Ring``
 on the command line echoed in the log give a forced choice. The out-of-place time is the measurement
 (nccl-tests' own busbw is computed from it).
@@ -27,7 +28,7 @@ _ROW = re.compile(
     rf"^(?:\S*[:\]]\s*)?\s*(\d+)\s+(\d+)\s+([a-z0-9_]+)\s+([a-z]+)\s+(?:(-?\d+)\s+)?({_NUM})\s+({_NUM})\s+({_NUM})\s+"
     rf"(\S+)\s+({_NUM})\s+({_NUM})\s+({_NUM})\s+(\S+)\s*$"
 )
-_RANK = re.compile(r"#\s*Rank\s+(\d+)\s+Group\s+\d+\s+Pid\s+\d+\s+on\s+(\S+)\s+device")
+_RANK = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO)(?:\s+set by environment to\s+|=)([A-Za-z0-9_,^]+)")
 _MAX_LINES = 200_000  # a log longer than this is not one run's output
 _MAX_BYTES = 64 << 20  # nor one larger than this
