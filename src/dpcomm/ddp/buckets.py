@@ -331,7 +331,7 @@ def _assigned(model: nn.Module, groups: tuple[tuple[str, ...], ...]) -> Iterator
     docstring): indices into the parameter list DDP passes, groups in reverse communication order (DDP
     reverses the list it gets), each bucket's byte size as its limit."""
     compute = dist._compute_bucket_assignment_by_size
-    ids = {n: id(p) for n, p in model.named_parameters()}
+    ids = {n.removeprefix("_orig_mod."): id(p) for n, p in model.named_parameters()}  # torch.compile's
 
     def assignment(params: list[torch.Tensor], limits: Any, *args: Any, **kwargs: Any) -> Any:
         index = {id(p): i for i, p in enumerate(params)}

@@ -35,8 +35,9 @@ first; with ``find_unused_parameters=True`` they are the construction-time bucke
 from __future__ import annotations
 
 import logging
+import sys
 import warnings
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -85,6 +86,10 @@ class Wrapped:
     """The cost model's iteration time (seconds) per candidate, as :func:`dpcomm.sim.simulate` prices it."""
     ddp_options: dict[str, Any] | None = None
     """The DDP keyword arguments the user passed."""
+    compiled_splits: list[list[list[str]]] = field(default_factory=list)
+    """Per graph dynamo compiled for this DDP, its subgraphs' parameters (:mod:`dpcomm.ddp.compiled`)."""
+    compiled_notes: list[str] = field(default_factory=list)
+    """What a compile mode runs instead of the plan, said once."""
 
     def __str__(self) -> str:
         from dpcomm.trace.names import pattern
@@ -150,11 +155,13 @@ def plan_on_workers(
     profile_iters: int = 3,
     process_group: Any = None,
     static_graph: bool = False,
+    coarsen: Any = None,
 ) -> tuple[Plan, Trace, CommCost]:
     """Profile, price and plan on every rank of ``process_group`` (see module docstring); every rank gets
     the same plan, trace and cost. ``mgwfbp`` and ``optimal`` need ``example`` (one input batch).
     ``static_graph``: DDP will run with it, and its rebuilt buckets communicate the unused units last
-    (:mod:`dpcomm.ddp.buckets`): they are planned there (:func:`static_order`)."""
+    (:mod:`dpcomm.ddp.buckets`): they are planned there (:func:`static_order`). ``coarsen(trace) -> trace``:
+    the units as they can be cut (a compiled graph's: :func:`dpcomm.ddp.compiled.graph_atoms`)."""
     from dpcomm.collectives import get
     from dpcomm.costmodel.collective import ALGORITHMS
     from dpcomm.planner import autoplan
@@ -189,6 +196,8 @@ def plan_on_workers(
         )  # fmt: skip
     if static_graph:
         trace = static_order(trace)
+    if coarsen is not None:
+        trace = coarsen(trace)
     if network is not None:
         cost: CommCost = autoplan.network_cost(
             network, world, collective if collective in ALGORITHMS else "ring"
@@ -204,6 +213,21 @@ def plan_on_workers(
     plan = autoplan.plan_on_root(parsed, trace, cost, world, process_group, root=0)
     check_same_plan(plan, process_group)
     return plan, trace, cost
+
+
+def merge_layers(trace: Trace, sizes: list[int]) -> Trace:
+    """``trace`` with runs of ``sizes`` consecutive units merged into one (times and parameters summed; the
+    first unit's name, ``+k`` for the k others)."""
+    rows, at = [], 0
+    for n in sizes:
+        run = trace.layers[at : at + n]
+        at += n
+        rows.append(replace(
+            run[0], name=run[0].name + (f"+{n - 1}" if n > 1 else ""), params=sum(x.params for x in run),
+            forward_s=sum(x.forward_s for x in run), backward_s=sum(x.backward_s for x in run),
+            param_names=tuple(q for x in run for q in x.param_names), unused=all(x.unused for x in run),
+        ))  # fmt: skip
+    return replace(trace, layers=tuple(rows))
 
 
 def static_order(trace: Trace) -> Trace:
@@ -254,6 +278,11 @@ def wrap(
             f"dpcomm.ddp.wrap sets the buckets from the plan; do not pass {', '.join(sorted(clash))}"
         )
     first_param(model, "dpcomm.ddp.wrap")
+    compiled, model = model, getattr(model, "_orig_mod", model)  # torch.compile(model): plan on the module
+    if compiled is not model and verify_iters > 0:
+        verify_iters = 0  # each candidate would compile again, and dynamo would keep its graphs for the next
+        if dist.get_rank(process_group) == 0:
+            _log.info("dpcomm.ddp.wrap: a compiled model: its plan is not timed against the alternatives")
     check_same_weights(model, process_group, "dpcomm.ddp.wrap")
     trace = cost = timed = predicted = None
     planned = plan if isinstance(plan, Plan) else None
@@ -261,9 +290,13 @@ def wrap(
     walk = _walk_kwargs(ddp_kwargs)
     with untouched(model):
         if isinstance(plan, str):
+            coarsen = None
+            if compiled is not model and example is not None:  # cut only where dynamo's graph can be cut
+                coarsen = lambda t: _compiled_units(model, example, t, process_group)  # noqa: E731
             plan, trace, cost = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, collective=collective, network=network,
                 profile_iters=profile_iters, process_group=process_group, static_graph=walk["static_graph"],
+                coarsen=coarsen,
             )  # fmt: skip
             planned = plan
             _check_unused(trace, walk)
@@ -283,7 +316,21 @@ def wrap(
             caps, timed, predicted = _trial(
                 model, caps, trace, cost, example, loss_fn, verify_iters, process_group, ddp_kwargs
             )
-    ddp = build_ddp(model, caps, process_group, **ddp_kwargs)  # fresh: nothing of the trial in it
+    notes: list[str] = []
+    if "torch._dynamo" in sys.modules:  # the model may be compiled: dynamo must split at the plan's cuts
+        from dpcomm.ddp.compiled import install, python_reducer_active
+
+        install()
+        if python_reducer_active():  # DDP refuses bucket_cap_mb_list under compiled autograd
+            notes.append(
+                "dpcomm: compiled autograd (optimize_ddp='python_reducer') buckets all-reduces in inductor, "
+                f"which dpcomm does not plan yet: plan '{caps.plan.schedule}' is not applied, DDP runs with "
+                "bucket_cap_mb=25 and inductor's own buckets"
+            )
+    if notes:
+        ddp = DistributedDataParallel(compiled, process_group=process_group, **ddp_kwargs)
+    else:
+        ddp = build_ddp(compiled, caps, process_group, **ddp_kwargs)  # fresh: nothing of the trial in it
     state = None
     if collective != "native" or collective_options:
         hook = collective_hook(collective, **(collective_options or {}))
@@ -301,12 +348,26 @@ def wrap(
         predicted=predicted,
         ddp_options=dict(ddp_kwargs),
         _names=tuple(n for n, p in model.named_parameters() if p.requires_grad),
+        compiled_notes=notes,
     )
     if dist.get_rank(process_group) == 0:
         if caps.note:
             warnings.warn(f"dpcomm: {caps.note}", stacklevel=2)
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
         _log.info(str(ddp.dpcomm).splitlines()[0])
     return ddp
+
+
+def _compiled_units(model: nn.Module, example: Any, trace: Trace, group: Any) -> Trace:
+    """The trace's units merged where the compiled graph cannot be cut (:mod:`dpcomm.ddp.compiled`)."""
+    from dpcomm.ddp.compiled import capture_graph, graph_atoms
+
+    def atoms() -> list[int]:
+        gm = capture_graph(model, example)
+        return graph_atoms(gm, [x.param_names for x in trace.layers], model)
+
+    return merge_layers(trace, on_every_rank(atoms, group, "dpcomm.ddp.wrap: tracing the compiled model"))
 
 
 def _check_unused(trace: Trace, walk: dict[str, bool]) -> None:

@@ -1,0 +1,79 @@
+"""Worker functions for tests/test_compile.py: ``dpcomm.ddp.wrap`` on a compiled model (``DDP(torch.compile
+(model))``, the pattern dynamo's DDPOptimizer serves), against plain compiled DDP with the same buckets
+(module level: the launcher spawns workers that import them)."""
+
+from __future__ import annotations
+
+import copy
+import traceback
+import warnings
+from typing import Any
+
+import torch
+from torch.nn.parallel import DistributedDataParallel
+
+from dpcomm.launch import init_worker
+from tests._corpus import CORPUS, ZOO
+from tests._user_workers import _fingerprint, _recorded_buckets, _same_on_all_ranks, _train
+
+
+def _groups_of_splits(splits: list[list[str]], param_groups: Any) -> list[list[int]]:
+    """Dynamo's subgraphs (the graph inputs DDPOptimizer counted in each, communication order) as the plan
+    groups their parameters belong to."""
+    from dpcomm.ddp.compiled import placeholder_name
+
+    group_of = {placeholder_name(n): k for k, g in enumerate(param_groups) for n in g}
+    return [sorted({group_of[n] for n in sub if n in group_of}) for sub in splits]
+
+
+def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per case ``{model, planner, backend}``: wrap(torch.compile(model)) and plain
+    DistributedDataParallel(torch.compile(copy)) with the plan's caps, trained side by side."""
+    from dpcomm.ddp import wrap
+
+    rank, _ = init_worker()
+    torch.set_num_threads(1)
+    out = []
+    for case in cases:
+        build, batch_of, _ = {**CORPUS, **ZOO}[case["model"]]
+        torch.manual_seed(0)
+        model = build()
+        plain = copy.deepcopy(model)
+        batch = batch_of(10 + rank)
+        r: dict[str, Any] = {}
+        mode = case.get("optimize_ddp", "ddp_optimizer")
+        torch._dynamo.config.optimize_ddp = mode
+        try:
+            torch._dynamo.reset()
+            compiled = torch.compile(model, backend=case.get("backend", "aot_eager"))
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                ddp = wrap(compiled, case["planner"], example=batch[0], profile_iters=1, verify_iters=1,
+                           network="10gbe")  # fmt: skip
+                torch.manual_seed(7)
+                losses, _ = _train(ddp, batch, None)
+            w = ddp.dpcomm
+            r["warnings"] = [str(m.message)[:200] for m in caught if "dpcomm" in str(m.message)]
+            r["plan"] = [list(g) for g in w.caps.plan.groups]
+            r["split_groups"] = _groups_of_splits(w.compiled_splits[-1], w.caps.param_groups) if (
+                w.compiled_splits) else []  # fmt: skip
+            names = {n.removeprefix("_orig_mod."): p for n, p in ddp.module.named_parameters()}
+            unit_of = {
+                id(names[n]): u for u, x in enumerate(w.trace.layers) for n in x.param_names if n in names
+            }
+            caps = w.caps.ddp_kwargs() if mode == "ddp_optimizer" else {}
+            ref = DistributedDataParallel(
+                torch.compile(plain, backend=case.get("backend", "aot_eager")), **caps
+            )
+            torch.manual_seed(7)
+            ref_losses, _ = _train(ref, batch, None)
+            r.update(losses=losses, ref_losses=ref_losses, replicas=_same_on_all_ranks(_fingerprint(model)),
+                     seen=_recorded_buckets(ddp, batch, unit_of) if mode == "ddp_optimizer" else None,
+                     notes=list(w.compiled_notes))  # fmt: skip
+        except Exception as exc:
+            r["error"] = f"{type(exc).__name__}: {exc}"
+            r["trace"] = traceback.format_exc(limit=8)
+        finally:
+            torch._dynamo.config.optimize_ddp = "ddp_optimizer"
+        out.append(r)
+    return out

@@ -1,0 +1,54 @@
+"""dpcomm's DDP plans under ``torch.compile`` (issue 37): ``wrap(torch.compile(model), P, example=x)`` on
+2 gloo workers, one launch, the ``aot_eager`` backend (dynamo's graphs and DDPOptimizer's splits are the
+backend's input, so inductor's slow CPU compile adds nothing to what is checked).
+
+For ``wfbp``, ``mgwfbp`` and ``optimal`` on GPT-2 tiny (the zoo's, tied ``lm_head``) and on a user's
+``nn.TransformerEncoderLayer`` classifier: the plan is made over the units dynamo's graph can be cut
+between; DDPOptimizer's subgraphs (its own record, ``ddp.dpcomm.compiled_splits``) are the plan's groups,
+one each; DDP's reducer buckets (a recording comm hook) are the plan's groups; three SGD steps give the
+losses of plain compiled DDP built with the same caps (``rel=1e-6``). Under compiled autograd
+(``optimize_ddp="python_reducer"``) ``wrap`` does not assert: one line says what runs instead.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dpcomm.launch import launch
+from tests import _compile_workers as W
+
+CASES = [{"model": m, "planner": p} for m in ("gpt2-tiny", "encoder") for p in ("wfbp", "mgwfbp", "optimal")]
+REDUCER = {"model": "encoder", "planner": "optimal", "optimize_ddp": "python_reducer"}
+
+
+@pytest.fixture(scope="module")
+def runs():
+    out = launch(W.compiled_cases, 2, CASES + [REDUCER])
+    return [[r[i] for r in out] for i in range(len(CASES) + 1)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c['model']}-{c['planner']}" for c in CASES])
+def test_compiled_ddp_splits_and_buckets_as_planned(runs, index):
+    for rank, r in enumerate(runs[index]):
+        assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
+        n = len(r["plan"])
+        assert len(r["split_groups"]) == n, r["split_groups"]  # one subgraph per group, no more, no fewer
+        for k, groups in enumerate(r["split_groups"]):
+            assert k in groups and set(groups) <= {k, n - 1}, (k, groups)  # n - 1: a tied weight's other use
+        assert r["seen"] == r["plan"], f"DDP ran {r['seen']}"
+        assert r["losses"] == pytest.approx(r["ref_losses"], rel=1e-6)
+        assert r["replicas"] and not r["warnings"]
+    if CASES[index]["planner"] == "wfbp":
+        assert len(runs[index][0]["plan"]) > 10  # many cuts, all under 1 MiB: DDPOptimizer asserted before
+
+
+@pytest.mark.slow
+def test_compiled_autograd_says_what_runs_instead_of_the_plan(runs):
+    for rank, r in enumerate(runs[-1]):
+        assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
+        assert len(r["notes"]) == 1 and "python_reducer" in r["notes"][0] and "\n" not in r["notes"][0]
+        assert r["losses"] == pytest.approx(r["ref_losses"], rel=1e-6)
+        assert [w for w in r["warnings"] if "python_reducer" in w] == (
+            [r["notes"][0][:200]] if rank == 0 else []
+        )
