@@ -177,8 +177,8 @@ def install() -> None:
                 _warn_once(
                     self._ddp,
                     f"dpcomm: the compiled graph runs {len(self.buckets)} subgraphs where plan "
-                    f"'{w.plan.schedule}' has {wanted} groups in it (DDPOptimizer kept a subgraph going where "
-                    "its nodes had no later use)",
+                    f"'{w.plan.schedule}' has {wanted} groups in it (DDPOptimizer kept a subgraph going "
+                    "where its nodes had no later use)",
                 )
             return out
 
