@@ -210,6 +210,10 @@ CASES = [
     ([*_FSDP, "fsdp:whole", "--memory", "12MB"], "whole (one unit) holds all 13,098,536 bytes"),
     ([*_FSDP, "fsdp:per-block", "--memory", "1.5"], "--memory: '1.5' is not a whole number of bytes"),
     ([*_FSDP, "fsdp:whole,memory=2.5"], "memory: '2.5' is not a whole number of bytes"),
+    # issue 37: --compile runs the ddp and fsdp: kinds only, with a backend name, without re-planning
+    ([*_FSDP, "mgwfbp", "--compile"], "--compile runs PyTorch's DDP or FSDP2 compiled: use ddp[:PLANNER]"),
+    ([*_FSDP, "ddp:mgwfbp", "--compile", "Bad-Name!"], "--compile takes a torch.compile backend name"),
+    ([*_FSDP, "ddp:mgwfbp", "--compile", "--replan-every", "2"], "--compile with --replan-every"),
     # issue 41: the figure's format, node counts, size lists and trace files
     (["validate", "--no-run", "--out", "adir", "--plot", "x.nosuchsuffix"], "cannot draw a '.nosuchsuffix'"),
     (["plan", "--trace", "lenet5", "--nodes", "99999999999999999999"], "more than the 16,384 nodes"),

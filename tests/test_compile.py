@@ -7,7 +7,9 @@ For ``wfbp``, ``mgwfbp`` and ``optimal`` on GPT-2 tiny (the zoo's, tied ``lm_hea
 between; DDPOptimizer's subgraphs (its own record, ``ddp.dpcomm.compiled_splits``) are the plan's groups,
 one each; DDP's reducer buckets (a recording comm hook) are the plan's groups; three SGD steps give the
 losses of plain compiled DDP built with the same caps (``rel=1e-6``). Under compiled autograd
-(``optimize_ddp="python_reducer"``) ``wrap`` does not assert: one line says what runs instead.
+(``optimize_ddp="python_reducer"``) ``wrap`` does not assert: one line says what runs instead. ``dpcomm
+train --compile aot_eager`` for ``ddp``, ``ddp:optimal`` and ``fsdp:per-block`` ends at eager's loss
+(``rel=1e-5``: ``aot_eager`` runs the same aten operations) with identical replicas.
 """
 
 from __future__ import annotations
@@ -52,3 +54,27 @@ def test_compiled_autograd_says_what_runs_instead_of_the_plan(runs):
         assert [w for w in r["warnings"] if "python_reducer" in w] == (
             [r["notes"][0][:200]] if rank == 0 else []
         )
+
+
+@pytest.fixture(scope="module")
+def trained():
+    """``dpcomm train`` on gpt2-tiny, 2 ranks, eager and ``--compile aot_eager`` side by side (one launch)."""
+    from dpcomm.train.config import TrainConfig
+    from tests._train_workers import train_runs
+
+    base = dict(model="gpt2-tiny", nproc=2, iters=4, batch_size=4, threads=1, profile_iters=1, verify_iters=1,
+                progress=False)  # fmt: skip
+    schedules = ["ddp", "ddp:optimal", "fsdp:per-block"]
+    eager, compiled = train_runs(
+        [(TrainConfig(**base), schedules), (TrainConfig(**base, compile="aot_eager"), schedules)]
+    )
+    return dict(zip(schedules, zip(eager, compiled, strict=True), strict=True))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("schedule", ["ddp", "ddp:optimal", "fsdp:per-block"])
+def test_train_compile_trains_like_eager(trained, schedule):
+    eager, compiled = trained[schedule]
+    assert compiled.loss_final == pytest.approx(eager.loss_final, rel=1e-5)
+    assert len(set(compiled.params_sha256)) == 1  # replicas identical
+    assert compiled.iterations == eager.iterations == 4

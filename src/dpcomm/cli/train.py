@@ -75,6 +75,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="fsdp:PLANNER: budget of unsharded parameter bytes the plan must fit (e.g. 64MB)",
     )
     p.add_argument(
+        "--compile",
+        nargs="?",
+        const="inductor",
+        default=None,
+        metavar="BACKEND",
+        help="ddp, fsdp: schedules: torch.compile the model (BACKEND: inductor, the default, or aot_eager)",
+    )
+    p.add_argument(
         "--replan-every",
         type=int,
         default=0,

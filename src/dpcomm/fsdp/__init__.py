@@ -6,6 +6,7 @@
   planning on the workers: :mod:`dpcomm.fsdp.planning`);
 - :func:`shard_groups`: which modules each unit hands to ``fully_shard``, and where FSDP2 forces a
   coarser plan (:mod:`dpcomm.fsdp.groups`);
+- :func:`compile_units`: ``torch.compile`` each unit after sharding, in place;
 - :func:`fsdp_costs`: the two collectives measured and fitted (:mod:`dpcomm.fsdp.costs`).
 
 ``dpcomm train --schedule fsdp:PLANNER`` runs it in the training loop (:mod:`dpcomm.train.fsdp_replica`).
@@ -15,12 +16,13 @@ from __future__ import annotations
 
 from dpcomm.fsdp.costs import fsdp_costs, measure_fsdp_collectives
 from dpcomm.fsdp.groups import ShardGroups, merge_units, shard_groups
-from dpcomm.fsdp.shard import Sharded, apply_plan, plan_on_workers, shard
+from dpcomm.fsdp.shard import Sharded, apply_plan, compile_units, plan_on_workers, shard
 
 __all__ = [
     "ShardGroups",
     "Sharded",
     "apply_plan",
+    "compile_units",
     "fsdp_costs",
     "measure_fsdp_collectives",
     "merge_units",

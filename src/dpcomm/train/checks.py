@@ -51,6 +51,11 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
     input_shape(cfg.model)  # unknown model -> UserError
     parsed = [(s, check_schedule(cfg, s)) for s in schedules or [cfg.schedule]]
     servers = _servers(parsed)
+    odd = [s for s, _ in parsed if str(s).strip().split(":", 1)[0] not in ("ddp", "fsdp")]
+    if cfg.compile is not None and odd:
+        raise UserError(
+            f"--compile runs PyTorch's DDP or FSDP2 compiled: use ddp[:PLANNER] or fsdp:PLANNER, not {odd[0]}"
+        )
     if cfg.memory is not None and not any(str(s).strip().startswith("fsdp:") for s, _ in parsed):
         raise UserError("--memory is the budget of fsdp:PLANNER schedules; none is given")
     if servers:

@@ -93,6 +93,10 @@ class TrainConfig:
     memory: str | None = None
     """``fsdp:`` schedules: the budget of unsharded parameter bytes (``64MB`` = 64 MiB) their planner must
     fit (:mod:`dpcomm.train.fsdp_replica`); a schedule's own ``memory=`` and this are not both given."""
+    compile: str | None = None
+    """``torch.compile`` backend (``inductor``, ``aot_eager``, ...) for the ``ddp`` and ``fsdp:`` kinds: DDP
+    wraps the compiled model (its plan cut where the graph can be, :mod:`dpcomm.ddp.compiled`), FSDP2
+    compiles each unit after sharding; None: eager."""
     replan_every: int = 0
     """Re-plan every this many steady iterations (dpcomm's runtime with a planner name): time the layers
     and the all-reduce again, plan on the root, switch when the model predicts a gain (see
@@ -136,6 +140,14 @@ class TrainConfig:
         need(self.timeout_s > 0, f"timeout must be positive, got {self.timeout_s}")
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         need(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        need(
+            self.compile is None or not self.replan_every,
+            "--compile with --replan-every: a new DDP would reuse the graphs dynamo split for the old plan",
+        )
+        need(
+            self.compile is None or (self.compile.replace("_", "").isalnum() and self.compile.islower()),
+            f"--compile takes a torch.compile backend name (inductor, aot_eager), got {self.compile!r}",
+        )
 
     @property
     def world_size(self) -> int:

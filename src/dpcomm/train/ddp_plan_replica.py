@@ -29,7 +29,7 @@ from dpcomm.plan import Plan
 from dpcomm.planner.schedule import PlannerSchedule
 from dpcomm.runtime.records import Phase
 from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
-from dpcomm.train.ddp_replica import DDPReplica, DDPTimedReplica
+from dpcomm.train.ddp_replica import DDPReplica, DDPTimedReplica, compiled
 from dpcomm.train.ddp_replica import check as check_baseline
 from dpcomm.train.replan import replan_due
 from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
@@ -80,8 +80,8 @@ class DDPPlanReplica(DDPTimedReplica):
         cfg = self.cfg
         t0 = time.perf_counter()
         self.wrapper = wrap(
-            self.model, self._resume_plan or self._parsed.text, example=x, collective=cfg.collective,
-            profile_iters=cfg.profile_iters, verify_iters=cfg.verify_iters,
+            compiled(self.model, cfg), self._resume_plan or self._parsed.text, example=x,
+            collective=cfg.collective, profile_iters=cfg.profile_iters, verify_iters=cfg.verify_iters,
         )  # fmt: skip
         w = self.wrapper.dpcomm
         sizes = "+".join(str(len(g)) for g in w.plan.groups)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
@@ -22,9 +23,14 @@ from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
 from dpcomm.train.replica import ReplicaContext
 from dpcomm.train.setup import build_model, params_sha256
 
-__all__ = ["DDPReplica", "DDPTimedReplica", "check"]
+__all__ = ["DDPReplica", "DDPTimedReplica", "check", "compiled"]
 
 _KEEP_SPANS = 50  # iterations whose timeline is kept for --chrome-trace
+
+
+def compiled(model: torch.nn.Module, cfg: Any) -> torch.nn.Module:
+    """``torch.compile(model, backend=cfg.compile)``, or ``model`` itself when ``--compile`` is not given."""
+    return model if cfg.compile is None else torch.compile(model, backend=cfg.compile)
 
 
 def check(cfg: TrainConfig, schedule: str) -> None:
@@ -101,7 +107,7 @@ class DDPReplica(DDPTimedReplica):
 
     def __init__(self, ctx: ReplicaContext):
         super().__init__(ctx)
-        self.wrapper = DistributedDataParallel(self.model)  # default buckets: 25 MB, first 1 MB
+        self.wrapper = DistributedDataParallel(compiled(self.model, self.cfg))  # default buckets: 25 MB, 1 MB
         world = ctx.world
 
         def hook(_state, bucket):  # no annotations: DDP insists they be GradBucket/Future if present

@@ -152,6 +152,10 @@ class FsdpReplica(DDPTimedReplica):
             self.model, plan, example=x, memory=self._parsed.memory, profile_iters=cfg.profile_iters,
             verify_iters=cfg.verify_iters, layer_params=layers,
         )  # fmt: skip
+        if cfg.compile is not None:  # each unit compiled after sharding: its hooks and prefetch stay
+            from dpcomm.fsdp import compile_units
+
+            compile_units(self.model, cfg.compile)
         self._sharded = self.wrapper = self.model
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
         self._update = UpdateTimer(self.optimizer)
