@@ -50,7 +50,7 @@ def test_minimum_and_lists():
 
 @pytest.mark.parametrize("text", ["1.5", "0.5B", "4.", "1024.0"])
 def test_a_byte_count_is_whole_or_has_a_unit(text):
-    """``--memory 1.5`` was read as 1 byte: a fraction of a byte is a typo, refused; with a unit it is fine."""
+    """``--memory 1.5`` was read as 1 byte: a fraction of a byte is a typo, refused; a unit makes it fine."""
     with pytest.raises(UserError, match="is not a whole number of bytes"):
         parse_size(text)
     assert parse_size("1.5K") == 1536
