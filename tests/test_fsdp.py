@@ -199,6 +199,24 @@ def test_the_trial_compares_only_plans_within_the_budget(one_rank):
     assert roomy == []
 
 
+@pytest.mark.slow  # a process group in this process
+def test_the_trials_copy_is_built_from_shards_and_computes_as_the_model(one_rank):
+    """The trial's candidates are sharded copies made on ``meta`` (never a whole second model) and filled
+    from the model's tensors: the same output and gradients' shapes, the model itself untouched."""
+    from dpcomm.fsdp.shard import _mesh, _sharded_copy
+
+    model, layers, names = _gpt_tiny()
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    plan = FsdpPlan(method="per-block", num_modules=len(layers), units=block_units(names), depth=1,
+                    reshard_after_forward=True)  # fmt: skip
+    shadow = _sharded_copy(model, plan, layers, None, _mesh(model, None))
+    x = torch.randint(0, 256, (2, 16))
+    assert torch.equal(shadow(x), model(x))
+    assert type(shadow.h[0]).__name__ == "FSDPBlock" and not hasattr(model.h[0], "unshard")
+    assert all(torch.equal(p, before[n]) for n, p in model.named_parameters())
+    assert all(p.device.type == "cpu" for p in model.parameters())
+
+
 PLANNERS = ["per-block", "optimal", "whole", "per-layer", "size:256KB"]
 BASE = dict(nproc=3, iters=4, batch_size=4, threads=1, profile_iters=1, verify_iters=1, progress=False)
 RESUMED = "fsdp:size:256KB"

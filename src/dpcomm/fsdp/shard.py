@@ -15,7 +15,8 @@ With an :class:`~dpcomm.planner.fsdp_model.FsdpPlan` its units are applied as gi
 3. rank 0 plans (:func:`dpcomm.planner.fsdp.plan_fsdp`, under ``memory`` bytes of unsharded parameters)
    and broadcasts the plan, or its one-line error (a budget nothing fits); every rank checks its sha256;
 4. for ``optimal``, the model is checked where it may be wrong: the plan and ``per-block`` are applied to
-   copies of the model and timed round-robin on ``example`` (``verify_iters`` forward and backward passes
+   sharded copies of the model (built on ``meta`` and given only their shards: never a whole copy) and
+   timed round-robin on ``example`` (``verify_iters`` forward and backward passes
    each, the slowest rank's median); the faster is kept, ``per-block`` (what users write) within 2%;
 5. the kept plan's units become ``fully_shard`` calls (:mod:`dpcomm.fsdp.groups`: children first, the
    root last, units merged where FSDP2 cannot cut them), the last unit with ``reshard_after_forward=False``
@@ -43,6 +44,7 @@ import statistics
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -192,14 +194,36 @@ def _layer_params(model: nn.Module, example: Any, loss_fn: Any) -> tuple[tuple[s
     return tuple(u.param_names for u in gradient_units(model, on_model_device(model, example), loss_fn))
 
 
+def _sharded_copy(
+    model: nn.Module, plan: FsdpPlan, layer_params: Any, shardable: Any, mesh: Any
+) -> nn.Module:
+    """A copy of ``model`` sharded by ``plan`` that never holds the whole model: the modules copied with
+    their parameters and buffers on ``meta``, sharded, given shards' storage (``to_empty``), then filled
+    from the model's own tensors (each rank keeps its shard; buffers copied whole)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    memo: dict[int, Any] = {}
+    for p in model.parameters():
+        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+    for b in model.buffers():
+        memo[id(b)] = torch.empty_like(b, device="meta")
+    shadow = copy.deepcopy(model, memo)  # the modules, no tensor data (tied parameters stay tied)
+    apply_plan(shadow, plan, shard_groups(shadow, plan, layer_params, shardable), mesh)
+    shadow.to_empty(device=target_device(model))
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    set_model_state_dict(shadow, params, options=StateDictOptions(full_state_dict=True, strict=False))
+    with torch.no_grad():
+        for (_, b), (_, src) in zip(shadow.named_buffers(), model.named_buffers(), strict=True):
+            b.copy_(src)
+    return shadow
+
+
 def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh, group):
     """Step 4: each plan applied to a copy of ``model``, timed round-robin; the kept index and medians."""
     from dpcomm.timing import now, slowest
     from dpcomm.trace.profiler import default_loss
 
-    copies = [copy.deepcopy(model) for _ in plans]
-    for c, p in zip(copies, plans, strict=True):
-        apply_plan(c, p, shard_groups(c, p, layer_params, shardable), mesh)
+    copies = [_sharded_copy(model, p, layer_params, shardable, mesh) for p in plans]
     device = target_device(model)
     times: list[list[float]] = [[] for _ in plans]
     for step in range(len(plans) * (1 + iters)):  # one untimed pass each: FSDP2's lazy init
