@@ -8,7 +8,7 @@ between; DDPOptimizer's subgraphs (its own record, ``ddp.dpcomm.compiled_splits`
 one each; DDP's reducer buckets (a recording comm hook) are the plan's groups; three SGD steps give the
 losses of plain compiled DDP built with the same caps (``rel=1e-6``). Under compiled autograd
 (``optimize_ddp="python_reducer"``) ``wrap`` does not assert: one line says what runs instead. ``dpcomm
-train --compile aot_eager`` for ``ddp``, ``ddp:optimal`` and ``fsdp:per-block`` ends at eager's loss
+train --compile aot_eager`` for ``ddp:optimal`` and ``fsdp:per-block`` ends at eager's loss
 (``rel=1e-5``: ``aot_eager`` runs the same aten operations) with identical replicas.
 """
 
@@ -64,7 +64,7 @@ def trained():
 
     base = dict(model="gpt2-tiny", nproc=2, iters=4, batch_size=4, threads=1, profile_iters=1, verify_iters=1,
                 progress=False)  # fmt: skip
-    schedules = ["ddp", "ddp:optimal", "fsdp:per-block"]
+    schedules = ["ddp:optimal", "fsdp:per-block"]
     eager, compiled = train_runs(
         [(TrainConfig(**base), schedules), (TrainConfig(**base, compile="aot_eager"), schedules)]
     )
@@ -72,7 +72,7 @@ def trained():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["ddp", "ddp:optimal", "fsdp:per-block"])
+@pytest.mark.parametrize("schedule", ["ddp:optimal", "fsdp:per-block"])
 def test_train_compile_trains_like_eager(trained, schedule):
     eager, compiled = trained[schedule]
     assert compiled.loss_final == pytest.approx(eager.loss_final, rel=1e-5)

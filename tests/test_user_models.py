@@ -45,13 +45,15 @@ SHARD_CASES = [
     {"model": m, "planner": p, "memory": mem and TIGHT.get(m, mem)}
     for m in CORPUS for p in ("per-block", "optimal") for mem in (None, 0.6)
 ] + [
-    {"model": m, "planner": "optimal", "memory": None, "meta": True} for m in CORPUS if m != "moe"
+    {"model": m, "planner": "optimal", "memory": None, "meta": True}
+    for m in ("encoder", "decoder", "lora", "bn")
 ] + [
     {"model": "sdpa-gpt", "planner": "per-block", "memory": 0.6, "meta": True},
     {"model": "encoder", "planner": "per-layer", "memory": None},  # finding 2: out_proj a unit of its own
     {"model": "gpt2-tiny", "planner": "optimal", "memory_bytes": 1 << 20},  # finding 4
 ]  # fmt: skip
-"""``moe`` routes with ``nonzero``, which cannot run on ``meta`` (data-dependent shapes): no meta case."""
+"""On ``meta``: four models with ``optimal``, the tied decoder with ``per-block`` under a budget (``moe``
+routes with ``nonzero``, which cannot run on ``meta``: data-dependent shapes)."""
 
 
 @pytest.fixture(scope="module")
