@@ -169,9 +169,10 @@ def shard_groups(
             ks = sorted({unit_of[layer_of[n]] for n in names if n in layer_of})
             if len(ks) > 1:
                 spans.append((ks[0], ks[-1]))
+                first, last = (_unit_text(units, k, layer_params) for k in (ks[0], ks[-1]))
                 notes.append(
-                    f"module {path or 'root'} holds parameters of units {ks[0]}-{ks[-1]}: FSDP2 shards whole "
-                    f"modules, so they are merged"
+                    f"module {path or 'root'} holds parameters of the units of {first} to {last}: FSDP2 "
+                    "shards whole modules, so they are merged"
                 )
         if not spans:
             break
@@ -187,14 +188,15 @@ def shard_groups(
         if ROOT in mods:
             spanning.add(k)
             notes.append(
-                f"unit {k} holds the root module's own parameters: it is the root call, gathered first"
+                f"the unit of {_unit_text(units, k, layer_params)} holds the root module's own parameters: "
+                "it is the root call, gathered first"
             )
         shared = sorted(p for p in mods if any(owners[n] != p for n in direct[p] if n in layer_of))
         if shared and len(units) > 1:  # one unit is gathered for the whole pass anyway
             spanning.add(k)
             notes.append(
-                f"unit {k} also holds {', '.join(shared)} (a tied parameter): FSDP2 keeps it unsharded until "
-                "its last module's forward"
+                f"the unit of {_unit_text(units, k, layer_params)} also holds {', '.join(shared)} (a tied "
+                "parameter): FSDP2 keeps it unsharded until its last module's forward"
             )
     ok = _shardable(model, shardable)
     lifted = [_lift(model, mods, set(direct), ok) if ROOT not in mods else (ROOT,) for mods in members]
@@ -205,6 +207,15 @@ def shard_groups(
         spanning=tuple(sorted(spanning)),
         notes=tuple(notes),
     )
+
+
+def _unit_text(units: Sequence[tuple[int, int]], k: int, layer_params: Sequence[Sequence[str]]) -> str:
+    """Unit ``k`` named by its parameters (``h.3.*``), for the notes."""
+    from dpcomm.trace.names import pattern
+
+    a, z = units[k]
+    every = [n for names in layer_params for n in names]
+    return pattern([n for names in layer_params[a : z + 1] for n in names], every)
 
 
 def _lift(
