@@ -97,9 +97,15 @@ class Wrapped:
         names = [n for ns in self.caps.param_groups for n in ns]
         names = self._names or sorted(names)
         options = ", ".join(f"{k}={v}" for k, v in (self.ddp_options or {}).items())
-        why = "as given" if self.trial is None else "fastest in the timed trial"
-        if self.trial is not None and self.plan.schedule in ("ddp-buckets",):
-            why = "DDP's own buckets: no plan was measurably (> 2%) faster"
+        why = "as given" if self.planned is None or self.trace is None else "planned, not timed"
+        if self.trial:
+            fastest = min(self.trial.values())
+            mine = self.trial.get(self.plan.schedule, fastest)
+            why = "fastest in the timed trial"
+            if self.plan.schedule == "ddp-buckets":
+                why = "DDP's own buckets: no plan was measurably (> 2%) faster in the timed trial"
+            elif mine > fastest:
+                why = "within 2% of the fastest in the timed trial, with the fewest buckets"
         lines = [
             f"dpcomm.ddp.wrap: DDP({options}) runs plan '{self.plan.schedule}', {len(self.plan.groups)} "
             f"buckets ({why})"
