@@ -208,6 +208,7 @@ def plan_fsdp(
     reshard: bool | None = None,
     overlap: str = "streams",
     gap: float = 0.0,
+    ar_cost: CommCost | None = None,
 ) -> FsdpPlan:
     """The FSDP plan of ``method`` (module docstring) for ``modules`` (or a trace), all-gather and
     reduce-scatter costs of a unit's full bytes, a budget of ``memory`` unsharded bytes (``None``: none)
@@ -215,7 +216,9 @@ def plan_fsdp(
     (:func:`fsdp_time`, :func:`peak_memory`) under ``overlap`` (:data:`OVERLAPS`: ``streams`` for FSDP2 on
     GPUs, ``gathers`` on CPU); a budget nothing fits is a one-line :class:`UserError`. ``gap`` (``optimal``
     only): the plan's time may exceed the optimum's by this fraction of a certified lower bound,
-    ``meta["lower_bound_s"]`` (0: exact; :mod:`dpcomm.planner.fsdp_optimal`)."""
+    ``meta["lower_bound_s"]`` (0: exact; :mod:`dpcomm.planner.fsdp_optimal`). ``ar_cost``: HSDP's
+    all-reduce of a unit's shard across the replicas (``None``: FSDP; :func:`dpcomm.planner.hsdp.plan_hsdp`
+    chooses the shard group)."""
     check_overlap(overlap)
     t_start = time.perf_counter()
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
@@ -233,15 +236,16 @@ def plan_fsdp(
         for other in ("whole", "per-layer", "per-block"):  # the incumbent for the bound
             try:
                 got = plan_fsdp(other, mods, ag_cost, rs_cost, memory=memory, update_s=update_s,
-                                max_depth=max_depth, depth=depth, reshard=reshard,
-                                overlap=overlap)  # fmt: skip
+                                max_depth=max_depth, depth=depth, reshard=reshard, overlap=overlap,
+                                ar_cost=ar_cost)  # fmt: skip
             except UserError:
                 continue
             if inc is None or got.time_s < inc.time_s:
                 inc = OptimalResult(got.time_s, got.peak_bytes, list(got.units), got.depth,
                                     got.reshard_after_forward, 0, got.time_s, 0)  # fmt: skip
         res = optimal_fsdp(f, b, m, ag_cost, rs_cost, memory=M, depths=depths, reshards=reshards,
-                           update_s=update_s, incumbent=inc, overlap=overlap, gap=float(gap))  # fmt: skip
+                           update_s=update_s, incumbent=inc, overlap=overlap, gap=float(gap),
+                           ar_cost=ar_cost)  # fmt: skip
         if res is None:
             per_layer = [(i, i) for i in range(f.size)]  # no plan needs less (docs/fsdp.md)
             smallest = min(peak_memory(per_layer, m, depth=d, reshard=r) for d in depths for r in reshards)
@@ -259,7 +263,7 @@ def plan_fsdp(
                 if peak > M:
                     continue
                 t = fsdp_time(units, f, b, m, ag_cost, rs_cost, depth=d, reshard=r, update_s=update_s,
-                              overlap=overlap)  # fmt: skip
+                              overlap=overlap, ar_cost=ar_cost)  # fmt: skip
                 tie = TIE_REL * max(1.0, abs(best[0])) if best else 0.0
                 if best is None or t < best[0] - tie or (t <= best[0] + tie and peak < best[1]):
                     best = (t, peak, d, r)
@@ -267,15 +271,15 @@ def plan_fsdp(
             smallest = min(peak_memory(units, m, depth=d, reshard=r) for d in depths for r in reshards)
             raise _no_fit(name, M, smallest)
         _, _, d, r = best
+    t_iter = fsdp_time(units, f, b, m, ag_cost, rs_cost, depth=d, reshard=r, update_s=update_s,
+                       overlap=overlap, ar_cost=ar_cost)  # fmt: skip
     plan = FsdpPlan(
         method=name,
         num_modules=int(f.size),
         units=units,
         depth=d,
         reshard_after_forward=r,
-        time_s=fsdp_time(
-            units, f, b, m, ag_cost, rs_cost, depth=d, reshard=r, update_s=update_s, overlap=overlap
-        ),  # fmt: skip
+        time_s=t_iter,
         peak_bytes=peak_memory(units, m, depth=d, reshard=r),
         meta=meta,
     )

@@ -48,6 +48,18 @@ reduce-scatter, so it ended before it) and each position costs its own terms::
 :func:`fsdp_time` computes it by queueing events (``overlap="gathers"``), not by the closed form, which is
 what :mod:`dpcomm.planner.fsdp_optimal` uses; the tests check they agree.
 
+HSDP (FSDP2 on a 2-D mesh: ``P = G x N``, each unit sharded over a group of ``G`` ranks and replicated
+across the ``N`` groups; :mod:`dpcomm.planner.hsdp`). ``A`` and ``R`` are the all-gather and
+reduce-scatter within a group; after its reduce-scatter each unit's shard (``B/G`` bytes) is all-reduced
+across the groups, ``C_p`` seconds (a function of ``B``). FSDP2 (``foreach_reduce``, torch 2.13) issues it
+on a third stream that first waits for the reduce-scatter stream, so::
+
+    X_p = max(Q_p, X_{p-1}) + C_p              (X_0 = t0)
+    t_iter = max(BE_K, Q_K, X_K) + u           (= X_K + u)
+
+On CPU the all-reduce is a blocking call too: under ``gathers`` it follows its reduce-scatter on the link
+and the thread, ``R_p`` becomes ``R_p + C_p``. Memory is FSDP's: a unit unsharded holds ``B`` bytes.
+
 Memory. Unit ``k``'s parameters are unsharded (``B_k`` bytes) from the issue of its all-gather until it is
 resharded: after its forward if ``reshard`` (except the last unit), after its backward otherwise (and after
 its backward re-gather's backward in any case). Allocation and freeing follow *program order* (FSDP2 frees
@@ -113,6 +125,9 @@ class FsdpPlan:
     """Prefetch depth ``d``: unit ``k``'s all-gather is issued when unit ``k-d`` is reached (both passes)."""
     reshard_after_forward: bool
     """Whether units (all but the last) are resharded after forward and gathered again in backward."""
+    shard_group: int | None = None
+    """HSDP: each unit sharded over groups of this many ranks and replicated across the groups (FSDP2's 2-D
+    mesh, :mod:`dpcomm.planner.hsdp`); ``None``: FSDP, sharded over every rank."""
     time_s: float = field(default=float("nan"), compare=False)
     """The model's iteration time ``t_iter``, seconds (NaN when unknown)."""
     peak_bytes: int = field(default=-1, compare=False)
@@ -127,15 +142,21 @@ class FsdpPlan:
             raise ValueError(f"prefetch depth must be an integer >= 0, got {self.depth!r}")
         object.__setattr__(self, "depth", int(self.depth))
         object.__setattr__(self, "reshard_after_forward", bool(self.reshard_after_forward))
+        G = self.shard_group
+        if G is not None and (isinstance(G, bool) or int(G) != G or G < 1):
+            raise ValueError(f"HSDP shard group must be an integer >= 1, got {G!r}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        out = {
             "method": self.method,
             "num_modules": self.num_modules,
             "units": [list(u) for u in self.units],
             "depth": self.depth,
             "reshard_after_forward": self.reshard_after_forward,
         }
+        if self.shard_group is not None:  # FSDP plans keep their identity (and hash) from before HSDP
+            out["shard_group"] = int(self.shard_group)
+        return out
 
     @classmethod
     def from_dict(cls, obj: dict[str, Any]) -> FsdpPlan:
@@ -145,6 +166,7 @@ class FsdpPlan:
             units=[tuple(u) for u in obj["units"]],
             depth=obj["depth"],
             reshard_after_forward=obj["reshard_after_forward"],
+            shard_group=obj.get("shard_group"),
         )
 
     def sha256(self) -> str:
@@ -195,10 +217,13 @@ def fsdp_time(
     update_s: float = 0.0,
     overlap: str = "streams",
     detail: bool = False,
+    ar_cost: CommCost | None = None,
 ) -> float | dict[str, float]:
     """The model's ``t_iter`` (module docstring), seconds, by its event equations one unit at a time, with
     ``overlap`` one of :data:`OVERLAPS`. ``detail``: a dict of ``t_iter``, ``forward_end`` (``t0``),
-    ``backward_end`` (``BE_K``) and ``reduce_scatter_end`` (``Q_K``) instead."""
+    ``backward_end`` (``BE_K``) and ``reduce_scatter_end`` (``Q_K``; HSDP: ``X_K``) instead. ``ar_cost``:
+    HSDP's all-reduce of a unit's shard across the replicas, a function of the unit's full bytes (``None``:
+    FSDP; module docstring)."""
     check_overlap(overlap)
     f, b, m = fsdp_inputs(forward_s, backward_s, param_bytes)
     check_units(units, f.size)
@@ -206,25 +231,28 @@ def fsdp_time(
     F, W, B = unit_sums(units, f), unit_sums(units, b), unit_sums(units, m)
     A = [float(ag_cost(x)) for x in B]
     R = [float(rs_cost(x)) for x in B]
+    C = [float(ar_cost(x)) if ar_cost is not None else 0.0 for x in B]
     E = [0.0] * (K + 1)  # E[k] = E_k, E[0] = 0 (and E_j = 0 for j <= 0)
     G = 0.0
     for k in range(1, K + 1):
         G = max(E[max(k - d - 1, 0)], G) + A[k - 1]
         E[k] = max(E[k - 1], G) + F[k - 1]
     t0 = E[K]
-    if overlap == "gathers":
-        return _blocking_backward(A, W, R, t0, d, reshard, float(update_s), detail)
+    if overlap == "gathers":  # an all-reduce blocks the thread after its reduce-scatter, on the same link
+        RC = [r + c for r, c in zip(R, C, strict=True)]
+        return _blocking_backward(A, W, RC, t0, d, reshard, float(update_s), detail)
     BE = [t0] * (K + 1)  # BE[p] = BE_p, BE[0] = t0
-    Gb, Q = t0, t0
+    Gb, Q, X = t0, t0, t0
     for p in range(1, K + 1):
         k = K - p  # 0-based unit index
         Ap = A[k] if reshard and p > 1 else 0.0
         Gb = max(BE[max(p - d - 1, 0)], Gb) + Ap
         BE[p] = max(BE[p - 1], Gb) + W[k]
         Q = max(BE[p], Q) + R[k]
-    t_iter = max(BE[K], Q) + float(update_s)
+        X = max(Q, X) + C[k]
+    t_iter = max(BE[K], Q, X) + float(update_s)
     if detail:
-        return {"t_iter": t_iter, "forward_end": t0, "backward_end": BE[K], "reduce_scatter_end": Q}
+        return {"t_iter": t_iter, "forward_end": t0, "backward_end": BE[K], "reduce_scatter_end": max(Q, X)}
     return t_iter
 
 

@@ -1,0 +1,143 @@
+"""HSDP plans: FSDP2 on a 2-D mesh of ``P = G x N`` ranks, each unit sharded over a group of ``G`` ranks
+and replicated across the ``N`` groups, with the shard group size among the planner's choices.
+
+Ours, after PyTorch's HSDP (``fully_shard(mesh=init_device_mesh(..., (N, G)))``, torch 2.13): before a
+unit's forward its shards are all-gathered within the group (``A``), after its backward its gradients are
+reduce-scattered within the group (``R``) and the group's shard, ``B/G`` bytes, is all-reduced across the
+``N`` groups (``C``) on a stream of its own after the reduce-scatter stream. The model (events, overlap,
+memory) is :mod:`dpcomm.planner.fsdp_model`'s with ``ar_cost``; each ``G`` is planned by
+:func:`dpcomm.planner.fsdp.plan_fsdp` (``optimal``: exact, or within ``gap``) and the fastest wins.
+
+Memory per rank: the model's unsharded peak plus the sharded state, ``state_bytes / G`` (parameters,
+gradients and optimizer state of the whole model, bytes over all ranks together: a smaller group holds
+more of it). With ``state_bytes = 0`` the budget is FSDP's, unsharded parameters only. Costs per group size
+come from :func:`mesh_costs` (one flat network: ring collectives) or any function of ``G`` (for instance a
+multi-GPU cluster, where a group inside a server gathers over NVLink and the all-reduce crosses servers).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+
+from dpcomm.costmodel.base import CommCost, LinearCost
+from dpcomm.costmodel.network import Network
+from dpcomm.errors import UserError
+from dpcomm.planner.fsdp import (
+    FSDP_MAX_DEPTH,
+    FsdpPlan,
+    Modules,
+    _choices,
+    _units_of,
+    peak_memory,
+    plan_fsdp,
+)
+from dpcomm.planner.fsdp_model import TIE_REL
+from dpcomm.trace.format import Trace
+
+__all__ = ["MeshCosts", "mesh_costs", "plan_hsdp", "shard_sizes"]
+
+MeshCosts = Callable[[int], tuple[CommCost, CommCost, CommCost]]
+"""``G -> (T_ag, T_rs, T_ar)``: all-gather and reduce-scatter within a group of ``G`` ranks and the
+all-reduce of a ``G``-th across the groups, each a function of a unit's full bytes ``B``."""
+
+
+def mesh_costs(net: Network, world: int, shard: int) -> tuple[LinearCost, LinearCost, LinearCost]:
+    """Ring collectives on one flat network for shard groups of ``shard`` ranks among ``world``, ``N =
+    world / shard`` groups: all-gather ``(G-1) alpha + (G-1)/G beta B``, reduce-scatter the same plus
+    ``(G-1)/G gamma B``; all-reduce of ``B/G`` bytes over ``N`` ranks (ring, :mod:`dpcomm.costmodel.ring`):
+    ``2(N-1) alpha + (N-1)/N (2 beta + gamma) B/G``. A group of one rank gathers nothing; one group
+    all-reduces nothing (FSDP)."""
+    shard = _check_shard(world, shard)
+    G, N = shard, world // shard
+    ag = LinearCost((G - 1) * net.alpha, (G - 1) / G * net.beta)
+    rs = LinearCost(ag.a, (G - 1) / G * (net.beta + net.gamma))
+    ar = LinearCost(2 * (N - 1) * net.alpha, (N - 1) / N * (2 * net.beta + net.gamma) / G)
+    return ag, rs, ar
+
+
+def shard_sizes(world: int) -> list[int]:
+    """Every group size that divides ``world`` ranks, ascending (1: replicas only; ``world``: FSDP)."""
+    _check_shard(world, 1)
+    return [g for g in range(1, world + 1) if world % g == 0]
+
+
+def _check_shard(world: int, shard: int) -> int:
+    if isinstance(world, bool) or not isinstance(world, int) or world < 1:
+        raise UserError(f"world size must be an integer >= 1, got {world!r}")
+    if isinstance(shard, bool) or not isinstance(shard, int) or shard < 1 or world % shard:
+        raise UserError(f"HSDP shard group of {shard!r} ranks does not divide {world} ranks")
+    return shard
+
+
+def plan_hsdp(
+    method: str,
+    modules: Modules | Trace,
+    costs: Network | MeshCosts,
+    *,
+    world: int,
+    shards: Sequence[int] | None = None,
+    memory: float | None = None,
+    state_bytes: float = 0.0,
+    update_s: float = 0.0,
+    max_depth: int = FSDP_MAX_DEPTH,
+    depth: int | None = None,
+    reshard: bool | None = None,
+    overlap: str = "streams",
+    gap: float = 0.0,
+) -> FsdpPlan:
+    """The HSDP plan of ``method`` (:func:`dpcomm.planner.fsdp.plan_fsdp`'s methods) over the shard group
+    sizes ``shards`` (default: every divisor of ``world``): the least modelled ``t_iter`` whose unsharded
+    peak plus ``state_bytes / G`` fits ``memory`` bytes per rank (``None``: no budget); ties to the least
+    memory per rank, then the smaller group. ``costs``: a :class:`Network` (:func:`mesh_costs`) or a
+    function of ``G``. The plan's ``shard_group`` is ``G``; ``meta["hsdp"]`` has every group's time."""
+    mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
+    cost_of = (lambda G: mesh_costs(costs, world, G)) if isinstance(costs, Network) else costs
+    groups = shard_sizes(world) if shards is None else [_check_shard(world, g) for g in shards]
+    if not groups:
+        raise UserError("HSDP needs at least one shard group size")
+    if not (math.isfinite(state_bytes) and state_bytes >= 0):
+        raise UserError(f"HSDP sharded state must be a number of bytes >= 0, got {state_bytes!r}")
+    best: tuple[float, float, FsdpPlan] | None = None
+    times: dict[int, float | None] = {}
+    for G in sorted(set(groups)):
+        ag, rs, ar = cost_of(G)
+        state = state_bytes / G
+        budget = None if memory is None else memory - state
+        if budget is not None and budget < 0:
+            times[G] = None
+            continue
+        try:
+            plan = plan_fsdp(method, mods, ag, rs, memory=budget, update_s=update_s, max_depth=max_depth,
+                             depth=depth, reshard=reshard, overlap=overlap, gap=gap,
+                             ar_cost=ar if world // G > 1 else None)  # fmt: skip
+        except UserError as exc:
+            if not str(exc).startswith(f"no {method.strip().lower()} plan fits"):
+                raise
+            times[G] = None
+            continue
+        times[G] = plan.time_s
+        per_rank = plan.peak_bytes + state
+        if (
+            best is None
+            or plan.time_s < best[0] - TIE_REL * max(1.0, best[0])
+            or (plan.time_s <= best[0] + TIE_REL * max(1.0, best[0]) and per_rank < best[1])
+        ):
+            best = (plan.time_s, per_rank, replace(plan, shard_group=G))
+    if best is None:
+        raise _no_fit(method, mods, groups, memory, state_bytes, max_depth, depth, reshard)
+    plan = best[2]
+    hsdp = {"world": world, "shard_group": plan.shard_group, "state_bytes": state_bytes, "times_s": times}
+    return replace(plan, meta={**plan.meta, "hsdp": hsdp, "memory_per_rank_bytes": best[1]})
+
+
+def _no_fit(method, mods: Modules, groups, memory, state_bytes, max_depth, depth, reshard) -> UserError:
+    """``no METHOD HSDP plan fits M bytes; the smallest needs N bytes (G ranks per group)``."""
+    name = method.strip().lower()
+    units = _units_of("per-layer" if name == "optimal" else name, mods)  # no plan needs less than per-layer
+    depths, reshards = _choices(max_depth, depth, reshard)
+    least = min(peak_memory(units, mods.param_bytes, depth=d, reshard=r) for d in depths for r in reshards)
+    need, G = min((least + state_bytes / g, g) for g in groups)
+    return UserError(f"no {name} HSDP plan fits {memory:,.0f} bytes; the smallest needs {need:,.0f} bytes "
+                     f"({G} ranks per group)")  # fmt: skip
