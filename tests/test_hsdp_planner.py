@@ -174,8 +174,16 @@ def test_plan_hsdp_is_the_fastest_shard_group():
     for G in (1, 2, 4, 8, 16):
         ag, rs, ar = mesh_costs(net, 16, G)
         times[G] = plan_fsdp("optimal", mods(f, b, m), ag, rs, ar_cost=ar).time_s
-    assert best.meta["hsdp"]["times_s"] == pytest.approx(times, rel=1e-12)
     assert best.shard_group == min(times, key=times.get) and best.time_s == min(times.values())
+    planned, bounds = best.meta["hsdp"]["times_s"], best.meta["hsdp"]["bounds_s"]
+    for G, t in times.items():  # each group size planned, or skipped by a bound its plans cannot beat
+        assert bounds[G] <= t * (1 + 1e-9)
+        if planned[G] is None:
+            assert bounds[G] > best.time_s
+        else:
+            assert planned[G] == pytest.approx(t, rel=1e-12)
+    assert best.meta["lower_bound_s"] == pytest.approx(best.time_s, rel=1e-12)  # exact over every G
+    assert best.meta["gap"] == 0.0
     assert FsdpPlan.from_dict(best.to_dict()) == best and best.to_dict()["shard_group"] == best.shard_group
 
 

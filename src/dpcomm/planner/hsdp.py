@@ -33,7 +33,8 @@ from dpcomm.planner.fsdp import (
     peak_memory,
     plan_fsdp,
 )
-from dpcomm.planner.fsdp_model import TIE_REL
+from dpcomm.planner.fsdp_model import TIE_REL, check_overlap
+from dpcomm.planner.fsdp_search import Problem, root_bound
 from dpcomm.trace.format import Trace
 
 __all__ = ["MeshCosts", "mesh_costs", "plan_hsdp", "shard_sizes"]
@@ -91,8 +92,12 @@ def plan_hsdp(
     sizes ``shards`` (default: every divisor of ``world``): the least modelled ``t_iter`` whose unsharded
     peak plus ``state_bytes / G`` fits ``memory`` bytes per rank (``None``: no budget); ties to the least
     memory per rank, then the smaller group. ``costs``: a :class:`Network` (:func:`mesh_costs`) or a
-    function of ``G``. The plan's ``shard_group`` is ``G``; ``meta["hsdp"]`` has every group's time."""
+    function of ``G``. Group sizes are planned by their empty prefix's bound, least first, and one whose
+    bound exceeds the best plan's time is not planned. The plan's ``shard_group`` is ``G``;
+    ``meta["hsdp"]`` has each group size's time (``None``: none fits, or not planned) and bound, and
+    ``optimal``'s ``meta["lower_bound_s"]`` holds over every group size."""
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
+    check_overlap(overlap)
     cost_of = (lambda G: mesh_costs(costs, world, G)) if isinstance(costs, Network) else costs
     groups = shard_sizes(world) if shards is None else [_check_shard(world, g) for g in shards]
     if not groups:
@@ -101,23 +106,30 @@ def plan_hsdp(
         raise UserError(f"HSDP sharded state must be a number of bytes >= 0, got {state_bytes!r}")
     best: tuple[float, float, FsdpPlan] | None = None
     times: dict[int, float | None] = {}
+    bounds: dict[int, float] = {}  # a lower bound on each group size's plans
+    todo = []
     for G in sorted(set(groups)):
         ag, rs, ar = cost_of(G)
+        ar = ar if world // G > 1 else None
+        budget = None if memory is None else memory - state_bytes / G
+        times[G] = None
+        if budget is None or budget >= 0:
+            lb = _root(mods, ag, rs, ar, budget, update_s, _choices(max_depth, depth, reshard), overlap)
+            todo.append((lb, G, ag, rs, ar, budget))
+    for lb, G, ag, rs, ar, budget in sorted(todo, key=lambda x: x[:2]):  # the most promising first
+        bounds[G] = lb
         state = state_bytes / G
-        budget = None if memory is None else memory - state
-        if budget is not None and budget < 0:
-            times[G] = None
-            continue
+        if best is not None and lb > best[0] * (1 + TIE_REL):
+            continue  # no plan of this group size beats the best so far
         try:
             plan = plan_fsdp(method, mods, ag, rs, memory=budget, update_s=update_s, max_depth=max_depth,
-                             depth=depth, reshard=reshard, overlap=overlap, gap=gap,
-                             ar_cost=ar if world // G > 1 else None)  # fmt: skip
+                             depth=depth, reshard=reshard, overlap=overlap, gap=gap, ar_cost=ar)  # fmt: skip
         except UserError as exc:
             if not str(exc).startswith(f"no {method.strip().lower()} plan fits"):
                 raise
-            times[G] = None
             continue
         times[G] = plan.time_s
+        bounds[G] = max(lb, plan.meta.get("lower_bound_s", plan.time_s))
         per_rank = plan.peak_bytes + state
         if (
             best is None
@@ -128,8 +140,21 @@ def plan_hsdp(
     if best is None:
         raise _no_fit(method, mods, groups, memory, state_bytes, max_depth, depth, reshard)
     plan = best[2]
-    hsdp = {"world": world, "shard_group": plan.shard_group, "state_bytes": state_bytes, "times_s": times}
-    return replace(plan, meta={**plan.meta, "hsdp": hsdp, "memory_per_rank_bytes": best[1]})
+    hsdp = {"world": world, "shard_group": plan.shard_group, "state_bytes": state_bytes, "times_s": times,
+            "bounds_s": bounds}  # fmt: skip
+    meta = {**plan.meta, "hsdp": hsdp, "memory_per_rank_bytes": best[1]}
+    if "lower_bound_s" in meta:  # over every group size: those not planned could not beat the plan
+        meta["lower_bound_s"] = lb = min(plan.meta["lower_bound_s"], *bounds.values())
+        meta["gap"] = 0.0 if gap == 0 or lb <= 0 else max(0.0, plan.time_s / lb - 1)
+    return replace(plan, meta=meta)
+
+
+def _root(mods: Modules, ag, rs, ar, budget, update_s, choices, overlap: str) -> float:
+    """A lower bound on every plan of one group size: the empty prefix's, over the depths and reshards."""
+    f, b, m = mods.arrays
+    p = Problem.of(f, b, m, ag, rs, memory=math.inf if budget is None else budget, update_s=update_s,
+                   blocking=overlap == "gathers", ar=ar)  # fmt: skip
+    return min(root_bound(p, d, r) for d in choices[0] for r in choices[1])
 
 
 def _no_fit(method, mods: Modules, groups, memory, state_bytes, max_depth, depth, reshard) -> UserError:
