@@ -20,7 +20,10 @@ sizes, batch 1 x 8,192 tokens, bf16 parameters, timed by a bf16 H100 roofline: 9
 < 10 s, exact or within ``--fsdp-gap`` of its certified lower bound (issue's bar: 0.5%). Each row also
 gives the ratio to DDP's ``optimal`` on 2,000 layers, timed above in the same run, and ``per-block``.
 HSDP (:func:`dpcomm.planner.hsdp.plan_hsdp`) on the same instances over every shard group size dividing
-the ranks (:func:`~dpcomm.planner.hsdp.mesh_costs`: ring collectives on the same flat network).
+the ranks (:func:`~dpcomm.planner.hsdp.mesh_costs`: ring collectives on the same flat network). These
+rows time the planner; their plans are not advice: the model runs each stream at full speed, and on one
+flat network HSDP's reduce-scatter and all-reduce share the NIC (``docs/fsdp.md``, "Streams that share a
+link"), which flatters small groups.
 """
 
 from __future__ import annotations
