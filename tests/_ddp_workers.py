@@ -189,7 +189,7 @@ def unit_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def bucket_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per case: the plan asked for, the plan DDP runs, and DDP's buckets per iteration (layer tuples)."""
     from dpcomm.ddp import bucket_caps, wrap
-    from dpcomm.ddp.wrap import _sizes_trace
+    from dpcomm.ddp.planning import sizes_trace as _sizes_trace
     from dpcomm.planner import make_plan
     from dpcomm.trace.analytic import analytic_trace
 

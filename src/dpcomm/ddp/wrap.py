@@ -37,10 +37,9 @@ from __future__ import annotations
 import logging
 import sys
 import warnings
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -48,18 +47,16 @@ from torch.nn.parallel import DistributedDataParallel
 from dpcomm.costmodel.base import CommCost
 from dpcomm.ddp.buckets import BucketCaps, bucket_caps, build_ddp
 from dpcomm.ddp.hooks import HookState, collective_hook
+from dpcomm.ddp.planning import TIMED, check_unused, compiled_units, plan_on_workers
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.timing import now
-from dpcomm.trace.format import Layer, Trace
+from dpcomm.trace.format import Trace
 from dpcomm.utils.user_run import check_same_weights, first_param, on_every_rank, untouched
 
 _log = logging.getLogger("dpcomm.ddp")
 
 __all__ = ["Wrapped", "plan_on_workers", "wrap"]
-
-_TIMED = ("mgwfbp", "optimal")
-"""Planners whose plan depends on measured times (the others need only the layer sizes)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -132,120 +129,6 @@ class Wrapped:
     """The model's trainable parameter names (registration order), to name groups."""
 
 
-def _sizes_trace(model: nn.Module, example: Any | None, name: str, loss_fn: Any = None) -> Trace:
-    """Sizes only: the gradient units of ``example`` (learnable layers in registration order without it)."""
-    from dpcomm.ddp.buckets import model_units
-    from dpcomm.trace.units import unit_params
-
-    units = model_units(model, example, loss_fn)
-    owned = unit_params(model, units)
-    dtype_bytes = next((p.element_size() for ps in owned for p in ps), 4)
-    rows = tuple(
-        Layer(
-            name=u.name, params=sum(p.numel() for p in ps), forward_s=0.0, backward_s=0.0,
-            param_names=u.param_names, unused=u.unused,
-        )
-        for u, ps in zip(units, owned, strict=True)
-    )  # fmt: skip
-    return Trace(model=name, batch_size=1, device="none", dtype_bytes=dtype_bytes, layers=rows)
-
-
-def plan_on_workers(
-    model: nn.Module,
-    schedule: str,
-    *,
-    example: Any | None = None,
-    loss_fn: Any = None,
-    collective: str = "native",
-    network: Any = None,
-    profile_iters: int = 3,
-    process_group: Any = None,
-    static_graph: bool = False,
-    coarsen: Any = None,
-) -> tuple[Plan, Trace, CommCost]:
-    """Profile, price and plan on every rank of ``process_group`` (see module docstring); every rank gets
-    the same plan, trace and cost. ``mgwfbp`` and ``optimal`` need ``example`` (one input batch).
-    ``static_graph``: DDP will run with it, and its rebuilt buckets communicate the unused units last
-    (:mod:`dpcomm.ddp.buckets`): they are planned there (:func:`static_order`). ``coarsen(trace) -> trace``:
-    the units as they can be cut (a compiled graph's: :func:`dpcomm.ddp.compiled.graph_atoms`)."""
-    from dpcomm.collectives import get
-    from dpcomm.costmodel.collective import ALGORITHMS
-    from dpcomm.planner import autoplan
-    from dpcomm.planner.schedule import PlannerSchedule
-    from dpcomm.runtime.broadcast import check_same_plan
-
-    world = dist.get_world_size(process_group)
-    parsed = PlannerSchedule.parse(schedule)  # an unknown name is a one-line error before any work
-    name = parsed.name
-    if example is None:
-        if name in _TIMED:
-            raise UserError(f"planner '{schedule}' needs the layers' times: pass example=<one input batch>")
-        trace = _sizes_trace(model, None, type(model).__name__)
-    else:  # every rank profiles; the units' times are averaged over ranks
-        from dpcomm.trace.profiler import profile
-
-        device = first_param(model, "dpcomm.ddp.wrap").device
-        local = on_every_rank(
-            lambda: profile(model, example, iters=profile_iters, warmup=1, device=device, loss_fn=loss_fn),
-            process_group, "dpcomm.ddp.wrap: profiling the model on the example",
-        )  # fmt: skip
-        n = local.num_layers
-        fb = autoplan.rank_mean(
-            [x.forward_s for x in local.layers] + [x.backward_s for x in local.layers], process_group
-        )
-        layers = tuple(
-            replace(x, forward_s=fb[i], backward_s=fb[n + i], extra={}) for i, x in enumerate(local.layers)
-        )  # the units, their parameters' names kept
-        trace = Trace(
-            model=type(model).__name__, batch_size=local.batch_size, device=local.device,
-            dtype_bytes=local.dtype_bytes, layers=layers, extra={"measured_by": "dpcomm.ddp.wrap"},
-        )  # fmt: skip
-    if static_graph:
-        trace = static_order(trace)
-    if coarsen is not None:
-        trace = coarsen(trace)
-    if network is not None:
-        cost: CommCost = autoplan.network_cost(
-            network, world, collective if collective in ALGORITHMS else "ring"
-        )
-    else:
-        algo = get(collective)
-        device = next(model.parameters()).device
-        scratch = torch.zeros(max(1, trace.total_params), device=device)
-        points = autoplan.measure_allreduce(
-            lambda t: algo.allreduce(t, group=process_group), scratch, process_group
-        )
-        cost = autoplan.fit_linear(points)
-    plan = autoplan.plan_on_root(parsed, trace, cost, world, process_group, root=0)
-    check_same_plan(plan, process_group)
-    return plan, trace, cost
-
-
-def merge_layers(trace: Trace, sizes: list[int]) -> Trace:
-    """``trace`` with runs of ``sizes`` consecutive units merged into one (times and parameters summed; the
-    first unit's name, ``+k`` for the k others)."""
-    rows, at = [], 0
-    for n in sizes:
-        run = trace.layers[at : at + n]
-        at += n
-        rows.append(replace(
-            run[0], name=run[0].name + (f"+{n - 1}" if n > 1 else ""), params=sum(x.params for x in run),
-            forward_s=sum(x.forward_s for x in run), backward_s=sum(x.backward_s for x in run),
-            param_names=tuple(q for x in run for q in x.param_names), unused=all(x.unused for x in run),
-        ))  # fmt: skip
-    return replace(trace, layers=tuple(rows))
-
-
-def static_order(trace: Trace) -> Trace:
-    """``trace`` with its unused units moved to the front of forward order, i.e. communicated last: where
-    DDP's buckets rebuilt under ``static_graph=True`` put them (their gradients, zeros, are reduced with the
-    last bucket), so that every cut of a plan over these units is one DDP makes."""
-    unused = [x for x in trace.layers if x.unused]  # registration order, DDP's order for them
-    if not unused:
-        return trace
-    return replace(trace, layers=tuple(unused[::-1]) + tuple(x for x in trace.layers if not x.unused))
-
-
 def wrap(
     model: nn.Module,
     plan: Plan | str,
@@ -298,14 +181,14 @@ def wrap(
         if isinstance(plan, str):
             coarsen = None
             if compiled is not model and example is not None:  # cut only where dynamo's graph can be cut
-                coarsen = lambda t: _compiled_units(model, example, t, process_group)  # noqa: E731
+                coarsen = lambda t: compiled_units(model, example, t, process_group)  # noqa: E731
             plan, trace, cost = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, collective=collective, network=network,
                 profile_iters=profile_iters, process_group=process_group, static_graph=walk["static_graph"],
                 coarsen=coarsen,
             )  # fmt: skip
             planned = plan
-            _check_unused(trace, walk)
+            check_unused(trace, walk)
         caps = on_every_rank(
             lambda: bucket_caps(
                 plan, model, example=example, loss_fn=loss_fn, trace=trace, cost=cost, nodes=world,
@@ -316,7 +199,7 @@ def wrap(
             trace is not None
             and example is not None
             and verify_iters > 0
-            and caps.requested.schedule.lower() in _TIMED
+            and caps.requested.schedule.lower() in TIMED
             and collective == "native"
         ):
             caps, timed, predicted = _trial(
@@ -363,31 +246,6 @@ def wrap(
             warnings.warn(note, stacklevel=2)
         _log.info(str(ddp.dpcomm).splitlines()[0])
     return ddp
-
-
-def _compiled_units(model: nn.Module, example: Any, trace: Trace, group: Any) -> Trace:
-    """The trace's units merged where the compiled graph cannot be cut (:mod:`dpcomm.ddp.compiled`)."""
-    from dpcomm.ddp.compiled import capture_graph, graph_atoms
-
-    def atoms() -> list[int]:
-        gm = capture_graph(model, example)
-        return graph_atoms(gm, [x.param_names for x in trace.layers], model)
-
-    return merge_layers(trace, on_every_rank(atoms, group, "dpcomm.ddp.wrap: tracing the compiled model"))
-
-
-def _check_unused(trace: Trace, walk: dict[str, bool]) -> None:
-    """DDP without ``find_unused_parameters`` or ``static_graph`` fails in its second iteration on a model
-    whose parameters get no gradient; say so now, naming them."""
-    from dpcomm.trace.names import pattern
-
-    unused = [n for x in trace.layers if x.unused for n in x.param_names]
-    if unused and not any(walk.values()):
-        every = [n for x in trace.layers for n in x.param_names]
-        raise UserError(
-            f"dpcomm.ddp.wrap: parameters {pattern(unused, every)} get no gradient on the example; DDP needs "
-            "find_unused_parameters=True (or static_graph=True if they are never used)"
-        )
 
 
 def _walk_kwargs(ddp_kwargs: dict[str, Any]) -> dict[str, bool]:

@@ -100,7 +100,7 @@ class DDPPlanReplica(DDPTimedReplica):
         import torch.distributed as dist
 
         from dpcomm.ddp import wrap
-        from dpcomm.ddp.wrap import plan_on_workers
+        from dpcomm.ddp.planning import plan_on_workers
         from dpcomm.runtime.broadcast import check_same_plan, groups_text
         from dpcomm.train import replan
 
