@@ -68,19 +68,16 @@ def on_model_device(model: nn.Module, example: Any) -> Any:
 
 
 def _flops_per_s(device: torch.device) -> float:
-    """Measured matrix-multiply rate of ``device`` (FLOP/s): 3 products of 256 x 256 fp32 matrices."""
-    import time
+    """Measured matrix-multiply rate of ``device`` (FLOP/s): 3 products of 256 x 256 fp32 matrices (read on
+    the device's clock, :func:`dpcomm.timing.now`; no random numbers drawn)."""
+    from dpcomm.timing import now
 
-    a = torch.randn(256, 256, device=device)
+    a = torch.full((256, 256), 0.5, device=device)
     a @ a  # warm-up
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    t0 = time.perf_counter()
+    t0 = now(device)
     for _ in range(3):
         a @ a
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return 3 * 2 * 256**3 / max(time.perf_counter() - t0, 1e-9)
+    return 3 * 2 * 256**3 / max(now(device) - t0, 1e-9)
 
 
 def _analytic_profile(model: nn.Module, example: Any, loss_fn: Any, group: Any) -> Trace:

@@ -7,7 +7,7 @@ each completion the rates of the remaining flows are recomputed; the step ends w
 Completions within a relative ``0.1%`` of the next one are taken together (a ring chunk one element longer
 than its neighbour's must not cost a second rate computation; the error is below 0.1% of a step).
 
-One module, though long (~575 lines): the caches, the batched pricing and the kept-rate shortcut below all
+One module, though long (~600 lines): the caches, the batched pricing and the kept-rate shortcut below all
 share one numbering of a step's links and one completion loop, and splitting them would pass those
 internals between modules; the solver itself is :mod:`.maxmin`.
 
