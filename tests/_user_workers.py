@@ -275,7 +275,7 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 model = dpcomm.fsdp.shard(model, case["planner"], example=batch[0], memory=memory,
-                                          profile_iters=1, verify_iters=1)  # fmt: skip
+                                          profile_iters=1, verify_iters=1, mesh=case.get("mesh"))  # fmt: skip
                 r["rng_same"] = bool(torch.equal(before, _rng()))
                 if case.get("meta"):  # materialise and initialise after sharding, torchtitan's way
                     model.to_empty(device="cpu")
@@ -285,6 +285,11 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r["view_warnings"] = _view_warnings(caught, model)
             r["text"] = str(model.dpcomm)
             r["units"] = len(model.dpcomm.plan.units)
+            r["shard_group"] = model.dpcomm.plan.shard_group
+            r["priced_all_reduce"] = model.dpcomm.ar_cost is not None  # HSDP's third collective, fitted
+            p0 = next(model.parameters())  # a DTensor: the mesh and placements FSDP2 runs
+            r["mesh_shape"] = list(p0.device_mesh.shape)
+            r["placements"] = [type(x).__name__ for x in p0.placements]
             r["bound"] = model.dpcomm.peak_bound_bytes
             r["memory"] = memory
             torch.set_rng_state(before)

@@ -192,10 +192,12 @@ def test_the_trial_compares_only_plans_within_the_budget(one_rank):
     assert block.peak_bytes <= budget  # the planner's per-block fits; FSDP2's bound is over it
     assert as_run(model, block, shard_groups(model, block, layers), layers, trace, cost, cost)[1] > budget
     said: list[str] = []
-    assert _comparison(model, trace, cost, cost, budget, 2, None, layers, None, said) is None
+    assert _comparison(model, trace, (cost, cost, None), budget, 2, None, layers, None, said, None) is None
     assert len(said) == 1 and said[0].startswith("not timed against per-block"), said
     roomy: list[str] = []  # with room for the tied unit, per-block is the comparison
-    assert _comparison(model, trace, cost, cost, 4 * budget, 2, None, layers, None, roomy) is not None
+    costs = (cost, cost, None)
+    roomy_block = _comparison(model, trace, costs, 4 * budget, 2, None, layers, None, roomy, None)
+    assert roomy_block is not None
     assert roomy == []
 
 
@@ -203,13 +205,14 @@ def test_the_trial_compares_only_plans_within_the_budget(one_rank):
 def test_the_trials_copy_is_built_from_shards_and_computes_as_the_model(one_rank):
     """The trial's candidates are sharded copies made on ``meta`` (never a whole second model) and filled
     from the model's tensors: the same output and gradients' shapes, the model itself untouched."""
-    from dpcomm.fsdp.shard import _mesh, _sharded_copy
+    from dpcomm.fsdp.mesh import meshes
+    from dpcomm.fsdp.shard import _sharded_copy
 
     model, layers, names = _gpt_tiny()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}
     plan = FsdpPlan(method="per-block", num_modules=len(layers), units=block_units(names), depth=1,
                     reshard_after_forward=True)  # fmt: skip
-    shadow = _sharded_copy(model, plan, layers, None, _mesh(model, None))
+    shadow = _sharded_copy(model, plan, layers, None, next(iter(meshes(model, None, None).values())))
     x = torch.randint(0, 256, (2, 16))
     assert torch.equal(shadow(x), model(x))
     assert type(shadow.h[0]).__name__ == "FSDPBlock" and not hasattr(model.h[0], "unshard")

@@ -25,7 +25,7 @@ from dpcomm.costmodel.base import LinearCost
 from dpcomm.planner.autoplan import fit_linear
 from dpcomm.timing import group_device, slowest, time_calls
 
-__all__ = ["Points", "fsdp_costs", "measure_fsdp_collectives"]
+__all__ = ["Points", "fsdp_costs", "measure_fsdp_collectives", "measure_replica_all_reduce"]
 
 Points = list[tuple[int, float]]
 """``[(full bytes B, seconds)]``."""
@@ -77,3 +77,25 @@ def fsdp_costs(
         return LinearCost(0.0, 0.0), LinearCost(0.0, 0.0), [], []
     ag, rs = measure_fsdp_collectives(total_bytes, group, **kw)
     return fit_linear(ag), fit_linear(rs), ag, rs
+
+
+def measure_replica_all_reduce(
+    total_bytes: int, shard: int, group: Any = None, *, reps: int = 3, dtype: torch.dtype = torch.float32
+) -> Points:
+    """HSDP's third collective: after a unit's reduce-scatter over its shard group of ``shard`` ranks,
+    FSDP2 all-reduces the group's ``B/shard`` bytes of gradient across the replicas (``group``; torch 2.13
+    ``foreach_reduce``, ``ReduceOp.AVG``). Points are ``(full bytes B, seconds)``, the planner's argument."""
+    dev = group_device(group)
+    element = torch.empty((), dtype=dtype).element_size()
+    out: Points = []
+    for n in _sizes(total_bytes, shard, element):  # full element counts, multiples of the shard group
+        piece = torch.zeros(n // shard, dtype=dtype, device=dev)
+
+        def reduce(piece=piece) -> None:
+            dist.all_reduce(piece, group=group)
+
+        reduce()  # warm-up
+        out.append((n * element, statistics.median(time_calls(reduce, reps, barrier="each", group=group,
+                                                              device=dev))))  # fmt: skip
+    worst = slowest([t for _, t in out], group)
+    return [(b, t) for (b, _), t in zip(out, worst, strict=True)]

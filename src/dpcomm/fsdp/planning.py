@@ -166,12 +166,32 @@ def _sizes_trace(model: nn.Module) -> Trace:
 
 
 def plan_on_root(method: str, trace: Trace, ag: CommCost, rs: CommCost, memory: int | None, max_depth: int,
-                 group: Any, overlap: str) -> FsdpPlan:  # fmt: skip
-    """Step 3: rank 0 plans, every rank gets the plan or rank 0's one-line error, and checks the hash."""
+                 group: Any, overlap: str, ar: CommCost | None = None,
+                 choices: dict[int, Any] | None = None) -> FsdpPlan:  # fmt: skip
+    """Step 3: rank 0 plans, every rank gets the plan or rank 0's one-line error, and checks the hash.
+    ``ar``: HSDP's all-reduce across the replicas. ``choices``: ``{G: (T_ag, T_rs, T_ar)}`` for several
+    shard-group sizes, the planner choosing among them (:func:`dpcomm.planner.hsdp.plan_hsdp`; ``ag``,
+    ``rs`` and ``ar`` are then unused)."""
     box: list[Any] = [None]
     if dist.get_rank(group) == 0:
         try:
-            p = plan_fsdp(method, trace, ag, rs, memory=memory, max_depth=max_depth, overlap=overlap)
+            if choices is not None and len(choices) > 1:
+                from dpcomm.planner.hsdp import plan_hsdp
+
+                p = plan_hsdp(
+                    method,
+                    trace,
+                    lambda G: choices[G],
+                    world=dist.get_world_size(group),
+                    shards=sorted(choices),
+                    memory=memory,
+                    max_depth=max_depth,
+                    overlap=overlap,
+                )
+            else:
+                p = plan_fsdp(
+                    method, trace, ag, rs, memory=memory, max_depth=max_depth, overlap=overlap, ar_cost=ar
+                )
             box[0] = {"plan": p.to_dict(), "time_s": p.time_s, "peak_bytes": p.peak_bytes}
         except UserError as exc:
             box[0] = {"error": str(exc)}
@@ -200,9 +220,13 @@ def plan_on_workers(
     profile_iters: int = 3,
     max_depth: int = FSDP_MAX_DEPTH,
     process_group: Any = None,
-) -> tuple[FsdpPlan, Trace, CommCost, CommCost]:
+    meshes: dict[int, Any] | None = None,
+) -> tuple[FsdpPlan, Trace, CommCost, CommCost, CommCost | None]:
     """Steps 1-3 of :mod:`dpcomm.fsdp.shard` on every rank of ``process_group``: ``(plan, trace, T_ag,
-    T_rs)``, the same on every rank. ``optimal`` needs ``example`` (one input batch)."""
+    T_rs, T_ar)``, the same on every rank. ``optimal`` needs ``example`` (one input batch). ``meshes``:
+    HSDP, ``{G: DeviceMesh}`` over every rank (:func:`dpcomm.fsdp.mesh.meshes`), each one's collectives
+    measured; with several the planner chooses ``G`` (the plan's ``shard_group``), and ``T_ar`` is that
+    mesh's all-reduce across the replicas (``None``: FSDP)."""
     name = str(method).strip().lower()
     if example is None and name == "optimal":
         raise UserError("FSDP planner 'optimal' needs the units' times: pass example=<one input batch>")
@@ -220,11 +244,20 @@ def plan_on_workers(
         )  # fmt: skip
         trace = _rank_mean_trace(model, local, process_group)
     total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
-    ag, rs, _, _ = fsdp_costs(total, process_group)
-    plan = plan_on_root(
-        name, trace, ag, rs, budget_bytes(memory), max_depth, process_group, overlap_of(model)
-    )
-    return plan, trace, ag, rs
+    if meshes is None:
+        ag, rs, _, _ = fsdp_costs(total, process_group)
+        plan = plan_on_root(name, trace, ag, rs, budget_bytes(memory), max_depth, process_group,
+                            overlap_of(model))  # fmt: skip
+        return plan, trace, ag, rs, None
+    from dpcomm.fsdp.mesh import mesh_costs
+
+    choices = {G: mesh_costs(total, m) for G, m in sorted(meshes.items())}
+    G = next(iter(choices))
+    plan = plan_on_root(name, trace, *choices[G][:2], budget_bytes(memory), max_depth, process_group,
+                        overlap_of(model), ar=choices[G][2], choices=choices)  # fmt: skip
+    G = plan.shard_group or G
+    world = dist.get_world_size(process_group)
+    return replace(plan, shard_group=None if G == world else G), trace, *choices[G]
 
 
 def as_run(
@@ -235,6 +268,7 @@ def as_run(
     trace: Trace | None,
     ag: Any,
     rs: Any,
+    ar: Any = None,
 ) -> tuple[FsdpPlan, int]:  # fmt: skip
     """The plan with the units FSDP2 runs (re-modelled where merged and the trace is known), and the peak
     bound: the model's peak plus the spanning units' bytes (bytes from the model's own parameters)."""
@@ -247,7 +281,9 @@ def as_run(
         t = float("nan")
         if trace is not None and ag is not None:
             f, b, _ = Modules.from_trace(trace).arrays
-            t = fsdp_time(list(run.units), f, b, m, ag, rs, depth=d, reshard=r, overlap=overlap_of(model))
+            t = fsdp_time(
+                list(run.units), f, b, m, ag, rs, depth=d, reshard=r, overlap=overlap_of(model), ar_cost=ar
+            )
         run = replace(run, time_s=t, peak_bytes=int(peak))
     spans = sum(int(m[a : z + 1].sum()) for k, (a, z) in enumerate(run.units) if k in groups.spanning)
     return run, int(peak) + spans
@@ -260,7 +296,7 @@ REPLANS = 4
 
 def within_bound(
     method: str, plan: FsdpPlan, model: nn.Module, layer_params: Any, trace: Trace, ag: Any, rs: Any,
-    budget: int | None, max_depth: int, group: Any, shardable: Any = None,
+    budget: int | None, max_depth: int, group: Any, shardable: Any = None, ar: Any = None,
 ) -> FsdpPlan:  # fmt: skip
     """``plan`` (planner ``method``'s), or ``method``'s plan under a budget lowered by what FSDP2 keeps
     unsharded beyond the model's peak (a tied weight's unit, kept to its last module's forward:
@@ -272,12 +308,13 @@ def within_bound(
     lowered = budget
     for _ in range(REPLANS):
         groups = shard_groups(model, plan, layer_params, shardable)
-        over = as_run(model, plan, groups, layer_params, trace, ag, rs)[1] - budget
+        over = as_run(model, plan, groups, layer_params, trace, ag, rs, ar)[1] - budget
         if over <= 0 or lowered - over < 0:
             return plan
         lowered -= over
         try:
-            plan = plan_on_root(method, trace, ag, rs, lowered, max_depth, group, overlap_of(model))
+            again = plan_on_root(method, trace, ag, rs, lowered, max_depth, group, overlap_of(model), ar=ar)
+            plan = replace(again, shard_group=plan.shard_group)
         except UserError:  # nothing fits the lowered budget
             return plan
     return plan

@@ -41,7 +41,7 @@ from __future__ import annotations
 import copy
 import logging
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -51,6 +51,7 @@ from torch import nn
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.groups import ROOT, ShardGroups, shard_groups, shardable_modules
+from dpcomm.fsdp.mesh import meshes
 from dpcomm.fsdp.planning import (
     as_run,
     budget_bytes,
@@ -95,6 +96,8 @@ class Sharded:
     """Fitted all-gather cost of a unit's full bytes (planner names only)."""
     rs_cost: CommCost | None = None
     """Fitted reduce-scatter cost."""
+    ar_cost: CommCost | None = None
+    """HSDP: the fitted all-reduce across the replicas (of a unit's full bytes); ``None``: FSDP."""
     trial: dict[str, float] | None = None
     """Median forward+backward seconds per candidate (slowest rank), if the trial ran."""
     overlap: str = "streams"
@@ -110,9 +113,11 @@ class Sharded:
         names = [n for ns in self.layer_params for n in ns]
         why = self.why or "as given"
         peak = f"{self.peak_bound_bytes:,} bytes unsharded at most"
+        G = self.plan.shard_group
+        mesh = "" if G is None else f", HSDP: shard groups of {G} ranks"
         lines = [
-            f"dpcomm.fsdp.shard: {len(self.plan.units)} fully_shard units, prefetch depth {self.plan.depth}, "
-            f"reshard after forward {self.plan.reshard_after_forward}, {peak} ({why})"
+            f"dpcomm.fsdp.shard: {len(self.plan.units)} fully_shard units{mesh}, prefetch depth "
+            f"{self.plan.depth}, reshard after forward {self.plan.reshard_after_forward}, {peak} ({why})"
         ]
         if self.trial:
             lines.append("  candidates: trial median forward+backward (slowest rank)")
@@ -127,15 +132,6 @@ class Sharded:
             lines.append(f"    {k}: {pattern(params, names)}  [fully_shard: {mods}]")
         lines += [f"  note: {n}" for n in (*self.groups.notes, *self.said)]
         return "\n".join(lines)
-
-
-def _mesh(model: nn.Module, group: Any) -> Any:
-    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
-
-    kind = target_device(model).type
-    if group is None:
-        return init_device_mesh(kind, (dist.get_world_size(),))
-    return DeviceMesh.from_group(group, kind)
 
 
 def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any) -> nn.Module:
@@ -259,6 +255,7 @@ def shard(
     max_depth: int = FSDP_MAX_DEPTH,
     process_group: Any = None,
     layer_params: Any = None,
+    mesh: Any = None,
 ) -> nn.Module:
     """``model`` sharded by FSDP2 as ``plan`` says (see the module docstring); returns it (the same object).
 
@@ -267,7 +264,9 @@ def shard(
     budget of unsharded parameter bytes (an int or ``"64MB"``). ``verify_iters``: timed passes per
     candidate in the trial (``optimal`` only; 0: keep the planned plan untimed). ``layer_params``: with a
     given plan, the parameter names of each of its layers (default: the gradient units of ``example``, else
-    the learnable layers). Build the optimizer after.
+    the learnable layers). ``mesh``: HSDP, a shard group size ``G`` (an int dividing the ranks), a 2-D
+    ``DeviceMesh`` (replicate, shard) or ``"auto"`` (the planner chooses ``G``; :mod:`dpcomm.fsdp.mesh`);
+    default FSDP over ``process_group``. Build the optimizer after.
 
     A model built under ``torch.device("meta")`` is planned without materialising it (its units from a
     forward and backward on ``meta``, their times from FLOPs, :func:`dpcomm.fsdp.planning.plan_on_workers`)
@@ -282,10 +281,11 @@ def shard(
     first_param(model, "dpcomm.fsdp.shard")
     budget = budget_bytes(memory)
     check_same_weights(model, process_group, "dpcomm.fsdp.shard")
-    trace = ag = rs = None
+    trace = ag = rs = ar = None
     trial = None
     said: list[str] = []
     with untouched(model):
+        candidates = meshes(model, mesh, process_group)
         shardable = None
         if example is not None:
             shardable = on_every_rank(
@@ -293,28 +293,28 @@ def shard(
                 "dpcomm.fsdp.shard: running the model on the example",
             )  # fmt: skip
         if isinstance(plan, str):
-            requested, trace, ag, rs = plan_on_workers(
+            requested, trace, ag, rs, ar = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, memory=budget, profile_iters=profile_iters,
-                max_depth=max_depth, process_group=process_group,
+                max_depth=max_depth, process_group=process_group, meshes=None if mesh is None else candidates,
             )  # fmt: skip
             layer_params = tuple(tuple(x.param_names) for x in trace.layers)
         else:
-            requested = plan
+            requested = _given_on(plan, candidates, dist.get_world_size(process_group))
             if layer_params is None:
                 layer_params = _layer_params(model, example, loss_fn)
             layer_params = tuple(tuple(x) for x in layer_params)
         if trace is not None:
             requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
-                                      budget, max_depth, process_group, shardable)  # fmt: skip
+                                      budget, max_depth, process_group, shardable, ar)  # fmt: skip
         kept = requested
         why = "as given" if trace is None else f"planned by '{requested.method}'"
-        mesh = _mesh(model, process_group)
+        on = candidates[requested.shard_group or max(candidates)]  # the mesh the plan runs on
         groups = shard_groups(model, kept, layer_params, shardable)
-        run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs)
+        run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs, ar)
         fits = budget is None or bound <= budget
         if not fits and trace is not None and kept.method != "per-block":
-            block = _comparison(model, trace, ag, rs, budget, max_depth, process_group, layer_params,
-                                shardable, [])  # fmt: skip
+            block = _comparison(model, trace, (ag, rs, ar), budget, max_depth, process_group, layer_params,
+                                shardable, [], kept.shard_group)  # fmt: skip
             if block is not None:  # the planner's units merged past the budget where FSDP2 cannot cut
                 said.append(
                     f"'{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it (units merged where "
@@ -326,27 +326,27 @@ def shard(
         if timed and is_meta(model):
             said.append("not timed against per-block: the model is on the meta device (nothing to run)")
         elif timed:
-            block = _comparison(model, trace, ag, rs, budget, max_depth, process_group, layer_params,
-                                shardable, said)  # fmt: skip
+            block = _comparison(model, trace, (ag, rs, ar), budget, max_depth, process_group, layer_params,
+                                shardable, said, kept.shard_group)  # fmt: skip
             if block is not None and _shape(block) != _shape(requested):
                 best, medians = _trial(model, [requested, block], layer_params, shardable, example, loss_fn,
-                                       verify_iters, mesh, process_group)  # fmt: skip
+                                       verify_iters, on, process_group)  # fmt: skip
                 kept = [requested, block][best]
                 trial = {"optimal": medians[0], "per-block": medians[1]}
                 why = "fastest in the timed trial" if best == 0 else (
                     "per-block: the plan was not measurably (> 2%) faster in the timed trial")  # fmt: skip
         groups = shard_groups(model, kept, layer_params, shardable)
-        run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs)
+        run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs, ar)
     if budget is not None and bound > budget:
         raise UserError(
             f"FSDP plan '{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it, over the budget of "
             f"{budget:,} ({'; '.join(groups.notes)})"
         )
-    apply_plan(model, run, groups, mesh)
+    apply_plan(model, run, groups, on)
     model.dpcomm = Sharded(
         plan=run, requested=requested, groups=groups, layer_params=layer_params, peak_bound_bytes=bound,
-        trace=trace, ag_cost=ag, rs_cost=rs, trial=trial, overlap=overlap_of(model), said=tuple(said),
-        why=why,
+        trace=trace, ag_cost=ag, rs_cost=rs, ar_cost=ar, trial=trial, overlap=overlap_of(model),
+        said=tuple(said), why=why,
     )  # fmt: skip
     if dist.get_rank(process_group) == 0:
         _log.info(str(model.dpcomm).splitlines()[0])
@@ -355,17 +355,31 @@ def shard(
     return model
 
 
-def _comparison(model, trace, ag, rs, budget, max_depth, group, layer_params, shardable, said):
+def _given_on(plan: FsdpPlan, candidates: dict[int, Any], P: int) -> FsdpPlan:
+    """A given plan on the ``mesh=`` asked for (``P`` ranks): its ``shard_group`` must be the mesh's, or
+    chooses it among ``"auto"``'s."""
+    want = plan.shard_group or P
+    if len(candidates) == 1 and want != next(iter(candidates)):
+        raise UserError(f"dpcomm.fsdp.shard: the plan shards over groups of {want} ranks, the mesh over "
+                        f"{next(iter(candidates))}")  # fmt: skip
+    if want not in candidates:
+        raise UserError(f"dpcomm.fsdp.shard: the plan's shard group of {want} ranks does not divide {P} "
+                        "ranks")  # fmt: skip
+    return replace(plan, shard_group=None if want == P else want)
+
+
+def _comparison(model, trace, costs, budget, max_depth, group, layer_params, shardable, said, shard_group):
     """The trial's comparison plan, ``per-block`` within the budget as FSDP2 runs it, or None (said why)."""
+    ag, rs, ar = costs
     try:
-        block = plan_on_root("per-block", trace, ag, rs, budget, max_depth, group, overlap_of(model))
-        block = within_bound("per-block", block, model, layer_params, trace, ag, rs, budget, max_depth, group,
-                             shardable)  # fmt: skip
+        block = plan_on_root("per-block", trace, ag, rs, budget, max_depth, group, overlap_of(model), ar=ar)
+        block = within_bound("per-block", replace(block, shard_group=shard_group), model, layer_params, trace,
+                             ag, rs, budget, max_depth, group, shardable, ar)  # fmt: skip
     except UserError as exc:  # no blocks, or per-block does not fit: nothing to time against
         said.append(f"not timed against per-block: {exc}")
         return None
     bound = as_run(model, block, shard_groups(model, block, layer_params, shardable), layer_params, trace, ag,
-                   rs)[1]  # fmt: skip
+                   rs, ar)[1]  # fmt: skip
     if budget is not None and bound > budget:
         said.append(
             f"not timed against per-block: it needs {bound:,} bytes unsharded, over the budget of {budget:,}"

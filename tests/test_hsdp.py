@@ -1,0 +1,78 @@
+"""``dpcomm.fsdp.shard(..., mesh=...)``: HSDP on 4 gloo ranks against plain DDP (issue 40).
+
+One launch of 4 workers (:func:`tests._user_workers.shard_cases`): each case is sharded on a 2 x 2 mesh
+(two replicas of 2-rank shard groups), given as a shard group size, as a ``DeviceMesh`` the user built, or
+chosen by the planner (``"auto"``), and must train like plain DDP over the 4 ranks: three SGD steps with
+the same losses (``rel=1e-5``: HSDP averages in two steps, a reduce-scatter within the group then an
+all-reduce across, so sums are rounded in another order than DDP's one all-reduce), gradients and
+parameters within ``atol=1e-5``, replicas equal across ranks. The parameters must be FSDP2's HSDP
+DTensors: a 2-D mesh, ``(Replicate, Shard)``. Bad ``mesh=`` is one line on every rank.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from dpcomm.launch import launch
+from tests import _user_workers as W
+
+pytestmark = pytest.mark.slow
+
+CASES = [
+    {"model": "decoder", "planner": "optimal", "memory": None, "mesh": 2},
+    {"model": "bn", "planner": "per-block", "memory": None, "mesh": "2x2"},  # the user's DeviceMesh
+    {"model": "encoder", "planner": "optimal", "memory": None, "mesh": "auto"},
+]
+BAD = [3, "rows", "1x2x2"]
+"""Meshes that cannot be: 3 does not divide 4 ranks, a word, a 3-D ``DeviceMesh``."""
+
+
+def _user_mesh(spec):
+    """``"AxB.."`` as the user builds it (``init_device_mesh``), other specs as given."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    if isinstance(spec, str) and "x" in spec:
+        shape = tuple(int(x) for x in spec.split("x"))
+        names = ("replicate", "shard") if len(shape) == 2 else None
+        return init_device_mesh("cpu", shape, mesh_dim_names=names)
+    return spec
+
+
+def _all(cases, bad):  # one launch (module level: spawned workers import it)
+    cases = [{**c, "mesh": _user_mesh(c["mesh"])} for c in cases]
+    out = W.shard_cases(cases)
+    case = {"model": "lora", "planner": "per-block", "memory": None}
+    return out, [W.shard_cases([{**case, "mesh": _user_mesh(spec)}])[0].get("error") for spec in bad]
+
+
+@pytest.fixture(scope="module")
+def runs():
+    return launch(_all, 4, CASES, BAD)
+
+
+@pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c['model']}-{c['mesh']}" for c in CASES])
+def test_hsdp_on_a_2x2_mesh_trains_like_plain_ddp(runs, index):
+    case = CASES[index]
+    for rank, (out, _) in enumerate(runs):
+        r = out[index]
+        assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
+        assert r["rng_same"], "shard changed the caller's random state"
+        assert r["losses"] == pytest.approx(r["ref_losses"], rel=1e-5), "losses differ from plain DDP"
+        assert r["grad_diff"] <= 1e-5 and r["param_diff"] <= 1e-5, (r["grad_diff"], r["param_diff"])
+        assert r["replicas"], "replicas differ across ranks"
+        if case["mesh"] != "auto":
+            assert r["shard_group"] == 2 and r["mesh_shape"] == [2, 2], r
+            assert r["placements"] == ["Replicate", "Shard"], r
+            assert r["priced_all_reduce"], "the plan was made without the all-reduce across the replicas"
+            assert "HSDP: shard groups of 2 ranks" in r["text"].splitlines()[0]
+        else:  # the planner's choice runs: its group size is the mesh's last dim
+            G = r["shard_group"] or 4
+            assert r["mesh_shape"][-1] == G and G in (1, 2, 4), r
+    assert len({str(out[index].get("shard_group")) for out, _ in runs}) == 1, "ranks chose different meshes"
+
+
+@pytest.mark.parametrize("index", range(len(BAD)), ids=[str(b) for b in BAD])
+def test_a_mesh_that_cannot_be_is_one_line_on_every_rank(runs, index):
+    errors = [errs[index] for _, errs in runs]
+    assert all(e is not None and e.startswith("UserError: dpcomm.fsdp.shard: mesh") for e in errors), errors
+    assert len(set(errors)) == 1 and "\n" not in errors[0]
