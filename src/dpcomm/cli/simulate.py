@@ -12,6 +12,13 @@ of several GPUs (``dgx-h100:S``, ``gpus:S,G,...``; ``--nodes`` counts GPUs) the 
 choice (``--algo nccl``) and its start-up NCCL's latencies unless ``--network`` gives one (a TCP one on an
 InfiniBand fabric is noted), and the ``ps-*`` schedules pay the flow model's price of a byte on that
 fabric.
+
+FSDP2 and HSDP schedules sit next to them too (:mod:`dpcomm.sim.fsdp`): ``fsdp:METHOD`` and
+``hsdp:METHOD[:G]`` (METHOD ``per-block``, ``whole``, ``per-layer``, ``size:BYTES``, ``optimal``; ``G`` the
+shard group, else the planner's choice), planned under ``--memory`` per rank and priced on the same
+network or topology (:mod:`dpcomm.sim.fsdp_costs`); the table then has a memory column.
+``dpcomm simulate --trace tinyllama-1.1b-h200bf16-b4 --topology dgx-h100:4 --nodes 32
+--schedules ddp,fsdp:optimal,hsdp:optimal --memory 1G``.
 """
 
 from __future__ import annotations
@@ -20,7 +27,18 @@ import argparse
 import json
 import sys
 
-from dpcomm.cli._costargs import add_cost_arguments, check_update, cost_for, load_trace_arg, parse_nodes
+from dpcomm.cli._costargs import (
+    add_cost_arguments,
+    add_fsdp_arguments,
+    add_topology_arguments,
+    check_update,
+    costs_of,
+    fsdp_costs_of,
+    fsdp_options,
+    load_trace_arg,
+    parse_nodes,
+    priced_by,
+)
 from dpcomm.errors import UserError
 
 COMMAND = "simulate"
@@ -35,22 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schedules", default="wfbp,single,mgwfbp,optimal", metavar="S,S,..", help="schedules to compare"
     )
     add_cost_arguments(parser)
-    # None: not given (10gbe and ring, except on servers of several GPUs: the fabric's start-up and nccl)
-    parser.set_defaults(network=None, algo=None)
-    parser.add_argument(
-        "--topology",
-        metavar="T",
-        help="price each all-reduce by the flow model on star:N, fattree:k, bcube:n,k, "
-        "leafspine:L,H,R or gpus:S,G,... / dgx-h100:S (nodes = GPUs; alpha from --network; docs/netsim.md)",
-    )
-    parser.add_argument(
-        "--rate",
-        default=None,
-        help="link rate per direction with --topology (default 10gbit; gpus: its nic=)",
-    )
-    parser.add_argument(
-        "--mtu", default=None, help="MTU of the TCP overhead with --topology (default 1500); 0: none"
-    )
+    add_topology_arguments(parser)
+    add_fsdp_arguments(parser)
     parser.add_argument("--plot", metavar="PNG", help="write speedup vs nodes per schedule")
     parser.add_argument("--timeline", metavar="PNG", help="write a Gantt chart of one iteration per schedule")
     parser.add_argument("--chrome-trace", metavar="JSON", help="write a Chrome/Perfetto trace of the same")
@@ -70,6 +74,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from dpcomm.planner import parse_schedules
     from dpcomm.sim import sweep
+    from dpcomm.sim.fsdp import fsdp_sweep, is_fsdp_schedule, parse_fsdp_schedule
     from dpcomm.sim.ps import is_ps_schedule
     from dpcomm.utils.io import check_figure_path, check_output_path
 
@@ -81,32 +86,33 @@ def run(args: argparse.Namespace) -> int:
     nodes_list = parse_nodes(args.nodes)
     named = [s.strip() for s in str(args.schedules).split(",") if s.strip()]
     ps_schedules = [s for s in named if is_ps_schedule(s)]
-    schedules = (
-        parse_schedules(",".join(s for s in named if not is_ps_schedule(s)))
-        if len(ps_schedules) < len(named)
-        else []
-    )
+    fsdp_schedules = [s for s in named if is_fsdp_schedule(s)]
+    others = [s for s in named if not (is_ps_schedule(s) or is_fsdp_schedule(s))]
+    schedules = parse_schedules(",".join(others)) if others else []
+    for s in fsdp_schedules:
+        parse_fsdp_schedule(s)
+    fsdp = fsdp_options(args) if fsdp_schedules else None
     update_s = check_update(args.update_s)
     shown = args.timeline_nodes if args.timeline_nodes is not None else max(nodes_list)
     if shown not in nodes_list:
         raise UserError(f"--timeline-nodes {shown} is not one of --nodes {args.nodes}")
     trace = load_trace_arg(args.trace)
-    model = None
-    if args.topology:
-        cost, model = _flow_cost(args, max(nodes_list))
-    else:
-        args.network = args.network if args.network is not None else "10gbe"
-        args.algo = args.algo if args.algo is not None else "ring"
-        cost = cost_for(args)
+    cost, model = costs_of(args, max(nodes_list))
     rows = sweep(trace, cost, nodes_list, schedules, update_s=update_s) if schedules else []
     if ps_schedules:
-        rows = _with_ps(rows, trace, args, nodes_list, ps_schedules, named, model)
+        rows += _ps_rows(trace, args, nodes_list, ps_schedules, model)
+    if fsdp_schedules:
+        costs_for, shards_for = fsdp_costs_of(args, model)
+        rows += fsdp_sweep(trace, costs_for, nodes_list, fsdp_schedules, shards_for=shards_for, **fsdp)
+    if ps_schedules or fsdp_schedules:  # nodes-major, in the order the schedules were named
+        order = {s.lower(): i for i, s in enumerate(named)}
+        rows.sort(key=lambda r: (nodes_list.index(r.nodes), order.get(r.schedule.lower(), len(order))))
     written = []
     if args.plot:
         from dpcomm.sim.scaling import plot_scaling
 
         written.append(plot_scaling(rows, args.plot, title=f"{trace.model} (batch {trace.batch_size})"))
-    picked = [r.result for r in rows if r.nodes == shown]
+    picked = [r.result for r in rows if r.nodes == shown and hasattr(r, "result")]  # FSDP rows: no timeline
     if args.timeline:
         from dpcomm.sim.timeline import plot_timeline
 
@@ -120,82 +126,60 @@ def run(args: argparse.Namespace) -> int:
         for path in written:
             print(f"wrote {path}", file=sys.stderr)
         return 0
-    _print(trace, rows, written, _where(args, model))
+    where = priced_by(args, model)
+    if fsdp_schedules:
+        where += "; FSDP/HSDP all-gather and reduce-scatter: half a ring all-reduce (docs/fsdp.md)"
+    _print(trace, rows, written, where, state_bytes=fsdp["state_bytes"] if fsdp else None)
     return 0
 
 
-def _flow_cost(args: argparse.Namespace, most_nodes: int):
-    """``(nodes -> CommCost, flow model)`` of ``--topology``: ``--algo`` (default ``nccl`` on servers of
-    several GPUs, else ``ring``), the start-up of ``--network`` (default: the fabric's own; a TCP one on an
-    InfiniBand fabric gets a one-line note)."""
-    from dpcomm.cli.netsim import fabric_for, flow_cost_for, network_startup, tcp_note
-    from dpcomm.costmodel import resolve_network
-    from dpcomm.topology import MultiGPU
-
-    net = resolve_network(args.network) if args.network is not None else None
-    fabric = fabric_for(args, net)
-    multi = isinstance(fabric.topology, MultiGPU)
-    if args.algo is None:
-        args.algo = "nccl" if multi else "ring"
-    alpha = None
-    if net is not None:
-        alpha = network_startup(net, fabric)
-    elif not multi:
-        alpha = resolve_network("10gbe").alpha
-    cost, model = flow_cost_for(args, most_nodes, alpha, net)
-    note = tcp_note(model.fabric, alpha, f"--network {args.network}") if alpha is not None and net else None
-    if note:
-        print(note, file=sys.stderr)
-    return cost, model
-
-
-def _where(args: argparse.Namespace, model) -> str:
-    """The header's line on what prices the all-reduce: the network, or the topology's fabric."""
-    if model is None:
-        return f"all-reduce {args.algo} on {args.network}"
-    from dpcomm.sim.network.pricing import startup_text
-    from dpcomm.topology import MultiGPU
-
-    t = model.fabric.topology
-    fabric = t.describe(model.fabric.rate_bps) if isinstance(t, MultiGPU) else f"{t.servers} servers"
-    return f"all-reduce {args.algo} on {args.topology.strip()} ({fabric}), {startup_text(model)}"
-
-
-def _print(trace, rows, written, where: str) -> None:
+def _print(trace, rows, written, where: str, state_bytes: float | None = None) -> None:
+    """The table; with FSDP/HSDP rows (``state_bytes`` not None) a memory column: per rank, unsharded
+    parameters at the peak plus sharded state (DDP: every parameter and the whole state; ps-*: -)."""
     from rich.console import Console
     from rich.table import Table
 
     table = Table(
         title=f"{trace.model} (batch {trace.batch_size}, {trace.device}): "
-        f"t_f + t_b = {(rows[0].result.t_f_s + rows[0].result.t_b_s) * 1e3:.2f} ms",
+        f"t_f + t_b = {(trace.t_f + trace.t_b) * 1e3:.2f} ms",
         caption=where,
     )
-    for col in ("nodes", "schedule", "groups", "t_iter ms", "exposed comm ms", "speedup", "efficiency"):
+    cols = ["nodes", "schedule", "groups", "t_iter ms", "exposed comm ms", "speedup", "efficiency"]
+    if state_bytes is not None:
+        cols.append("memory MiB")
+    for col in cols:
         table.add_column(col, justify="left" if col == "schedule" else "right")
+    total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
     last = None
     for r in rows:
         if last is not None and r.nodes != last:
             table.add_section()
         last = r.nodes
-        table.add_row(
+        units = getattr(r.plan, "units", None)
+        cells = [
             str(r.nodes),
             r.schedule,
-            str(len(r.plan.groups)),
+            str(len(units if units is not None else r.plan.groups)),
             f"{r.t_iter_s * 1e3:.2f}",
             f"{r.t_comm_exposed_s * 1e3:.2f}",
             f"{r.speedup:.2f}",
             f"{r.efficiency:.1%}",
-        )
+        ]
+        if state_bytes is not None:
+            memory = getattr(r, "memory_bytes", None)
+            if memory is None and hasattr(r, "result"):  # DDP-style: every parameter, the whole state
+                memory = total + state_bytes
+            cells.append("-" if memory is None else f"{memory / 2**20:.1f}")
+        table.add_row(*cells)
     console = Console()
     console.print(table)
     for path in written:
         console.print(f"wrote {path}")
 
 
-def _with_ps(rows, trace, args, nodes_list, ps_schedules, named, model=None):
-    """Add the parameter-server rows, keeping nodes-major order and the order the schedules were named in.
-    With a topology (``model``) a byte costs what the flow model's co-located parameter server on it costs
-    (:func:`_ps_network`)."""
+def _ps_rows(trace, args, nodes_list, ps_schedules, model=None):
+    """The parameter-server rows. With a topology (``model``) a byte costs what the flow model's
+    co-located parameter server on it costs (:func:`_ps_network`)."""
     from dpcomm.costmodel import resolve_network
     from dpcomm.sim.ps import ps_sweep
 
@@ -204,10 +188,7 @@ def _with_ps(rows, trace, args, nodes_list, ps_schedules, named, model=None):
     if args.ps_servers < 0:
         raise UserError(f"--ps-servers must be >= 1, got {args.ps_servers}")
     net = resolve_network(args.network) if model is None else _ps_network(model)
-    ps_rows = ps_sweep(trace, net, nodes_list, ps_schedules, servers=args.ps_servers, push=args.ps_push)
-    order = {s.lower(): i for i, s in enumerate(named)}
-    both = rows + ps_rows
-    return sorted(both, key=lambda r: (nodes_list.index(r.nodes), order.get(r.schedule.lower(), len(order))))
+    return ps_sweep(trace, net, nodes_list, ps_schedules, servers=args.ps_servers, push=args.ps_push)
 
 
 def _ps_network(model):

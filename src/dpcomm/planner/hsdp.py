@@ -37,7 +37,7 @@ from dpcomm.planner.fsdp_model import TIE_REL, check_overlap
 from dpcomm.planner.fsdp_search import Problem, root_bound
 from dpcomm.trace.format import Trace
 
-__all__ = ["MeshCosts", "mesh_costs", "plan_hsdp", "shard_sizes"]
+__all__ = ["MeshCosts", "hsdp_front", "mesh_costs", "plan_hsdp", "shard_sizes"]
 
 MeshCosts = Callable[[int], tuple[CommCost, CommCost, CommCost]]
 """``G -> (T_ag, T_rs, T_ar)``: all-gather and reduce-scatter within a group of ``G`` ranks and the
@@ -147,6 +147,40 @@ def plan_hsdp(
         meta["lower_bound_s"] = lb = min(plan.meta["lower_bound_s"], *bounds.values())
         meta["gap"] = 0.0 if gap == 0 or lb <= 0 else max(0.0, plan.time_s / lb - 1)
     return replace(plan, meta=meta)
+
+
+def hsdp_front(
+    modules: Modules | Trace,
+    ag_cost: CommCost,
+    rs_cost: CommCost,
+    ar_cost: CommCost | None,
+    *,
+    update_s: float = 0.0,
+    max_depth: int = FSDP_MAX_DEPTH,
+    max_points: int = 1000,
+    overlap: str = "streams",
+    gap: float = 0.0,
+) -> list[tuple[int, float, FsdpPlan]]:
+    """The time-memory front of ``optimal`` at one shard group size (its costs; ``ar_cost`` ``None``:
+    FSDP), walked as :func:`dpcomm.planner.fsdp.pareto_front` walks it: ``(peak_bytes, time_s, plan)`` by
+    rising unsharded peak (the sharded state, the same at every point, left out)."""
+    mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
+    out: list[tuple[int, float, FsdpPlan]] = []
+    budget: float | None = None
+    while True:
+        try:
+            plan = plan_fsdp("optimal", mods, ag_cost, rs_cost, memory=budget, update_s=update_s,
+                             max_depth=max_depth, overlap=overlap, gap=gap, ar_cost=ar_cost)  # fmt: skip
+        except UserError:
+            break
+        out.append((plan.peak_bytes, plan.time_s, plan))
+        if plan.peak_bytes == 0 or len(out) >= max_points:
+            if plan.peak_bytes and len(out) >= max_points:
+                raise UserError(f"the FSDP time-memory front has more than {max_points} points")
+            break
+        budget = plan.peak_bytes - 1
+    out.reverse()
+    return out
 
 
 def _root(mods: Modules, ag, rs, ar, budget, update_s, choices, overlap: str) -> float:
