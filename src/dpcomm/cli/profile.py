@@ -1,14 +1,19 @@
-"""Profile a zoo model layer by layer and write a trace (``dpcomm-trace/1``).
+"""Profile a model layer by layer and write a trace (``dpcomm-trace/1`` or ``/2``).
 
-Examples: ``dpcomm profile --model resnet50 --batch-size 8 -o resnet50.json`` (measured on this machine);
-``dpcomm profile --model googlenet --batch-size 64 --analytic k80 -o g.json`` (FLOP model, instant);
-``dpcomm profile --from-torch-profiler run.json --model resnet20 -o r.json`` (from a user's own
-``torch.profiler`` Chrome trace, see :mod:`dpcomm.trace.torch_profiler`).
+Examples: ``dpcomm profile --model resnet50 --batch-size 8 -o resnet50.json`` (a zoo model, measured on this
+machine); ``dpcomm profile --model googlenet --batch-size 64 --analytic k80 -o g.json`` (FLOP model,
+instant); ``dpcomm profile --model mypkg.net:Net --model-args '{"width": 64}' --input float32[8,3,32,32]``
+(the user's own model, :mod:`dpcomm.trace.user_model`); ``dpcomm profile --from-torch-profiler run.json
+--model resnet20 -o r.json`` (from a user's own ``torch.profiler`` Chrome trace, see
+:mod:`dpcomm.trace.torch_profiler`); ``dpcomm profile --trace gpt2-cpu-b1 --retime h100-bf16 --reduce-dtype
+fp32 -o g.json`` (a trace re-timed for another GPU and re-typed for the reduction's dtype, see
+:mod:`dpcomm.trace.retime`; ``--retime``/``--reduce-dtype`` apply to every way of making a trace).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from dpcomm.errors import UserError
@@ -18,12 +23,25 @@ HELP = "measure (or model with --analytic) each learnable layer's forward/backwa
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--model", required=True, metavar="NAME", help="zoo model (see `dpcomm models`)")
+    parser.add_argument(
+        "--model",
+        metavar="NAME",
+        help="zoo model (see `dpcomm models`), or your own as package.module:Class (with --input)",
+    )
+    parser.add_argument(
+        "--model-args", metavar="JSON", help="with package.module:Class: its keyword arguments, a JSON object"
+    )
+    parser.add_argument(
+        "--input",
+        metavar="SPEC",
+        help="with package.module:Class: example inputs, one per forward argument, ';'-separated: "
+        "DTYPE[D0,D1,...][:vocab=N], e.g. float32[8,3,32,32] or long[4,128]:vocab=50257 (first dim: batch)",
+    )
     parser.add_argument(
         "--batch-size",
         type=int,
         metavar="B",
-        help="mini-batch size (with --from-torch-profiler: as recorded)",
+        help="mini-batch size of a zoo model (with --from-torch-profiler: as recorded)",
     )
     parser.add_argument(
         "--from-torch-profiler",
@@ -37,6 +55,25 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         metavar="N",
         help="with --from-torch-profiler: drop the first N iterations",
+    )
+    parser.add_argument(
+        "--trace",
+        metavar="TRACE",
+        help="no measurement: re-express this trace (a file or a shipped name) with --retime/--reduce-dtype; "
+        "--model (and --input) give the FLOPs and bytes where the trace's model is not a zoo name",
+    )
+    parser.add_argument(
+        "--retime",
+        metavar="HOW",
+        help="re-time the trace for another device: h100-bf16 or h200-bf16 (roofline at the bf16 "
+        "tensor-core rate), scale:F[,B] (times x F, backward x B), or ratio:TARGET,SOURCE (two traces of one "
+        "model and batch measured on the two devices)",
+    )
+    parser.add_argument(
+        "--reduce-dtype",
+        metavar="DTYPE",
+        help="gradient bytes as the reduction's dtype has them: fp32 (autocast, FSDP2's reduce_dtype) or "
+        "bf16/fp16 (a model cast to bf16)",
     )
     parser.add_argument("--device", default="cpu", metavar="DEV", help="cpu (default) or cuda[:N]")
     parser.add_argument(
@@ -54,7 +91,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--analytic",
         metavar="PRESET",
-        help="no measurement: roofline model of a preset (k80, v100, h100, cpu)",
+        help="no measurement: roofline model of a preset (k80, v100, h100, cpu; h100-bf16, h200-bf16)",
     )
     parser.add_argument(
         "--seed", type=int, default=0, help="seed for weights and the random batch (default 0)"
@@ -63,43 +100,165 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from dpcomm.models import example_input, get_model
+    from dpcomm.trace.retime import REDUCE_DTYPES, Target, parse_retime, retime, with_reduce_dtype
     from dpcomm.utils.io import check_output_path
 
     if args.output is not None:
         check_output_path(args.output, make_folders=False)
+    how = parse_retime(args.retime) if args.retime else None  # bad input fails before any work
+    if args.reduce_dtype is not None and args.reduce_dtype.lower() not in REDUCE_DTYPES:
+        raise UserError(f"--reduce-dtype {args.reduce_dtype!r}: choose one of {', '.join(REDUCE_DTYPES)}")
+    user = args.model is not None and ":" in args.model
+    if user and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())  # `mymodel.py` here imports, as `uvicorn --app-dir .` has it
+    if args.trace:
+        trace = _retrace(args)
+    else:
+        if args.model is None:
+            raise UserError("--model is required (a zoo name or package.module:Class), or --trace FILE")
+        if (args.model_args or args.input) and not user:
+            raise UserError("--model-args and --input go with a model given as package.module:Class")
+        if user and args.input is None:
+            raise UserError(f"--model {args.model}: give its example input, e.g. --input float32[8,3,32,32]")
+        if user and args.batch_size is not None:
+            raise UserError("with package.module:Class the batch size is --input's first dimension")
+        trace = _make(args, user)
+    if how is not None:
+        costs = None  # a scale needs none; a target counts them on the model (default: the trace's zoo model)
+        if isinstance(how, Target) and user:
+            costs = _user_costs(args, trace, how)
+        elif isinstance(how, Target) and args.trace and args.model:
+            costs = _zoo_costs(args.model, trace, how)
+        trace = retime(trace, how, costs=costs)
+    if args.reduce_dtype is not None:
+        trace = with_reduce_dtype(trace, args.reduce_dtype)
+    _write(trace, args)
+    return 0
+
+
+def _make(args: argparse.Namespace, user: bool):
+    """The trace of --model: measured, analytic, or from a torch.profiler trace."""
     if args.from_torch_profiler:
-        trace = _from_torch_profiler(args)
-        _write(trace, args)
-        return 0
-    if args.batch_size is None:
-        raise UserError("--batch-size is required (except with --from-torch-profiler)")
-    if args.batch_size < 1:
-        raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
+        return _from_torch_profiler(args, user)
+    if not user:
+        if args.batch_size is None:
+            raise UserError("--batch-size is required (except with --from-torch-profiler)")
+        if args.batch_size < 1:
+            raise UserError(f"--batch-size must be >= 1, got {args.batch_size}")
     if args.iters < 1 or args.warmup < 0:
         raise UserError(f"--iters must be >= 1 and --warmup >= 0, got {args.iters} and {args.warmup}")
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads must be >= 1, got {args.threads}")
     if args.analytic:
-        from dpcomm.trace.analytic import analytic_trace
+        return _analytic(args, user)
+    import torch
 
-        trace = analytic_trace(args.model, args.batch_size, args.analytic)
+    from dpcomm.models import example_input, get_model
+    from dpcomm.trace.profiler import profile
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    if user:
+        from dpcomm.trace.user_model import build_model, make_inputs, parse_inputs, parse_model_args
+
+        specs = parse_inputs(args.input)  # bad specs fail before the user's module is imported
+        model = build_model(args.model, parse_model_args(args.model_args))
+        batch = make_inputs(specs)
+    else:
+        model = get_model(args.model)  # unknown names fail here, before any device work
+        batch = example_input(args.model, args.batch_size)
+    return _measure(profile, model, batch, args)
+
+
+def _meta_user(args: argparse.Namespace):
+    """The user's model and example input on the meta device: shapes only, no memory, no arithmetic."""
+    import torch
+
+    from dpcomm.trace.user_model import build_model, make_inputs, parse_inputs, parse_model_args
+
+    if args.input is None:
+        raise UserError(f"--model {args.model}: give its example input, e.g. --input float32[8,3,32,32]")
+    specs = parse_inputs(args.input)
+    with torch.device("meta"):
+        model = build_model(args.model, parse_model_args(args.model_args))
+    model.train()
+    return model, make_inputs(specs, device="meta"), specs[0].shape[0]
+
+
+def _analytic(args: argparse.Namespace, user: bool):
+    from dpcomm.trace.analytic import DEVICE_PRESETS, analytic_trace, layer_costs, resolve_device
+    from dpcomm.trace.retime import TARGETS
+
+    key = args.analytic.removeprefix("analytic:").lower()
+    if not user and key not in TARGETS:
+        return analytic_trace(args.model, args.batch_size, args.analytic)
+    if key not in TARGETS and key not in DEVICE_PRESETS:
+        raise UserError(f"unknown device preset {args.analytic!r}; choose one of: "
+                        f"{', '.join([*DEVICE_PRESETS, *TARGETS])}")  # fmt: skip
+    preset, elem = (
+        (TARGETS[key].preset, TARGETS[key].element_bytes) if key in TARGETS else (resolve_device(key), 4)
+    )
+    if user:
+        model, example, batch = _meta_user(args)
     else:
         import torch
 
-        from dpcomm.trace.profiler import profile
+        from dpcomm.models import example_input, get_model
 
-        if args.threads is not None:
-            torch.set_num_threads(args.threads)
-        torch.manual_seed(args.seed)
-        model = get_model(args.model)  # unknown names fail here, before any device work
-        batch = example_input(args.model, args.batch_size)
-        trace = _measure(profile, model, batch, args)
-    _write(trace, args)
-    return 0
+        with torch.device("meta"):
+            model = get_model(args.model)
+            example = example_input(args.model, args.batch_size, device="meta")
+        model.train()
+        batch = args.batch_size
+    from dpcomm.errors import first_line
+    from dpcomm.trace.analytic import trace_from_costs
+
+    try:
+        costs = layer_costs(model, example, dtype_bytes=elem)
+    except (ValueError, RuntimeError, TypeError, NotImplementedError) as exc:
+        raise UserError(f"{args.model} on the meta device: {first_line(exc, with_type=True)}") from None
+    grad_bytes = next((p.element_size() for p in model.parameters()), 4)
+    return trace_from_costs(costs, preset, model=args.model, batch_size=batch, dtype_bytes=grad_bytes)
 
 
-def _from_torch_profiler(args: argparse.Namespace):
+def _user_costs(args: argparse.Namespace, trace, how):
+    """Per-row FLOPs and bytes of the user's model at the trace's batch, for an analytic --retime."""
+    from dpcomm.trace.retime import row_costs
+
+    model, example, batch = _meta_user(args)
+    if batch != trace.batch_size:
+        raise UserError(f"--input's batch {batch} is not the trace's batch size {trace.batch_size}")
+    return row_costs(trace, model, example, how.element_bytes)
+
+
+def _zoo_costs(name: str, trace, how):
+    import torch
+
+    from dpcomm.models import example_input, get_model
+    from dpcomm.trace.retime import row_costs
+
+    with torch.device("meta"):
+        model = get_model(name)
+        example = example_input(name, trace.batch_size, device="meta")
+    model.train()
+    return row_costs(trace, model, example, how.element_bytes)
+
+
+def _retrace(args: argparse.Namespace):
+    """--trace: the trace to re-time or re-type."""
+    from dpcomm.trace.retime import load_trace_spec
+
+    if args.from_torch_profiler or args.analytic:
+        raise UserError(
+            "--trace re-expresses a trace: it does not go with --from-torch-profiler or --analytic"
+        )
+    if not (args.retime or args.reduce_dtype):
+        raise UserError("--trace needs --retime and/or --reduce-dtype (what to change in it)")
+    return load_trace_spec(args.trace)
+
+
+def _from_torch_profiler(args: argparse.Namespace, user: bool):
     import torch
 
     from dpcomm.models import example_input, get_model, input_shape
@@ -108,6 +267,21 @@ def _from_torch_profiler(args: argparse.Namespace):
 
     if args.skip < 0:
         raise UserError(f"--skip must be >= 0, got {args.skip}")
+    if user:
+        from dpcomm.trace.user_model import build_model, make_inputs, parse_inputs, parse_model_args
+
+        specs = parse_inputs(args.input)
+        torch.manual_seed(args.seed)
+        model = build_model(args.model, parse_model_args(args.model_args))
+        obj = read_json(args.from_torch_profiler, max_bytes=MAX_PROFILER_BYTES)
+        return from_chrome_trace(
+            obj,
+            model,
+            make_inputs(specs),
+            model_name=args.model,
+            skip=args.skip,
+            source=args.from_torch_profiler,
+        )
     model = get_model(args.model)
     obj = read_json(args.from_torch_profiler, max_bytes=MAX_PROFILER_BYTES)  # before it is read
     shape = recorded_input_shape(obj, type(model).__name__, args.from_torch_profiler)
@@ -144,7 +318,8 @@ def _measure(profile, model, batch, args):
     console = Console(stderr=True)
     # a bar only on a terminal: elsewhere rich's stop() prints an empty line on stderr, and nothing else
     bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
-    task = bar.add_task(f"profiling {args.model} b{args.batch_size} on {args.device}", total=None)
+    first = batch[0] if isinstance(batch, tuple) else batch
+    task = bar.add_task(f"profiling {args.model} b{first.shape[0]} on {args.device}", total=None)
 
     def _tick(done: int, total: int) -> None:
         if not bar.disable and not bar.live.is_started:  # on the first iteration: set-up errors print none
@@ -174,4 +349,12 @@ def _summary(trace, path: str) -> None:
     elif "iteration_forward_s" in trace.extra:
         f, b = trace.extra["iteration_forward_s"], trace.extra["iteration_backward_s"]
         line += f" (whole iterations without hooks: {f * ms:.2f} + {b * ms:.2f} ms)"
+    info = trace.extra.get("retime")
+    if info is not None:
+        was = info["before"]
+        how = info.get("target") or f"scale {info['from_scale']}"
+        line += f"; re-timed ({how}) from {was['device']} {was['t_f'] * ms:.2f} + {was['t_b'] * ms:.2f} ms"
+    if "reduce_dtype" in trace.extra:
+        mib = trace.total_params * trace.dtype_bytes / 2**20
+        line += f"; gradients reduced in {trace.extra['reduce_dtype']}: {mib:,.1f} MiB"
     print(line, file=sys.stdout)
