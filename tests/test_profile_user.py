@@ -8,6 +8,7 @@ decoder (an embedding, blocks of LayerNorm + Linear, a head) and a small CNN, ch
 
 from __future__ import annotations
 
+import gzip
 import json
 import sys
 
@@ -19,6 +20,7 @@ from dpcomm.errors import UserError
 from dpcomm.trace import Layer, Trace, find_trace, load_trace
 from dpcomm.trace.analytic import LayerCost, layer_costs, trace_from_costs
 from dpcomm.trace.retime import TARGETS, parse_retime, retime, row_costs, with_reduce_dtype
+from dpcomm.trace.torch_profiler import read_chrome_trace
 from dpcomm.trace.units import gradient_units
 from dpcomm.trace.user_model import build_model, make_inputs, parse_inputs
 
@@ -170,6 +172,14 @@ def test_the_torch_profiler_trace_of_a_user_model(user_module, tmp_path):
     assert trace.extra["measured_by"] == "torch.profiler" and trace.extra["iterations"] == 2
     assert [x.param_names for x in trace.layers] == [u.param_names for u in gradient_units(model, ids)]
     assert trace.t_f == pytest.approx(trace.extra["iteration_forward_s"], rel=1e-9)
+    # gzipped, as tensorboard_trace_handler(use_gzip=True) writes it: the same trace
+    packed = tmp_path / "tp.pt.trace.json.gz"
+    packed.write_bytes(gzip.compress(path.read_bytes()))
+    assert main([*argv[:-3], str(packed), "-o", str(tmp_path / "z.json")]) == 0
+    assert load_trace(tmp_path / "z.json").to_dict() == trace.to_dict()
+    (tmp_path / "bad.json.gz").write_bytes(b"not gzip")
+    with pytest.raises(UserError, match="cannot read it as gzip"):
+        read_chrome_trace(tmp_path / "bad.json.gz")
 
 
 def _hand_trace() -> Trace:

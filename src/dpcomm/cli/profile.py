@@ -262,8 +262,7 @@ def _from_torch_profiler(args: argparse.Namespace, user: bool):
     import torch
 
     from dpcomm.models import example_input, get_model, input_shape
-    from dpcomm.trace.torch_profiler import MAX_PROFILER_BYTES, from_chrome_trace, recorded_input_shape
-    from dpcomm.utils.io import read_json
+    from dpcomm.trace.torch_profiler import from_chrome_trace, read_chrome_trace, recorded_input_shape
 
     if args.skip < 0:
         raise UserError(f"--skip must be >= 0, got {args.skip}")
@@ -273,7 +272,7 @@ def _from_torch_profiler(args: argparse.Namespace, user: bool):
         specs = parse_inputs(args.input)
         torch.manual_seed(args.seed)
         model = build_model(args.model, parse_model_args(args.model_args))
-        obj = read_json(args.from_torch_profiler, max_bytes=MAX_PROFILER_BYTES)
+        obj = read_chrome_trace(args.from_torch_profiler)
         return from_chrome_trace(
             obj,
             model,
@@ -283,7 +282,7 @@ def _from_torch_profiler(args: argparse.Namespace, user: bool):
             source=args.from_torch_profiler,
         )
     model = get_model(args.model)
-    obj = read_json(args.from_torch_profiler, max_bytes=MAX_PROFILER_BYTES)  # before it is read
+    obj = read_chrome_trace(args.from_torch_profiler)  # before it is read
     shape = recorded_input_shape(obj, type(model).__name__, args.from_torch_profiler)
     if args.batch_size is not None:
         if args.batch_size < 1:
@@ -336,11 +335,16 @@ def _measure(profile, model, batch, args):
             bar.stop()
 
 
+def _ms(seconds: float) -> str:
+    """Milliseconds, two decimals (three significant digits under a millisecond: a re-timed small model)."""
+    return f"{seconds * 1e3:.2f}" if seconds >= 1e-3 or seconds == 0 else f"{seconds * 1e3:.3g}"
+
+
 def _summary(trace, path: str) -> None:
     ms = 1e3
     line = (
         f"wrote {path}: {trace.model} batch {trace.batch_size} on {trace.device}, {trace.num_layers} layers, "
-        f"{trace.total_params:,} params, t_f {trace.t_f * ms:.2f} ms, t_b {trace.t_b * ms:.2f} ms"
+        f"{trace.total_params:,} params, t_f {_ms(trace.t_f)} ms, t_b {_ms(trace.t_b)} ms"
     )
     if trace.extra.get("measured_by") == "torch.profiler":
         f, b = trace.extra["iteration_forward_s"], trace.extra["iteration_backward_s"]
@@ -353,7 +357,7 @@ def _summary(trace, path: str) -> None:
     if info is not None:
         was = info["before"]
         how = info.get("target") or f"scale {info['from_scale']}"
-        line += f"; re-timed ({how}) from {was['device']} {was['t_f'] * ms:.2f} + {was['t_b'] * ms:.2f} ms"
+        line += f"; re-timed ({how}) from {was['device']} {_ms(was['t_f'])} + {_ms(was['t_b'])} ms"
     if "reduce_dtype" in trace.extra:
         mib = trace.total_params * trace.dtype_bytes / 2**20
         line += f"; gradients reduced in {trace.extra['reduce_dtype']}: {mib:,.1f} MiB"

@@ -28,11 +28,19 @@ events are the host's (launch times), not the kernels': this reads CPU traces.
 
 A trace file is at most :data:`MAX_PROFILER_BYTES` (256 MiB), checked before it is read (parsed, a Chrome
 trace takes about ten times its size in memory): profile fewer steps (``schedule(active=2)``) to shrink it.
+A gzipped file (``*.json.gz``, what ``tensorboard_trace_handler(dir, use_gzip=True)`` writes) is read as
+well, up to the same size unpacked (:func:`read_chrome_trace`).
+
+The model may be a zoo model or the user's own (``dpcomm profile --model package.module:Class --input SPEC
+--from-torch-profiler FILE``, :mod:`dpcomm.trace.user_model`): the module events are matched by class name,
+so the model given must be the class that was recorded.
 """
 
 from __future__ import annotations
 
 import bisect
+import gzip
+import json
 import os
 import statistics
 from dataclasses import dataclass
@@ -41,17 +49,39 @@ from typing import Any
 import torch
 from torch import nn
 
-from dpcomm.errors import UserError
+from dpcomm.errors import UserError, first_line
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.utils.io import read_json
 
-__all__ = ["MAX_PROFILER_BYTES", "from_chrome_trace", "recorded_input_shape"]
+__all__ = ["MAX_PROFILER_BYTES", "from_chrome_trace", "read_chrome_trace", "recorded_input_shape"]
 
 MAX_PROFILER_BYTES = 256 << 20
 """Largest ``torch.profiler`` Chrome trace read, bytes (a few profiled iterations of the zoo are < 50 MB)."""
 
 _MODULE = "nn.Module: "
+
+
+def read_chrome_trace(path: str | os.PathLike) -> Any:
+    """A Chrome trace file, parsed: JSON, or gzipped JSON (``.gz``), at most :data:`MAX_PROFILER_BYTES`
+    (unpacked); a problem is a one-line :class:`UserError` naming the file."""
+    if not str(path).endswith(".gz"):
+        return read_json(path, max_bytes=MAX_PROFILER_BYTES)
+    try:
+        with gzip.open(path, "rb") as fh:
+            data = fh.read(MAX_PROFILER_BYTES + 1)  # read no more than the limit, however well it packs
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except (OSError, EOFError) as exc:  # gzip.BadGzipFile is an OSError
+        raise UserError(f"{path}: cannot read it as gzip ({exc})") from None
+    if len(data) > MAX_PROFILER_BYTES:
+        raise UserError(f"{path}: more than {MAX_PROFILER_BYTES:,} bytes unpacked")
+    try:
+        return json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise UserError(f"{path}: not valid JSON inside the gzip ({first_line(exc)})") from None
+
+
 _BACKWARD = "autograd::engine::evaluate_function: "
 
 
@@ -166,7 +196,7 @@ def from_chrome_trace(
     """Per-layer forward/backward times of ``model`` from a ``torch.profiler`` Chrome trace (see module
     docstring). ``example``: an input batch of the recorded shape (orders the modules; run once, no grad)."""
     source = source or (str(trace) if not isinstance(trace, dict) else "trace")
-    obj = trace if isinstance(trace, dict) else read_json(trace, max_bytes=MAX_PROFILER_BYTES)
+    obj = trace if isinstance(trace, dict) else read_chrome_trace(trace)
     modules, ops, backward = _events(obj, source)
     layers = learnable_layers(model, example)
     owned = layer_params(model, layers)
