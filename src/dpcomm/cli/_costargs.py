@@ -229,7 +229,11 @@ def add_fsdp_arguments(parser: argparse.ArgumentParser) -> None:
         "weights; default 0: unsharded parameters only)",
     )
     parser.add_argument(
-        "--max-depth", type=int, default=2, metavar="D", help="FSDP/HSDP: deepest prefetch searched (default 2)"
+        "--max-depth",
+        type=int,
+        default=2,
+        metavar="D",
+        help="FSDP/HSDP: deepest prefetch searched (default 2)",
     )
     parser.add_argument(
         "--gap",

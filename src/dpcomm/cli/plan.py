@@ -3,6 +3,9 @@
 Example: ``dpcomm plan --trace resnet50.json --nodes 16 --network 10gbe --schedule mgwfbp``.
 With ``--pull METHOD`` it plans a parameter server's pulls instead (iBatch): ``dpcomm plan --trace
 googlenet-k80-b64 --nodes 16 --pull ibatch [--ps-servers S]`` prints the batches and the model's time.
+With ``--fsdp METHOD`` it plans FSDP2 (``--hsdp G|auto``: HSDP) units and prints the ``fully_shard`` code
+(:mod:`dpcomm.cli.plan_fsdp`). ``--topology`` prices every collective on a cluster by the flow model, as
+``dpcomm simulate --topology`` does (``--nodes`` then defaults to all its GPUs).
 """
 
 from __future__ import annotations
@@ -10,15 +13,26 @@ from __future__ import annotations
 import argparse
 import json
 
-from dpcomm.cli._costargs import add_cost_arguments, check_update, cost_for, load_trace_arg, parse_nodes
+from dpcomm.cli._costargs import (
+    add_cost_arguments,
+    add_fsdp_arguments,
+    add_topology_arguments,
+    check_update,
+    costs_of,
+    load_trace_arg,
+    parse_nodes,
+)
+from dpcomm.cli.plan_fsdp import add_plan_fsdp_arguments, run_fsdp
 from dpcomm.errors import UserError
 
 COMMAND = "plan"
-HELP = "plan gradient groups for a trace (wfbp, single, bucket:SIZE, mgwfbp, optimal)"
+HELP = "plan gradient groups for a trace (wfbp, single, bucket:SIZE, mgwfbp, optimal), or FSDP/HSDP units"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--nodes", required=True, metavar="N", help="number of nodes (data-parallel workers)")
+    parser.add_argument(
+        "--nodes", metavar="N", help="number of nodes (data-parallel workers; default with --topology: all)"
+    )
     parser.add_argument(
         "--schedule", default="mgwfbp", metavar="S", help="wfbp, single, bucket:SIZE, mgwfbp or optimal"
     )
@@ -41,21 +55,26 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "paper's model; dpcomm train --ps fits D on its workers)",
     )
     add_cost_arguments(parser)
+    add_topology_arguments(parser)
+    add_plan_fsdp_arguments(parser)
+    add_fsdp_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.fsdp is not None or args.hsdp is not None or args.plot is not None:
+        return run_fsdp(args)
+    if args.memory is not None or args.state_bytes != "0":
+        raise UserError("--memory and --state-bytes budget FSDP units: give --fsdp METHOD")
     if args.pull is not None or args.ps_servers or args.pull_slowdown:
         return _run_pull(args)
+    from dpcomm.cli.plan_fsdp import world_of
     from dpcomm.planner import make_plan
     from dpcomm.sim import simulate
 
-    nodes = parse_nodes(args.nodes)
-    if len(nodes) != 1:
-        raise UserError(f"--nodes takes one node count for plan, got {args.nodes!r}")
-    nodes = nodes[0]
+    nodes = world_of(args)
     update_s = check_update(args.update_s)
     trace = load_trace_arg(args.trace)
-    cost = cost_for(args)(nodes)
+    cost = costs_of(args, nodes)[0](nodes)
     plan = make_plan(args.schedule, trace, cost, nodes)
     res = simulate(trace, plan, cost, nodes, update_s=update_s)
     if args.json:
@@ -108,8 +127,13 @@ def _run_pull(args: argparse.Namespace) -> int:
 
     if args.pull is None:
         raise UserError("--ps-servers and --pull-slowdown need --pull METHOD")
+    if args.topology:
+        raise UserError("--pull plans are priced from --network, not --topology")
+    args.network = args.network if args.network is not None else "10gbe"
     if args.ps_servers < 0:
         raise UserError(f"--ps-servers must be >= 1, got {args.ps_servers}")
+    if args.nodes is None:
+        raise UserError("--nodes N is needed")
     nodes = parse_nodes(args.nodes)
     if len(nodes) != 1:
         raise UserError(f"--nodes takes one node count for plan, got {args.nodes!r}")

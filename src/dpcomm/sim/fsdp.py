@@ -117,8 +117,9 @@ def plan_row(
                          overlap=overlap, gap=gap)  # fmt: skip
         group = plan.shard_group
         ag, rs, ar = costs(group)
-    t_iter = float(fsdp_time(plan.units, f, b, m, ag, rs, depth=plan.depth, reshard=plan.reshard_after_forward,
-                             update_s=update_s, overlap=overlap, ar_cost=ar))  # fmt: skip
+    r = plan.reshard_after_forward
+    t_iter = float(fsdp_time(plan.units, f, b, m, ag, rs, depth=plan.depth, reshard=r, update_s=update_s,
+                             overlap=overlap, ar_cost=ar))  # fmt: skip
     compute = trace.t_f + trace.t_b + update_s
     speedup = nodes * compute / t_iter if t_iter > 0 else float(nodes)
     return FsdpRow(

@@ -149,7 +149,8 @@ def _aligned(topo: MultiGPU, world: int, G: int) -> int:
     g = min(topo.gpus, world)
     if g % G and G % g:
         raise UserError(
-            f"HSDP shard group of {G} ranks straddles servers of {g} GPUs: give a divisor or a multiple of {g}"
+            f"HSDP shard group of {G} ranks straddles servers of {g} GPUs: "
+            f"give a divisor or a multiple of {g}"
         )
     return g
 
@@ -161,7 +162,9 @@ def _group_model(model: Any, world: int, G: int) -> Any:
     if G >= g:  # k = G / g whole servers; the other groups are on other servers
         return _sub_model(model, replace(t, hosts=max(1, G // t.gpus)))
     share = t.intra_bps * G / g if t.intra == "pcie" else t.intra_bps  # a bus shared by the g/G groups
-    return _sub_model(model, replace(t, hosts=1, gpus=G, intra_bps=share, nics=G, nic_bps=_per_gpu_nic_bps(model)))
+    return _sub_model(
+        model, replace(t, hosts=1, gpus=G, intra_bps=share, nics=G, nic_bps=_per_gpu_nic_bps(model))
+    )
 
 
 def _replica_model(model: Any, world: int, G: int) -> Any:

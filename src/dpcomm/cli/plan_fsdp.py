@@ -1,0 +1,300 @@
+"""``dpcomm plan --fsdp METHOD``: FSDP2 (or HSDP) units for a trace on the user's cluster, and the code.
+
+Example: ``dpcomm plan --trace tinyllama-1.1b-h200bf16-b4 --topology dgx-h100:4 --fsdp optimal
+--memory 512M --hsdp auto --plot front.png``. Prints the units by module name with their all-gather,
+reduce-scatter (and HSDP all-reduce) times, the prefetch depth, the reshard choice, the model's ``t_iter``
+and peak, and the ``fully_shard`` calls that apply the plan; ``--plot`` writes the time-memory front of
+``optimal`` (at the plan's shard group) with ``per-block`` and ``whole`` as points. Costs come from
+:mod:`dpcomm.sim.fsdp_costs` (``--network`` or ``--topology``), the plan from
+:func:`dpcomm.sim.fsdp.plan_row`, the same function ``dpcomm simulate``'s ``fsdp:``/``hsdp:`` rows use.
+
+Module paths come from the trace's layer names (a ``dpcomm-trace/2`` unit: its parameters' modules),
+lifted to the largest subtree whose layers are all in the unit (``layers.3`` for its seven linears), never
+to a container of numbered children (``layers`` itself has no forward: its blocks are listed instead);
+:mod:`dpcomm.fsdp.groups` does the same from the model itself, and ``dpcomm.fsdp.shard(model, plan)``
+checks it there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+from collections import Counter
+from collections.abc import Sequence
+
+from dpcomm.cli._costargs import costs_of, fsdp_costs_of, fsdp_options, load_trace_arg, parse_nodes, priced_by
+from dpcomm.errors import UserError
+from dpcomm.trace.format import Trace
+
+__all__ = ["add_plan_fsdp_arguments", "fsdp_code", "module_paths", "run_fsdp", "world_of"]
+
+
+def add_plan_fsdp_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--fsdp",
+        metavar="METHOD",
+        help="plan FSDP2 units instead: per-block, whole, per-layer, size:BYTES or optimal",
+    )
+    parser.add_argument(
+        "--hsdp",
+        metavar="G",
+        help="with --fsdp: HSDP, shard groups of G ranks replicated across (auto: the planner chooses G)",
+    )
+    parser.add_argument(
+        "--plot", metavar="FILE", help="with --fsdp: write the time-memory front (PNG, SVG, PDF)"
+    )
+
+
+def _layer_modules(trace: Trace) -> list[list[str]]:
+    """Module paths per layer: a ``/2`` unit's parameters' modules, else the layer's name."""
+    out = []
+    for layer in trace.layers:
+        if layer.param_names:
+            out.append(list(dict.fromkeys(n.rpartition(".")[0] for n in layer.param_names)))
+        else:
+            out.append([layer.name])
+    return out
+
+
+def _prefixes(path: str) -> list[str]:
+    parts = path.split(".") if path else []
+    return [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
+
+
+def module_paths(trace: Trace, units: Sequence[tuple[int, int]]) -> list[list[str]]:
+    """Per unit, the module paths one ``fully_shard`` call gets (module docstring); ``[""]``: the root."""
+    per_layer = _layer_modules(trace)
+    everything = [m for ms in per_layer for m in ms]
+    below = Counter(p for m in dict.fromkeys(everything) for p in _prefixes(m))
+    children: dict[str, set[str]] = {}
+    for m in dict.fromkeys(everything):
+        pre = _prefixes(m)
+        for parent, child in zip(pre, pre[1:], strict=False):
+            children.setdefault(parent, set()).add(child.rpartition(".")[2])
+    out = []
+    for a, z in units:
+        mods = list(dict.fromkeys(m for ms in per_layer[a : z + 1] for m in ms))
+        mine = Counter(p for m in mods for p in _prefixes(m))
+        paths: list[str] = []
+        for m in mods:
+            for p in _prefixes(m):
+                numbered = p and p not in everything and all(c.isdigit() for c in children.get(p, {"x"}))
+                if mine[p] == below[p] and not numbered:
+                    break
+            if not any(p == q or p.startswith(q + ".") or q == "" for q in paths):
+                paths.append(p)
+        out.append(paths)
+    return out
+
+
+def _short(paths: Sequence[str]) -> str:
+    """``layers.0, layers.1, layers.2`` -> ``layers.0-2``: runs of numbered siblings joined."""
+    out: list[list] = []
+    for p in paths:
+        m = re.fullmatch(r"(.*)\.(\d+)", p)
+        if m and out and out[-1][0] == m.group(1) and out[-1][2] + 1 == int(m.group(2)):
+            out[-1][2] = int(m.group(2))
+        elif m:
+            out.append([m.group(1), int(m.group(2)), int(m.group(2))])
+        else:
+            out.append([p or "(root)", None, None])
+    return ", ".join(b if lo is None else f"{b}.{lo}" if lo == hi else f"{b}.{lo}-{hi}" for b, lo, hi in out)
+
+
+def fsdp_code(plan, paths: list[list[str]], world: int) -> str:
+    """The ``fully_shard`` calls that apply ``plan`` (as :func:`dpcomm.fsdp.shard.apply_plan` does):
+    children first, the root last, the last unit kept unsharded after forward, prefetch ``depth`` units."""
+    G = plan.shard_group
+    lines = [
+        "from torch.distributed.device_mesh import init_device_mesh",
+        "from torch.distributed.fsdp import fully_shard",
+        "",
+    ]
+    if G is not None and G < world:
+        lines.append(
+            f'mesh = init_device_mesh("cuda", ({world // G}, {G}), mesh_dim_names=("replicate", "shard"))'
+        )
+    else:
+        lines.append(f'mesh = init_device_mesh("cuda", ({world},))')
+    units = [p for p in paths if p != [""]]
+    root_last = paths[-1] == [""]  # the root unit (one that holds every module) is the last: never resharded
+    keep = plan.reshard_after_forward
+    each = "False" if not keep else "True" if root_last else f"k < {len(units) - 1}"
+    root_keep = keep and [""] in paths and not root_last
+    lines.append("units = [  # module paths per fully_shard call, forward order")
+    lines += [f"    {p!r}," for p in units]
+    lines.append("]")
+    lines += [
+        "handles = []",
+        "for k, paths in enumerate(units):",
+        "    mods = [model.get_submodule(p) for p in paths]",
+        f"    fully_shard(mods if len(mods) > 1 else mods[0], mesh=mesh, reshard_after_forward={each})",
+        "    handles.append(mods[0])",
+        f"fully_shard(model, mesh=mesh, reshard_after_forward={root_keep})",
+    ]
+    if plan.depth > 0 and len(units) > 1:
+        d = plan.depth
+        lines += [
+            f"for k, h in enumerate(handles):  # prefetch {d} unit(s) ahead in forward and in backward",
+            f"    if handles[k + 1 : k + {d + 1}]:",
+            f"        h.set_modules_to_forward_prefetch(handles[k + 1 : k + {d + 1}])",
+            f"    if handles[max(k - {d}, 0) : k]:",
+            f"        h.set_modules_to_backward_prefetch(handles[max(k - {d}, 0) : k][::-1])",
+        ]
+    return "\n".join(lines)
+
+
+def run_fsdp(args: argparse.Namespace) -> int:
+    from dpcomm.planner.fsdp import FSDP_METHODS
+    from dpcomm.sim.fsdp import parse_fsdp_schedule, plan_row
+    from dpcomm.utils.io import check_figure_path
+
+    if args.fsdp is None:
+        raise UserError("--hsdp and --plot plan FSDP units: give --fsdp METHOD")
+    if args.pull is not None or args.ps_servers or args.pull_slowdown:
+        raise UserError("--fsdp plans FSDP units, --pull a parameter server's pulls: give one")
+    if args.plot is not None:
+        check_figure_path(args.plot, make_folders=False)
+    hsdp = None if args.hsdp is None else str(args.hsdp).strip().lower()
+    if hsdp is not None and hsdp != "auto" and not (hsdp.isdigit() and len(hsdp) < 10 and int(hsdp) >= 1):
+        raise UserError(f"--hsdp takes a shard group size (an integer >= 1) or auto, got {args.hsdp!r}")
+    schedule = f"{'hsdp' if hsdp else 'fsdp'}:{args.fsdp.strip()}" + (f":{hsdp}" if hsdp else "")
+    try:
+        parse_fsdp_schedule(schedule)
+    except UserError:
+        known = ", ".join(FSDP_METHODS)
+        raise UserError(f"unknown --fsdp method {args.fsdp!r}: use one of {known}") from None
+    opts = fsdp_options(args)
+    trace = load_trace_arg(args.trace)
+    world = world_of(args)
+    _, model = costs_of(args, world)
+    costs_for, shards_for = fsdp_costs_of(args, model)
+    costs = costs_for(world)
+    row = plan_row(schedule, trace, costs, world, shards=shards_for(world), **opts)
+    plan = row.plan
+    G = plan.shard_group if plan.shard_group is not None else world
+    ag, rs, ar = costs(G)
+    paths = module_paths(trace, plan.units)
+    written = _plot(args.plot, trace, plan, (ag, rs, ar if G < world else None), opts) if args.plot else None
+    if args.json:
+        print(json.dumps(_json(row, paths, world, opts, written, args, model)))
+        return 0
+    _print(
+        trace, row, paths, (ag, rs, ar if G < world else None), world, opts, priced_by(args, model), written
+    )
+    return 0
+
+
+def world_of(args: argparse.Namespace) -> int:
+    """``--nodes``, or every rank of ``--topology`` where it is left out."""
+    if args.nodes is None:
+        if not getattr(args, "topology", None):
+            raise UserError("--nodes N is needed (or --topology, whose ranks it then counts)")
+        from dpcomm.sim.network import parse_fabric_topology
+
+        return int(parse_fabric_topology(args.topology).servers)
+    nodes = parse_nodes(args.nodes)
+    if len(nodes) != 1:
+        raise UserError(f"--nodes takes one node count for plan, got {args.nodes!r}")
+    return nodes[0]
+
+
+def _plot(path, trace, plan, costs, opts):
+    from dpcomm.planner.fsdp import plan_fsdp
+    from dpcomm.planner.fsdp_plot import plot_pareto
+    from dpcomm.planner.hsdp import hsdp_front
+
+    ag, rs, ar = costs
+    kw = {"update_s": opts["update_s"], "max_depth": opts["max_depth"], "overlap": opts["overlap"]}
+    front = hsdp_front(trace, ag, rs, ar, gap=opts["gap"], **kw)
+    others = [plan_fsdp(m, trace, ag, rs, ar_cost=ar, **kw) for m in ("per-block", "whole")]
+    G = f", HSDP groups of {plan.shard_group}" if plan.shard_group else ""
+    return plot_pareto(front, others, path, title=f"{trace.model}: FSDP time-memory front{G}")
+
+
+def _json(row, paths, world, opts, written, args, model) -> dict:
+    plan = row.plan
+    return {
+        **plan.to_dict(),
+        "kind": "hsdp" if plan.shard_group is not None else "fsdp",
+        "nodes": world,
+        "shard_group": plan.shard_group if plan.shard_group is not None else world,
+        "modules": paths,
+        "t_iter_s": row.t_iter_s,
+        "t_comm_exposed_s": row.t_comm_exposed_s,
+        "speedup": row.speedup,
+        "efficiency": row.efficiency,
+        "peak_bytes": plan.peak_bytes,
+        "memory_per_rank_bytes": row.memory_bytes,
+        "memory_bytes": opts["memory"],
+        "state_bytes": opts["state_bytes"],
+        "lower_bound_s": plan.meta.get("lower_bound_s"),
+        "gap": plan.meta.get("gap"),
+        "hsdp_times_s": {str(k): v for k, v in plan.meta.get("hsdp", {}).get("times_s", {}).items()},
+        "planning_s": row.planning_s,
+        "sha256": plan.sha256(),
+        "priced_by": priced_by(args, model),
+        "plot": None if written is None else str(written),
+    }
+
+
+def _print(trace, row, paths, costs, world, opts, where, written) -> None:
+    import numpy as np
+    from rich.console import Console
+    from rich.table import Table
+
+    from dpcomm.planner.fsdp_model import unit_sums
+
+    plan = row.plan
+    ag, rs, ar = costs
+    G = plan.shard_group
+    mesh = (
+        f"HSDP {world // G} x {G} (replicas x shard group)" if G is not None else f"FSDP over {world} ranks"
+    )
+    reshard = "yes" if plan.reshard_after_forward else "no"
+    table = Table(
+        title=f"{plan.method} plan: {trace.model}, {mesh}, {len(plan.units)} unit(s), prefetch depth "
+        f"{plan.depth}, reshard after forward {reshard}",
+        caption=where + "; all-gather and reduce-scatter: half a ring all-reduce (docs/fsdp.md)",
+    )
+    cols = ["#", "modules", "fully_shard", "MiB", "all-gather ms", "reduce-scatter ms"]
+    cols += ["all-reduce ms"] if ar is not None else []
+    for col in cols:
+        table.add_column(col, justify="left" if col == "fully_shard" else "right")
+    B = unit_sums(plan.units, np.array([trace.layer_bytes(i) for i in range(trace.num_layers)], dtype=float))
+    for k, ((a, z), b) in enumerate(zip(plan.units, B, strict=True)):
+        cells = [str(k), f"{a}" if a == z else f"{a}-{z}", _short(paths[k]), f"{b / 2**20:.2f}"]
+        cells += [f"{c(b) * 1e3:.3f}" for c in (ag, rs, *([ar] if ar is not None else []))]
+        table.add_row(*cells)
+    console = Console()
+    console.print(table)
+    compute = trace.t_f + trace.t_b
+    lb, gap = plan.meta.get("lower_bound_s"), plan.meta.get("gap")
+    bound = f"; certified lower bound {lb * 1e3:.3f} ms (gap {gap:.3%})" if lb is not None else ""
+    budget = "none" if opts["memory"] is None else f"{opts['memory'] / 2**20:.1f} MiB"
+    state = (
+        f" + sharded state {opts['state_bytes'] / (G or world) / 2**20:.1f} MiB"
+        if opts["state_bytes"]
+        else ""
+    )
+    console.print(
+        f"t_iter {row.t_iter_s * 1e3:.3f} ms (compute {compute * 1e3:.3f} ms, exposed communication "
+        f"{row.t_comm_exposed_s * 1e3:.3f} ms, speedup {row.speedup:.2f}, efficiency {row.efficiency:.1%}); "
+        f"peak unsharded parameters {plan.peak_bytes / 2**20:.2f} MiB{state} per rank, budget {budget}"
+        f"{bound}; planned in {row.planning_s:.2f} s"
+    )
+    times = plan.meta.get("hsdp", {}).get("times_s", {})
+    if len(times) > 1:
+        shown = ", ".join(
+            f"G={g}: " + ("-" if t is None else f"{t * 1e3:.3f} ms") for g, t in sorted(times.items())
+        )
+        console.print(f"shard group sizes (- : none fits, or bound above the best): {shown}")
+    if written is not None:
+        console.print(f"wrote {written}")
+    console.print(
+        "\nfully_shard code (after init_process_group; `model` your module, built or on meta). Module paths "
+        "come from the trace's names; dpcomm.fsdp.shard(model, FsdpPlan.from_dict(plan)) with --json's plan "
+        "checks them against the model:"
+    )
+    console.print(fsdp_code(plan, paths, world), markup=False, highlight=False, soft_wrap=True)
