@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import traceback
 import warnings
@@ -26,6 +27,14 @@ def _groups_of_splits(splits: list[list[str]], param_groups: Any) -> list[list[i
     return [sorted({group_of[n] for n in sub if n in group_of}) for sub in splits]
 
 
+def _backward_compiled(mode: str, backend: str) -> Any:
+    """Compiled autograd around the backward (torch 2.13's entry: the backward's graph, DDP's python
+    reducer's all-reduces in it, compiled by ``backend``), for ``optimize_ddp="python_reducer"``."""
+    if mode != "python_reducer":
+        return contextlib.nullcontext()
+    return torch._dynamo.compiled_autograd._enable(torch.compile(backend=backend))
+
+
 def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per case ``{model, planner, backend}``: wrap(torch.compile(model)) and plain
     DistributedDataParallel(torch.compile(copy)) with the plan's caps, trained side by side."""
@@ -42,16 +51,18 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         batch = batch_of(10 + rank)
         r: dict[str, Any] = {}
         mode = case.get("optimize_ddp", "ddp_optimizer")
+        backend = case.get("backend", "aot_eager")
         torch._dynamo.config.optimize_ddp = mode
         try:
             torch._dynamo.reset()
-            compiled = torch.compile(model, backend=case.get("backend", "aot_eager"))
+            compiled = torch.compile(model, backend=backend)
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 ddp = wrap(compiled, case["planner"], example=batch[0], profile_iters=1, verify_iters=1,
                            network="10gbe")  # fmt: skip
                 torch.manual_seed(7)
-                losses, _ = _train(ddp, batch, None)
+                with _backward_compiled(mode, backend):
+                    losses, _ = _train(ddp, batch, None)
             w = ddp.dpcomm
             r["warnings"] = [str(m.message)[:200] for m in caught if "dpcomm" in str(m.message)]
             r["plan"] = [list(g) for g in w.caps.plan.groups]
@@ -61,15 +72,15 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             unit_of = {
                 id(names[n]): u for u, x in enumerate(w.trace.layers) for n in x.param_names if n in names
             }
-            caps = w.caps.ddp_kwargs() if mode == "ddp_optimizer" else {}
-            ref = DistributedDataParallel(
-                torch.compile(plain, backend=case.get("backend", "aot_eager")), **caps
-            )
+            caps = w.caps.ddp_kwargs() if mode == "ddp_optimizer" else {"bucket_cap_mb": 25}
+            ref = DistributedDataParallel(torch.compile(plain, backend=backend), **caps)
             torch.manual_seed(7)
-            ref_losses, _ = _train(ref, batch, None)
+            with _backward_compiled(mode, backend):
+                ref_losses, _ = _train(ref, batch, None)
             r.update(losses=losses, ref_losses=ref_losses, replicas=_same_on_all_ranks(_fingerprint(model)),
                      seen=_recorded_buckets(ddp, batch, unit_of) if mode == "ddp_optimizer" else None,
-                     notes=list(w.compiled_notes))  # fmt: skip
+                     notes=list(w.compiled_notes), fused=[list(map(list, g)) for g in w.compiled_buckets],
+                     plan_groups=[list(g) for g in w.caps.param_groups])  # fmt: skip
         except Exception as exc:
             r["error"] = f"{type(exc).__name__}: {exc}"
             r["trace"] = traceback.format_exc(limit=8)

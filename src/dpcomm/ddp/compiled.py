@@ -21,7 +21,8 @@ parameter names per subgraph, communication order).
 
 Compiled autograd (``optimize_ddp = "python_reducer"``) traces DDP's all-reduces into the backward graph,
 where inductor buckets them; DDP refuses ``bucket_cap_mb_list`` there, so :func:`dpcomm.ddp.wrap` builds
-DDP without it and gives inductor the plan's bucket sizes (:func:`python_reducer_kwargs`).
+DDP without it and the plan reaches inductor's fusion through marked hooks and a graph pass
+(:mod:`dpcomm.ddp.compiled_autograd`).
 """
 
 from __future__ import annotations

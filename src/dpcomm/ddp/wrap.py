@@ -87,6 +87,9 @@ class Wrapped:
     """Per graph dynamo compiled for this DDP, its subgraphs' parameters (:mod:`dpcomm.ddp.compiled`)."""
     compiled_notes: list[str] = field(default_factory=list)
     """What a compile mode runs instead of the plan, said once."""
+    compiled_buckets: list[list[list[str]]] = field(default_factory=list)
+    """Compiled autograd: per backward graph inductor compiled, its fused all-reduces' parameters
+    (:mod:`dpcomm.ddp.compiled_autograd`)."""
 
     def __str__(self) -> str:
         from dpcomm.trace.names import pattern
@@ -168,7 +171,13 @@ def wrap(
         )
     first_param(model, "dpcomm.ddp.wrap")
     compiled, model = model, getattr(model, "_orig_mod", model)  # torch.compile(model): plan on the module
-    if compiled is not model and verify_iters > 0:
+    reducer = _python_reducer()  # compiled autograd: inductor fuses the all-reduces (ddp/compiled_autograd)
+    if reducer and (collective != "native" or collective_options):
+        raise UserError(
+            "dpcomm.ddp.wrap: under compiled autograd (optimize_ddp='python_reducer') DDP calls a comm hook "
+            f"per parameter, not per bucket: collective '{collective}' cannot run there; use 'native'"
+        )
+    if (compiled is not model or reducer) and verify_iters > 0:
         verify_iters = 0  # each candidate would compile again, and dynamo would keep its graphs for the next
         if dist.get_rank(process_group) == 0:
             _log.info("dpcomm.ddp.wrap: a compiled model: its plan is not timed against the alternatives")
@@ -180,7 +189,7 @@ def wrap(
     with untouched(model):
         if isinstance(plan, str):
             coarsen = None
-            if compiled is not model and example is not None:  # cut only where dynamo's graph can be cut
+            if compiled is not model and example is not None and not reducer:  # cut where dynamo's graph can
                 coarsen = lambda t: compiled_units(model, example, t, process_group)  # noqa: E731
             plan, trace, cost = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, collective=collective, network=network,
@@ -205,19 +214,17 @@ def wrap(
             caps, timed, predicted = _trial(
                 model, caps, trace, cost, example, loss_fn, verify_iters, process_group, ddp_kwargs
             )
-    notes: list[str] = []
+    buckets: list[list[list[str]]] = []
     if "torch._dynamo" in sys.modules:  # the model may be compiled: dynamo must split at the plan's cuts
-        from dpcomm.ddp.compiled import install, python_reducer_active
+        from dpcomm.ddp.compiled import install
 
         install()
-        if python_reducer_active():  # DDP refuses bucket_cap_mb_list under compiled autograd
-            notes.append(
-                "dpcomm: compiled autograd (optimize_ddp='python_reducer') buckets all-reduces in inductor, "
-                f"which dpcomm does not plan yet: plan '{caps.plan.schedule}' is not applied, DDP runs with "
-                "bucket_cap_mb=25 and inductor's own buckets"
-            )
-    if notes:
+    if reducer:  # DDP refuses bucket_cap_mb_list here: its hooks carry the plan to inductor's fusion instead
+        from dpcomm.ddp import compiled_autograd
+
         ddp = DistributedDataParallel(compiled, process_group=process_group, **ddp_kwargs)
+        compiled_autograd.install()
+        compiled_autograd.plan_hooks(ddp, caps.param_groups, buckets)
     else:
         ddp = build_ddp(compiled, caps, process_group, **ddp_kwargs)  # fresh: nothing of the trial in it
     state = None
@@ -237,15 +244,22 @@ def wrap(
         predicted=predicted,
         ddp_options=dict(ddp_kwargs),
         _names=tuple(n for n, p in model.named_parameters() if p.requires_grad),
-        compiled_notes=notes,
+        compiled_buckets=buckets,
     )
     if dist.get_rank(process_group) == 0:
         if caps.note:
             warnings.warn(f"dpcomm: {caps.note}", stacklevel=2)
-        for note in notes:
-            warnings.warn(note, stacklevel=2)
         _log.info(str(ddp.dpcomm).splitlines()[0])
     return ddp
+
+
+def _python_reducer() -> bool:
+    """DDP will run its python reducer (``optimize_ddp = "python_reducer"``), for compiled autograd."""
+    if "torch._dynamo" not in sys.modules:  # never imported: the mode cannot have been set
+        return False
+    from dpcomm.ddp.compiled import python_reducer_active
+
+    return python_reducer_active()
 
 
 def _walk_kwargs(ddp_kwargs: dict[str, Any]) -> dict[str, bool]:
