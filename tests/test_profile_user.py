@@ -80,6 +80,15 @@ def user_module(tmp_path_factory):
         sys.modules.pop(name, None)
 
 
+@pytest.fixture
+def one_thread():
+    """One torch thread while a test measures (two spin against each other on a shared 2-core machine)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 def test_input_specs():
     a, b = parse_inputs("long[4,128]:vocab=1000; float32[4,128]")
     assert (a.dtype, a.shape, a.vocab) == (torch.int64, (4, 128), 1000)
@@ -132,7 +141,7 @@ def test_bad_model_paths_are_one_line(user_module, capsys):
     assert "first dimension" in _one_line_error([*run, DEC, "--batch-size", "4"], capsys)
 
 
-def test_user_model_is_profiled_as_a_zoo_model_is(user_module, tmp_path, capsys):
+def test_user_model_is_profiled_as_a_zoo_model_is(user_module, tmp_path, capsys, one_thread):
     out = tmp_path / "dec.json"
     argv = ["profile", "--model", DEC, "--model-args", '{"n_layer": 3}', "--input", IDS]
     assert main([*argv, "--iters", "2", "--warmup", "0", "-o", str(out)]) == 0
@@ -154,7 +163,7 @@ def test_user_model_is_profiled_as_a_zoo_model_is(user_module, tmp_path, capsys)
     assert cnn.layers[0].extra["flops"] == 2 * (2 * 4 * 8 * 8) * 3 * 9 + 2 * 4 * 8 * 8  # 2*out*C_in*k + bias
 
 
-def test_the_torch_profiler_trace_of_a_user_model(user_module, tmp_path):
+def test_the_torch_profiler_trace_of_a_user_model(user_module, tmp_path, one_thread):
     # the issue's failure: a zoo name for a user's decoder found no call of the zoo's class in the trace
     from torch.profiler import ProfilerActivity, profile
 
@@ -281,7 +290,7 @@ def test_reduce_dtype_sets_the_bytes_reduced(tmp_path, capsys):
     assert "needs --retime" in _one_line_error(["profile", "--trace", "gpt2-tiny-h200bf16-b64"], capsys)
 
 
-def test_cli_retimes_a_user_models_trace(user_module, tmp_path, capsys):
+def test_cli_retimes_a_user_models_trace(user_module, tmp_path, capsys, one_thread):
     src, out = tmp_path / "dec.json", tmp_path / "h100.json"
     base = ["profile", "--model", DEC, "--input", IDS]
     assert main([*base, "--iters", "1", "--warmup", "0", "-o", str(src)]) == 0
