@@ -2,7 +2,7 @@
 testbed of their own (always removed), the machine's description.
 
 Used by ``reproduce_mgwfbp_testbed.py`` and ``reproduce_lp_table2.py``; the per-server program is
-``_testbed_node.py``.
+:mod:`dpcomm.testbed.node` (``train``, with its ``bsp:MODE:COLLECTIVE:PLANNER`` schedules).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ from _common import busy_share, cpu_ticks, loadavg, sigterm_exits, without_folde
 
 __all__ = ["NODE", "machine", "run_launches", "scaled_trace", "testbed_name"]
 
-NODE = Path(__file__).resolve().parent / "_testbed_node.py"
+NODE = ["-m", "dpcomm.testbed.node", "train"]
+"""The node program's arguments after the interpreter."""
 
 
 def testbed_name(prefix: str) -> str:
@@ -78,8 +79,8 @@ def run_launches(
     """Build the testbed ``name``, run each launch (``{"key", "trace", "schedules", "iters"}``: the node
     program on every server with the trace file), take the testbed down (also on SIGTERM or an error).
     Returns per launch the results (TrainResult dicts) with the load average and CPU share around it."""
-    from dpcomm.demo_node import ENV_TRACE
     from dpcomm.testbed import TestbedConfig, down, launch_workers, parse_rate, up
+    from dpcomm.testbed.node import ENV_TRACE
 
     sigterm_exits()
     cfg = TestbedConfig(name=name, topology=topology, rate_bps=parse_rate(rate), mtu=mtu)
@@ -89,8 +90,8 @@ def run_launches(
         for i, job in enumerate(launches):
             results = out / f"{job['key']}.results.json"
             results.unlink(missing_ok=True)
-            argv = [sys.executable, str(NODE), "--schedules", ",".join(job["schedules"])]
-            argv += ["--iters", str(job["iters"]), "--results", str(results)]
+            argv = [sys.executable, *NODE, "--schedules", ",".join(job["schedules"])]
+            argv += ["--iters", str(job["iters"]), "--results", str(results), "--batch-size", "1"]
             argv += job.get("extra_argv", [])
             load0, ticks0, t0 = loadavg(), cpu_ticks(), time.time()
             res = launch_workers(

@@ -10,7 +10,7 @@ and LP Alg.3. Here: ``star:4`` (one switch, every link shaped by ``tc tbf``), on
 model emulated (:mod:`dpcomm.trace.emulated`) from its analytic K80 layer shapes
 (:mod:`dpcomm.trace.analytic`;
 GoogLeNet the shipped ``googlenet-k80-b64``) with the layer times scaled so that ``t_f + t_b`` is Table 2's
-``compt``; every (mode, collective) pair runs side by side in one launch (``_testbed_node.py``'s
+``compt``; every (mode, collective) pair runs side by side in one launch (:mod:`dpcomm.testbed.node`'s
 ``bsp:MODE:COLLECTIVE:PLANNER`` schedules): modes ``lp-alg1`` (reduce per layer during backward, parameters
 broadcast per layer during forward; plan ``wfbp``), ``lp-alg2`` (reduce, update on the root, broadcast; plan
 ``single``) and ``lp-alg3`` (allreduce, every rank updates, broadcast every 5 iterations; plan ``single``),

@@ -7,7 +7,7 @@ The paper: 8 servers (one K80 each) on 10 GbE, GoogLeNet b64 and ResNet-50 b32, 
 and MG-WFBP; "MG-WFBP achieves about 1.2x and 1.36x speedups compared to WFBP and SyncEASGD respectively".
 Here: ``star:8`` (:mod:`dpcomm.testbed`, one switch, every link shaped by ``tc tbf``), one process per server,
 the model emulated from the K80 trace (:mod:`dpcomm.trace.emulated`: real parameters and all-reduces, compute
-that sleeps the trace's times), every schedule side by side in one launch (``_testbed_node.py``).
+that sleeps the trace's times), every schedule side by side in one launch (:mod:`dpcomm.testbed.node`).
 
 Scaling (docs/reproductions/mgwfbp_testbed.md derives it): a ring all-reduce's bandwidth term is
 ``b M = 2 (N-1)/N * 8 M / R``; compute is ``t_f + t_b``. Their ratio is kept when the link rate ``R`` is

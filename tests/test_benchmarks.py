@@ -48,17 +48,16 @@ def test_paper_reproductions_parse_and_price_the_lp_modes(monkeypatch):
     # lp-alg2 = compute + reduce + broadcast, lp-alg3 = compute + allreduce + broadcast / 5, and lp-alg1 is
     # at least the compute and at most the fork-and-join of its layer-wise collectives
     monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
-    import _testbed_node
     import reproduce_lp_table2 as lp
     import reproduce_mgwfbp_testbed  # noqa: F401
     from dpcomm.costmodel.collective import collective_cost
     from dpcomm.costmodel.network import PRESETS
+    from dpcomm.testbed import node
     from dpcomm.trace.format import Layer, Trace
-
-    assert _testbed_node.parse_bsp("bsp:lp-alg2:mst:single") == ("lp-alg2", "mst", "single")
     from dpcomm.train import replica
 
-    replica._KINDS.pop(_testbed_node.BSP_KIND, None)  # leave the registry as it was for the other tests
+    assert node.parse_bsp("bsp:lp-alg2:mst:single") == ("lp-alg2", "mst", "single")
+    assert node.BSP_KIND not in replica._KINDS  # importing the node program registers nothing
     net = PRESETS["10gbe"]
     layers = (Layer(name="a", params=1000, forward_s=0.01, backward_s=0.02),
               Layer(name="b", params=250_000, forward_s=0.03, backward_s=0.04))  # fmt: skip

@@ -3,7 +3,7 @@
 Where the machine allows it (Linux, root, ``ip`` and ``tc``, network namespaces), the demo builds an emulated
 cluster (:mod:`dpcomm.testbed`): ``star:4``, four servers in network namespaces on one switch, every link
 capped at 100 Mbit/s each way by ``tc tbf``, TCP reno, gloo. Each server runs one worker
-(:mod:`dpcomm.demo_node`) that trains ResNet-20 emulated from its shipped CPU trace (``emulated:
+(:mod:`dpcomm.testbed.node`) that trains ResNet-20 emulated from its shipped CPU trace (``emulated:
 resnet20-cpu-b32``, :mod:`dpcomm.trace.emulated`: the trace's 39 layers and 1.08 MB of gradients, real
 tensors on real TCP, forward and backward sleeping the trace's times), so the machine's two cores serve the
 network rather than compute. In that one launch every worker holds one replica per schedule and runs them
@@ -88,9 +88,9 @@ def _remove_stale() -> None:
 
 
 def run_cluster(args: argparse.Namespace, console: Any, t0: float) -> int:
-    """Build the testbed, launch one :mod:`dpcomm.demo_node` per server, take the testbed down, report."""
-    from dpcomm.demo_node import ENV_TRACE
+    """Build the testbed, launch :mod:`dpcomm.testbed.node` on every server, take the testbed down, report."""
     from dpcomm.testbed import TestbedConfig, TestbedError, down, launch_workers, parse_rate, up
+    from dpcomm.testbed.node import ENV_TRACE
     from dpcomm.train import TrainResult
 
     out = Path(args.out).resolve()
@@ -99,8 +99,8 @@ def run_cluster(args: argparse.Namespace, console: Any, t0: float) -> int:
     results_path.unlink(missing_ok=True)
     name = testbed_name()
     cfg = TestbedConfig(name=name, topology=TOPOLOGY, rate_bps=parse_rate(args.rate))
-    argv = [sys.executable, "-m", "dpcomm.demo_node", "--schedules", ",".join(SCHEDULES)]
-    argv += ["--iters", str(args.iters), "--results", str(results_path)]
+    argv = [sys.executable, "-m", "dpcomm.testbed.node", "train", "--schedules", ",".join(SCHEDULES)]
+    argv += ["--iters", str(args.iters), "--results", str(results_path), "--timeout", "60"]
     argv += ["--chrome-trace", str(out / "trace.json")]
     _remove_stale()
     old_term = signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))

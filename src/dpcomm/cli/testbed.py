@@ -42,6 +42,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="CPU cores per server (a CFS quota on its processes; default: no cap, servers share the cores)",
     )
+    p.add_argument(
+        "--gpus-per-server",
+        type=int,
+        default=1,
+        help="ranks per server, sharing its NIC and talking over its loopback (launch gives --nproc G)",
+    )
+    p.add_argument(
+        "--intra-rate",
+        default=None,
+        help="rate of each server's loopback, both directions together, e.g. 400mbit (default: unshaped)",
+    )
     p.add_argument("--cc", default="reno", help="TCP congestion control in every server (default reno)")
     p.add_argument(
         "--no-slow-start-after-idle",
@@ -110,6 +121,8 @@ def run(args: argparse.Namespace) -> int:
             host_queue=args.host_queue,
             cpus=args.cpus,
             slow_start_after_idle=args.slow_start_after_idle,
+            gpus=args.gpus_per_server,
+            intra_rate_bps=parse_rate(args.intra_rate) if args.intra_rate else None,
         )
         state = build.up(cfg)
         if args.json:

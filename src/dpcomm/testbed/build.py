@@ -14,7 +14,8 @@
 6. for BCube, IP forwarding in each server and one host route per non-adjacent address following
    :meth:`dpcomm.topology.BCube.route` (BCube is server-centric: servers relay, switches never meet), so any
    server reaches any address of any other, as a full-mesh gloo group and the rendezvous need;
-7. with ``cpus``, one cgroup per server capped at that many cores (:mod:`dpcomm.testbed.cpu`), which
+7. with ``intra_rate_bps``, a tbf on each server's loopback, which its ``gpus`` ranks talk over;
+8. with ``cpus``, one cgroup per server capped at that many cores (:mod:`dpcomm.testbed.cpu`), which
    ``launch`` and ``exec`` put the server's processes in.
 
 ``down(name)`` kills what still runs in the namespaces (processes the testbed launched), deletes every
@@ -32,7 +33,7 @@ import time
 from typing import Any
 
 from dpcomm.testbed import names
-from dpcomm.testbed.config import TestbedConfig, format_rate, host_queue_lines, tbf_line
+from dpcomm.testbed.config import TestbedConfig, format_rate, host_queue_lines, lo_tbf_line, tbf_line
 from dpcomm.testbed.cpu import check_controller, make_cgroups, remove_cgroups
 from dpcomm.testbed.shell import TestbedError, batch, netns_list, require, run
 from dpcomm.testbed.state import remove_state, save_state, saved_names, state_path
@@ -129,6 +130,8 @@ def up(cfg: TestbedConfig) -> dict[str, Any]:
                 tcs += host_queue_lines(dev, cfg, peers[s])
             if relay:
                 lines += _routes(topo, plan, s)
+            if cfg.intra_rate_bps is not None:  # the server's ranks talk over its loopback (config)
+                tcs.append(lo_tbf_line(cfg))
             batch("ip", ns, lines)
             batch("tc", ns, tcs)
         cgroups = make_cgroups(cfg.name, topo.servers, cfg.cpus) if cfg.cpus is not None else None
@@ -185,6 +188,9 @@ def _state(cfg: TestbedConfig, plan: Any, sw_ns: str, hosts: list[str], relay: b
         "host_queue_bytes": cfg.host_queue_bytes,
         "host_queue": cfg.host_queue,
         "cpus": cfg.cpus,
+        "gpus": cfg.gpus,
+        "intra_rate_bps": cfg.intra_rate_bps,
+        "flow_topology": cfg.flow_topology() if cfg.topology.strip().startswith("star") else None,
         "congestion_control": cfg.congestion_control,
         "slow_start_after_idle": cfg.slow_start_after_idle,
         "base": cfg.base,

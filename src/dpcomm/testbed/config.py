@@ -52,6 +52,17 @@ cable carries at most ``rate``. The tbf parameters and why:
   and with ``fifo`` and no GSO; with ``fair`` and no GSO it got 49.4 Mbit/s, half the link. It did not
   remove the head start of the first worker a parameter server sends to (``docs/ps.md``, "Why ``ibatch``
   keeps a margin").
+- ``gpus`` and ``intra_rate_bps``: ranks per server and the server's intra-server fabric. With ``gpus = G``
+  every server runs ``G`` worker processes (``launch`` passes ``--nproc G``; rank ``r`` is process
+  ``r mod G`` of server ``r div G``, as torchrun and NCCL number GPUs). They share the server's NIC, and
+  talk to each other over the namespace's loopback: gloo binds every rank to its server's ``dpc-l0``
+  address, and a connection to an address of the namespace's own goes through ``lo``. With
+  ``intra_rate_bps`` a tbf on ``lo`` caps that traffic at the rate, both directions together (one queue:
+  a shared bus, the flow model's ``loopback=RATE``, :mod:`dpcomm.topology.multigpu`); its bucket is
+  ``max(1 ms of rate, 128 KiB)``, since a loopback frame is up to 64 KiB + 14 B and tbf drops a packet
+  larger than its bucket (it cannot split a frame that is not GSO). Measured in a namespace with a 200mbit
+  loopback tbf: one TCP flow 199.0 Mbit/s of payload, two opposite flows 198.8 together (100 each).
+  :meth:`TestbedConfig.flow_topology` is the flow model's spec of the same cluster.
 - ``cpus``: CPU cores per server (``--cpus``), a CFS bandwidth quota on each server's processes, so that
   each computes at the speed of a machine of its own (:mod:`dpcomm.testbed.cpu`). Default: no cap.
 
@@ -78,9 +89,11 @@ __all__ = [
     "format_rate",
     "host_queue_lines",
     "link_network",
+    "lo_tbf_line",
     "parse_rate",
     "tbf_line",
     "tcp_ceiling",
+    "tcp_duplex_ceiling",
 ]
 
 EMULATED_KINDS = ("star", "bcube")
@@ -90,6 +103,9 @@ MAX_RATE = 10**13
 _UNIT = {"bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12}
 _CC = re.compile(r"[a-z0-9_]{1,16}")
 HOST_QUEUES = ("fifo", "fair")
+LOOPBACK_EFF = 0.998
+"""TCP payload per byte a loopback tbf counts: 64 KiB frames with 66 header bytes, an ACK per two
+(:data:`dpcomm.topology.multigpu.PRESETS` ``testbed``)."""
 _UNLIMITED = "100gbit"
 """HTB class rate of the ``fair`` host queue: far above any link, so only the tbf above it shapes."""
 
@@ -122,6 +138,12 @@ def format_rate(bits: int) -> str:
 def tcp_ceiling(mtu: int) -> float:
     """TCP payload per byte tbf counts: ``(MTU - 20 IP - 32 TCP with timestamps) / (MTU + 14 Ethernet)``."""
     return (mtu - 52) / (mtu + 14)
+
+
+def tcp_duplex_ceiling(mtu: int) -> float:
+    """:func:`tcp_ceiling` where the link also carries the ACKs of a full-rate flow the other way (66 bytes
+    per two segments), as in every all-reduce: 0.936 at MTU 1500 (the flow model's ``transport=tcp``)."""
+    return (mtu - 52) / (mtu + 14 + 33)
 
 
 def link_network(rate_bps: int, mtu: int) -> Network:
@@ -170,6 +192,11 @@ class TestbedConfig:
     :mod:`dpcomm.testbed.cpu`); None: no cap, the servers share this machine's cores."""
     base: str = DEFAULT_BASE
     """The private network the per-NIC addresses come from (only used inside the namespaces)."""
+    gpus: int = 1
+    """Ranks (emulated GPUs) per server, sharing its NIC(s); see the module docstring."""
+    intra_rate_bps: int | None = None
+    """Rate of each server's loopback (its ranks' intra-server fabric), both directions together, bits/s;
+    None: loopback is not shaped."""
 
     def __post_init__(self) -> None:
         check_name(self.name)
@@ -198,6 +225,10 @@ class TestbedConfig:
             from dpcomm.testbed.cpu import check_cpus
 
             check_cpus(self.cpus, topo.servers)
+        if not 1 <= self.gpus <= 16 or topo.servers * self.gpus > 64:
+            raise UserError(f"--gpus-per-server {self.gpus}: 1..16 ranks per server, at most 64 ranks in all")
+        if self.intra_rate_bps is not None and not 8_000 <= self.intra_rate_bps <= MAX_RATE:
+            raise UserError(f"intra-server rate {self.intra_rate_bps} bit/s is outside 8kbit..10tbit")
         if not _CC.fullmatch(self.congestion_control):
             raise UserError(f"bad congestion control {self.congestion_control!r} (e.g. reno, bbr)")
 
@@ -211,6 +242,37 @@ class TestbedConfig:
         if self.burst_bytes is not None:
             return self.burst_bytes
         return max(self.rate_bps // 8 // 1000, 64 * 1024, self.mtu + 14)
+
+    @property
+    def intra_burst(self) -> int:
+        """The loopback tbf's bucket, bytes: ``max(1 ms of the intra rate, 128 KiB)`` (module docstring)."""
+        return max((self.intra_rate_bps or 0) // 8 // 1000, 128 * 1024)
+
+    def flow_topology(self) -> str:
+        """The flow model's spec of this cluster (:mod:`dpcomm.topology.multigpu`): ``star:N`` with one rank
+        per server; with ``gpus > 1`` on a star, ``gpus:N,G,loopback=RATE,...`` (an unshaped loopback is
+        taken as 100 times the NIC rate). A BCube of multi-rank servers has no flow-model twin (a
+        UserError)."""
+        topo = self.topo
+        if self.gpus == 1:
+            return topo.spec
+        if not self.topology.strip().startswith("star"):
+            raise UserError(f"the flow model has no {self.topology} of {self.gpus}-rank servers (star only)")
+        intra = self.intra_rate_bps if self.intra_rate_bps is not None else 100 * self.rate_bps
+        # MTU 1500 is transport=tcp's own fraction (1448 / 1547); another MTU gives its own
+        eff = "" if self.mtu == 1500 else f",nic_eff={tcp_duplex_ceiling(self.mtu):.6g}"
+        return (
+            f"gpus:{topo.servers},{self.gpus},loopback={intra / 1e6:g}mbit,intra_eff={LOOPBACK_EFF},nics=1,"
+            f"nic={self.rate_bps / 1e6:g}mbit{eff},net=star,transport=tcp,arch=volta"
+        )
+
+
+def lo_tbf_line(cfg: TestbedConfig, verb: str = "replace") -> str:
+    """The ``tc`` line of a server's loopback tbf (``cfg.intra_rate_bps``; one deep queue, as a host's)."""
+    return (
+        f"qdisc {verb} dev lo root handle 1: tbf rate {cfg.intra_rate_bps}bit burst {cfg.intra_burst} "
+        f"limit {cfg.host_queue_bytes}"
+    )
 
 
 def tbf_line(dev: str, cfg: TestbedConfig, *, host: bool, verb: str = "replace") -> str:

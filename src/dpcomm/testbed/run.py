@@ -4,7 +4,8 @@
 multi-node job: server ``i`` is node ``i`` of ``N``, the rendezvous is server 0's level-0 address. The
 rendezvous reaches the command two ways:
 
-- appended flags ``--nnodes N --node-rank i --master-addr A --master-port P --nproc 1`` (what
+- appended flags ``--nnodes N --node-rank i --master-addr A --master-port P --nproc G`` (``G``: the
+  testbed's ranks per server, ``--gpus-per-server``, default 1; what
   ``dpcomm train``/``bench`` take), unless ``argv`` contains a placeholder (``{node_rank}``, ``{nnodes}``,
   ``{master_addr}``, ``{master_port}``), in which case the placeholders are filled in instead;
 - environment: ``DPCOMM_NNODES``, ``DPCOMM_NODE_RANK``, ``DPCOMM_MASTER_ADDR``, ``DPCOMM_MASTER_PORT``,
@@ -14,7 +15,7 @@ rendezvous reaches the command two ways:
 - ``DPCOMM_NETWORK``: a network file in the output folder describing one emulated link
   (:func:`dpcomm.testbed.config.link_network`), which ``lp`` and ``auto`` take as their default network;
   an existing ``DPCOMM_NETWORK`` (the caller's environment or ``env``) wins;
-- ``OMP_NUM_THREADS``: this machine's cores / servers, at least 1 (the servers share the cores; torch and
+- ``OMP_NUM_THREADS``: this machine's cores / ranks, at least 1 (the servers share the cores; torch and
   ``dpcomm train`` take it as their thread count), or the whole cores of a server's ``--cpus`` quota;
   an existing ``OMP_NUM_THREADS`` wins.
 
@@ -111,9 +112,10 @@ def _threads_per_server(state: dict[str, Any]) -> int:
     whole cores of the testbed's ``--cpus`` quota (at least 1). Every server is a node of its own, so a
     worker would otherwise take all the cores: 8 threads on 2 cores for ``star:4`` made ResNet-20's
     iterations 6-8x slower (docs/testbed.md, section 4)."""
+    g = int(state.get("gpus") or 1)
     if state.get("cpus") is not None:
-        return max(1, int(state["cpus"]))
-    return max(1, (os.cpu_count() or 1) // len(state["servers"]))
+        return max(1, int(state["cpus"]) // g)
+    return max(1, (os.cpu_count() or 1) // (len(state["servers"]) * g))
 
 
 def worker_env(state: dict[str, Any], node_rank: int, master_port: int) -> dict[str, str]:
@@ -147,7 +149,8 @@ def _argv_for(argv: list[str], state: dict[str, Any], rank: int, port: int) -> l
     return [
         *argv,
         *("--nnodes", values["{nnodes}"], "--node-rank", str(rank)),
-        *("--master-addr", state["master_addr"], "--master-port", str(port), "--nproc", "1"),
+        *("--master-addr", state["master_addr"], "--master-port", str(port)),
+        *("--nproc", str(int(state.get("gpus") or 1))),
     ]
 
 

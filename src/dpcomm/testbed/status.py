@@ -37,6 +37,8 @@ def print_status(state: dict[str, Any], *, counters: bool = True) -> None:
         f"queue {state['queue_ms']:g} ms, host queue {state.get('host_queue', 'fifo')}, "
         f"MTU {state['mtu']}, "
         + (f"{state['cpus']:g} CPUs per server, " if state.get("cpus") is not None else "")
+        + (f"{state['gpus']} ranks per server, " if (state.get("gpus") or 1) > 1 else "")
+        + (f"loopback {format_rate(state['intra_rate_bps'])}, " if state.get("intra_rate_bps") else "")
         + f"rendezvous {state['master_addr']}"
     )
     table = Table(title=title, title_justify="left")

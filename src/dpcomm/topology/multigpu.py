@@ -11,6 +11,11 @@ lays them out:
   - ``pcie=RATE``: one shared per-server bus of ``RATE`` that every transfer inside the server crosses
     once (GPU to GPU, and GPU to NIC and back), both directions together (a PCIe server whose GPUs
     talk through the CPU's root complex);
+  - ``loopback=RATE``: one shared per-server bus of ``RATE``, both directions together, that only the
+    transfers between two GPUs of the server cross; traffic to other servers goes straight to the NIC.
+    It is the emulated cluster's multi-GPU server (``dpcomm testbed up --gpus-per-server G --intra-rate
+    RATE``: the server's ranks talk over the namespace's loopback, shaped by one tbf, and reach other
+    servers through the server's veth, docs/testbed.md);
 * **NICs**: ``nics=N`` per server (default ``G``), each of ``nic=RATE`` each way (default: the fabric's
   ``--rate``). ``N`` divides ``G`` (NIC ``n`` serves GPUs ``n G/N .. (n+1) G/N - 1``, which share its PCIe
   switch, as in DGX servers) or is a multiple of ``G`` (GPU ``g`` has NICs ``g N/G .. (g+1) N/G - 1``, as
@@ -51,11 +56,13 @@ from dataclasses import dataclass
 from dpcomm.errors import UserError
 from dpcomm.topology.transports import TRANSPORTS, Transport
 
-__all__ = ["ARCHS", "MAX_NICS", "MultiGPU", "PRESETS", "is_multigpu_spec", "parse_multigpu"]
+__all__ = ["ARCHS", "INTRA", "MAX_NICS", "MultiGPU", "PRESETS", "is_multigpu_spec", "parse_multigpu"]
 
 _GB = 8e9  # bits/s in 1 GB/s
 MAX_NICS = 64
 """Most NICs one server may have (8 GPUs x 8 NICs; the largest shipping servers have 32)."""
+INTRA = ("nvlink", "pcie", "loopback")
+"""Intra-server fabrics (see the module docstring)."""
 ARCHS = ("volta", "ampere", "hopper", "blackwell")
 """GPU generations, as NCCL's tuning tables are indexed (compute capability 7.x, 8.x, 9.x, 10.x)."""
 
@@ -69,7 +76,8 @@ class MultiGPU:
     gpus: int
     """Accelerators per server (>= 1)."""
     intra: str = "nvlink"
-    """``"nvlink"`` (a non-blocking NVSwitch, a link per GPU) or ``"pcie"`` (one shared bus per server)."""
+    """``"nvlink"`` (a non-blocking NVSwitch, a link per GPU), ``"pcie"`` (one shared bus per server) or
+    ``"loopback"`` (one shared bus per server that NIC traffic does not cross)."""
     intra_bps: float = 450 * _GB
     """NVLink: each GPU's rate each way; PCIe: the bus's rate; bits/s."""
     nics: int | None = None
@@ -94,8 +102,8 @@ class MultiGPU:
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus < 1:
             raise ValueError(f"needs at least 1 server of at least 1 GPU, got {self.hosts} x {self.gpus}")
-        if self.intra not in ("nvlink", "pcie"):
-            raise ValueError(f"intra-server fabric is nvlink=RATE or pcie=RATE, not {self.intra!r}")
+        if self.intra not in INTRA:
+            raise ValueError(f"intra-server fabric is nvlink=, pcie= or loopback=RATE, not {self.intra!r}")
         if self.net not in ("rail", "star"):
             raise ValueError(f"net is rail or star, not {self.net!r}")
         n = self.nic_count
@@ -146,7 +154,7 @@ class MultiGPU:
         nic = (
             f"{self.nic_count} x {rate / 1e9:g}gbit {self.link.name} NIC" if rate else f"{self.nic_count} NIC"
         )
-        intra = "NVLink" if self.intra == "nvlink" else "PCIe bus"
+        intra = {"nvlink": "NVLink", "pcie": "PCIe bus", "loopback": "loopback bus"}[self.intra]
         nics = "s" if self.nic_count > 1 else ""
         plural = "s" if self.hosts != 1 else ""
         return (
@@ -278,6 +286,25 @@ PRESETS: dict[str, dict[str, object]] = {
         "net": "star",
     },
 }
+# dpcomm's emulated cluster with two ranks per server (`dpcomm testbed up --gpus-per-server 2 --intra-rate
+# 400mbit --rate 100mbit`, docs/testbed.md "Multi-GPU servers"): the ranks of a server share its network
+# namespace's loopback, one tbf of 400 Mbit/s for both directions together (measured: 199.0 Mbit/s of
+# payload for one flow and 198.8 for two opposite ones at 200mbit), and one veth NIC of 100 Mbit/s each
+# way behind a non-blocking bridge (net=star). Achievable: TCP over the veth at MTU 1500 with both
+# directions busy, 0.936 (transport=tcp); over loopback 0.998, from its frames: 64 KiB of payload per
+# frame of 52 + 14 header bytes, and one 66-byte ACK per two frames. The rates are the testbed's tbf rates,
+# not fitted; `TestbedConfig.flow_topology` spells out any other G and rates.
+PRESETS["testbed"] = {
+    "gpus": 2,
+    "intra": "loopback",
+    "intra_bps": 400e6,
+    "intra_eff": 0.998,
+    "nics": 1,
+    "nic_bps": 100e6,
+    "transport": "tcp",
+    "arch": "volta",  # no NVLS, no CollNet: NCCL's PCIe tables are the closest
+    "net": "star",
+}
 PRESETS["hgx-h100"] = PRESETS["dgx-h100"]  # the HGX board is the DGX's GPU tray: same GPUs and NVSwitch
 PRESETS["hgx-a100"] = PRESETS["dgx-a100"]
 PRESETS["hgx-b200"] = PRESETS["dgx-b200"]
@@ -293,9 +320,9 @@ _INT = re.compile(r"^\s*(\d{1,9})\s*$")
 _RATE = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)\s*(GB/s|tbit|gbit|mbit|kbit)\s*$")
 _BITS = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
 _EFF = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,17})?)\s*(?:/\s*(\d{1,9}(?:\.\d{1,17})?)\s*)?$")
-_KEYS = "keys: nvlink, pcie, intra_eff, nics, nic, nic_eff, net, transport, arch, sharp"
+_KEYS = "keys: nvlink, pcie, loopback, intra_eff, nics, nic, nic_eff, net, transport, arch, sharp"
 _FORM = (
-    "gpus:S,G[,nvlink=RATE|pcie=RATE][,intra_eff=F][,nics=N][,nic=RATE][,nic_eff=F][,net=rail|star]"
+    "gpus:S,G[,nvlink=RATE|pcie=RATE|loopback=RATE][,intra_eff=F][,nics=N][,nic=RATE][,nic_eff=F][,net=rail|star]"
     "[,transport=ib|roce|efa|tcp][,arch=A][,sharp=0|1] or dgx-h100:S / dgx-a100:S"
 )
 
@@ -343,10 +370,10 @@ def parse_multigpu(spec: str) -> MultiGPU:
         key, eq, value = (x.strip() for x in item.partition("="))
         if not eq or not value:
             raise UserError(f"bad topology '{shown}': '{item}' is not key=value ({_KEYS})")
-        if key in seen or (key in ("nvlink", "pcie") and seen & {"nvlink", "pcie"}):
-            raise UserError(f"bad topology '{shown}': {key} given twice (or both nvlink and pcie)")
+        if key in seen or (key in INTRA and seen & set(INTRA)):
+            raise UserError(f"bad topology '{shown}': {key} given twice (or two of nvlink, pcie, loopback)")
         seen.add(key)
-        if key in ("nvlink", "pcie"):
+        if key in INTRA:
             fields["intra"], fields["intra_bps"] = key, _rate(key, value, shown)
         elif key == "nic":
             fields["nic_bps"] = _rate(key, value, shown)

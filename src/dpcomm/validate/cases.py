@@ -10,6 +10,12 @@ Schedule strings are ``dpcomm train --schedule``'s (:mod:`dpcomm.train.replica`)
 parameter server (``ps:all|layer|ibatch``, co-located) and FSDP2 (``fsdp:per-block|optimal``). ``mode`` is
 the runtime's (``overlap`` or the LP paper's ``lp-alg3``), a run-wide setting, so an LP mode is a case of
 its own; ``collective`` likewise (``native``, ``lp``, ``bcube``).
+
+A case with ``algorithms`` is a multi-GPU all-reduce case instead: servers of ``gpus`` ranks sharing their
+NIC, talking over a loopback shaped to ``intra_rate`` (``dpcomm testbed up --gpus-per-server``), each
+algorithm of :mod:`dpcomm.testbed.gpu_allreduce` (NCCL's ring with ``C`` channels, the hierarchical
+all-reduce) timed at each of ``sizes`` (``iters`` timed calls after a warm-up), against the flow model's
+schedule of the same name on the same cluster (``TestbedConfig.flow_topology``).
 """
 
 from __future__ import annotations
@@ -55,23 +61,52 @@ class Case:
     """Part of ``--quick``."""
     note: str = ""
     """What the case is for (one line)."""
+    gpus: int = 1
+    """Ranks per server (the testbed's ``--gpus-per-server``)."""
+    intra_rate: str | None = None
+    """Each server's loopback rate, both directions together (``--intra-rate``); None: unshaped."""
+    algorithms: tuple[str, ...] = ()
+    """Multi-GPU all-reduces timed instead of training (:mod:`dpcomm.testbed.gpu_allreduce`)."""
+    sizes: tuple[str, ...] = ()
+    """All-reduce sizes of an ``algorithms`` case (binary units, ``4MB``)."""
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c == "-" for c in self.name):
             raise UserError(f"bad case name {self.name!r} (letters, digits and '-')")
+        if self.algorithms:
+            if not self.sizes or self.schedules or not 1 <= self.iters <= 100:
+                raise UserError(
+                    f"case {self.name}: an all-reduce case takes sizes, no schedules, 1..100 iters"
+                )
+            return
         if not self.schedules:
             raise UserError(f"case {self.name}: no schedules")
         if self.iters < 16:
             raise UserError(f"case {self.name}: iters must be >= 16, got {self.iters}")
 
+    @property
+    def kind(self) -> str:
+        """``allreduce`` (an ``algorithms`` case) or ``train``."""
+        return "allreduce" if self.algorithms else "train"
+
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "schedules": list(self.schedules)}
+        d = {**asdict(self), "schedules": list(self.schedules)}
+        if not self.algorithms:  # a training case's record reads as it did before these fields
+            for key in ("gpus", "intra_rate", "algorithms", "sizes"):
+                d.pop(key)
+        else:
+            d |= {"algorithms": list(self.algorithms), "sizes": list(self.sizes)}
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Case:
-        return cls(**{**d, "schedules": tuple(d["schedules"])})
+        tuples = {k: tuple(d[k]) for k in ("schedules", "algorithms", "sizes") if k in d}
+        return cls(**{**d, **tuples})
 
 
+_GPU_ALGOS = ("nccl-ring:1", "hierarchical", "nccl-ring:2")
+"""NCCL's ring over every rank (one channel, and two entering each server at different ranks) and the
+hierarchical all-reduce (:mod:`dpcomm.testbed.gpu_allreduce`)."""
 _R20 = "resnet20-cpu-b32"
 _GPT = "gpt2-tiny-cpu-b16"
 _LLAMA = "llama-tiny-cpu-b16"
@@ -114,6 +149,51 @@ CASES: tuple[Case, ...] = (
         batch_size=16,
         collective="bcube",
     ),  # fmt: skip
+    # multi-GPU servers on the emulated cluster: 100 Mbit/s NICs, ranks of a server on a shaped loopback
+    Case(
+        name="g2-s2",
+        schedules=(),
+        topology="star:2",
+        gpus=2,
+        intra_rate="400mbit",
+        algorithms=_GPU_ALGOS,
+        sizes=("4MB", "16MB"),
+        iters=3,
+        note="2 servers x 2 ranks: the ring NIC-bound, the hierarchical all-reduce's intra phases bus-bound",
+    ),  # fmt: skip
+    Case(
+        name="g2-s3",
+        schedules=(),
+        topology="star:3",
+        gpus=2,
+        intra_rate="400mbit",
+        algorithms=_GPU_ALGOS,
+        sizes=("4MB", "16MB"),
+        iters=3,
+        note="3 servers x 2 ranks",
+    ),  # fmt: skip
+    Case(
+        name="g4-s2",
+        schedules=(),
+        topology="star:2",
+        gpus=4,
+        intra_rate="200mbit",
+        algorithms=_GPU_ALGOS,
+        sizes=("4MB", "16MB"),
+        iters=3,
+        note="2 servers x 4 ranks on a slower loopback: the ring is bus-bound",
+    ),  # fmt: skip
+    Case(
+        name="g2-tiny",
+        schedules=(),
+        topology="star:2",
+        gpus=2,
+        intra_rate="400mbit",
+        algorithms=("nccl-ring:1", "hierarchical"),
+        sizes=("1MB",),
+        iters=2,
+        note="the multi-GPU end-to-end test's case (not in the default list)",
+    ),  # fmt: skip
     Case(
         name="tiny",
         schedules=("single", "optimal"),
@@ -126,10 +206,10 @@ CASES: tuple[Case, ...] = (
 """Every case (the default list is all but :data:`EXTRA`)."""
 
 QUICK: tuple[str, ...] = tuple(c.name for c in CASES if c.quick)
-EXTRA = ("r20-s4-1g", "tiny")
-"""Cases left out of the default list: ``tiny`` (the test's), and ``r20-s4-1g``, which is not network-bound
-(an all-reduce of ResNet-20's gradients takes 11 ms at 1 Gbit/s against a backward of 80 ms: the exposed
-communication left is the CPU's, docs/validate.md)."""
+EXTRA = ("r20-s4-1g", "tiny", "g2-tiny")
+"""Cases left out of the default list: ``tiny`` and ``g2-tiny`` (the tests'), and ``r20-s4-1g``, which is
+not network-bound (an all-reduce of ResNet-20's gradients takes 11 ms at 1 Gbit/s against a backward of
+80 ms: the exposed communication left is the CPU's, docs/validate.md)."""
 _DEFAULT = tuple(c for c in CASES if c.name not in EXTRA)
 
 

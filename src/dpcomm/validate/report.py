@@ -9,6 +9,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from dpcomm.validate.allreduce import predict_allreduce
 from dpcomm.validate.predict import Prediction, predict_case
 
 __all__ = ["HOW", "build_report", "geomean_abs", "markdown", "plot", "summarize", "summary_lines", "table"]
@@ -46,7 +47,8 @@ def build_report(records: list[dict[str, Any]], command: str = "") -> dict[str, 
     rows: list[dict[str, Any]] = []
     cases = []
     for rec in records:
-        preds: list[Prediction] = predict_case(rec)
+        many = predict_allreduce if rec["case"].get("algorithms") else predict_case
+        preds: list[Prediction] = many(rec)
         rows += [p.to_dict() for p in preds]
         m = rec.get("machine", {})
         cases.append({**rec["case"], "loadavg_before": m.get("loadavg_before"),
@@ -55,6 +57,13 @@ def build_report(records: list[dict[str, Any]], command: str = "") -> dict[str, 
         k: v for k, v in (records[0].get("machine", {}) if records else {}).items() if "loadavg" not in k
     }
     return {"command": command, "machine": machine, "cases": cases, "rows": rows, "summary": summarize(rows)}
+
+
+def _what(case: dict[str, Any]) -> str:
+    """A case's model (``resnet20``), or its servers' ranks and loopback (``x2 ranks, lo 400mbit``)."""
+    if case.get("algorithms"):
+        return f"x{case.get('gpus')} ranks, lo {case.get('intra_rate') or 'unshaped'}"
+    return case.get("trace", "").split("-cpu")[0]
 
 
 def _ms(x: float | None) -> str:
@@ -80,7 +89,7 @@ def table(report: dict[str, Any], title: str = "dpcomm validate") -> Any:
     last = None
     for r in report["rows"]:
         c = cases.get(r["case"], {})
-        setting = f"{c.get('topology')} {c.get('rate')} {c.get('trace', '').split('-cpu')[0]}"
+        setting = f"{c.get('topology')} {c.get('rate')} {_what(c)}"
         extra = [x for x in (c.get("collective"), c.get("mode")) if x not in (None, "native", "overlap")]
         first = r["case"] != last
         last = r["case"]
@@ -165,7 +174,7 @@ def markdown(report: dict[str, Any]) -> str:
     for r in report["rows"]:
         c = cases.get(r["case"], {})
         extra = [x for x in (c.get("collective"), c.get("mode")) if x not in (None, "native", "overlap")]
-        setting = f"`{c.get('topology')}` {c.get('rate')} {c.get('trace', '').split('-cpu')[0]}"
+        setting = f"`{c.get('topology')}` {c.get('rate')} {_what(c)}"
         setting += "".join(f" {x}" for x in extra)
         first, last = r["case"] != last, r["case"]
         load = (c.get("loadavg_before") or "").split(" ")[0]

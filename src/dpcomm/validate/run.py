@@ -1,9 +1,11 @@
-"""Run one validation case on the emulated cluster: build a testbed of its own, launch one
-:mod:`dpcomm.validate.node` per server, take the testbed down (always), keep the results.
+"""Run one validation case on the emulated cluster: build a testbed of its own, launch the node program
+(:mod:`dpcomm.testbed.node`: ``train`` for a training case, ``allreduce`` for a multi-GPU one) on every
+server, take the testbed down (always), keep the results.
 
 :func:`run_case` is the library call (``dpcomm validate`` and anyone measuring schedules side by side on
 the emulated cluster): it returns the case's record, a plain dict ``{"case", "results", "machine",
-"launch_s"}`` whose ``results`` are the :class:`~dpcomm.train.TrainResult` dicts of every schedule, and
+"launch_s"}`` whose ``results`` are the :class:`~dpcomm.train.TrainResult` dicts of every schedule (of a
+multi-GPU case: one row per algorithm and size, :mod:`dpcomm.testbed.node`), and
 writes it atomically to ``<out>/<case>.json``, so a rerun with the same ``out`` skips the cases already
 measured (:func:`load_record`). The testbed is named ``vl<pid in hex>``; it is removed on return, on an
 error, on Ctrl-C and on SIGTERM (a second signal does not cut the teardown short), and a later run removes
@@ -86,14 +88,16 @@ def run_case(
 ) -> dict[str, Any]:
     """Measure ``case`` (module docstring); returns its record. A failed launch is a :class:`UserError`
     naming the workers' last error line and their logs."""
-    from dpcomm.demo_node import ENV_TRACE
     from dpcomm.testbed import TestbedConfig, down, launch_workers, parse_rate, up
+    from dpcomm.testbed.node import ENV_TRACE
 
     out = Path(out).resolve()
     work = out / case.name
     work.mkdir(parents=True, exist_ok=True)
     name = testbed_name()
-    cfg = TestbedConfig(name=name, topology=case.topology, rate_bps=parse_rate(case.rate))
+    intra = parse_rate(case.intra_rate) if case.intra_rate else None
+    cfg = TestbedConfig(name=name, topology=case.topology, rate_bps=parse_rate(case.rate), gpus=case.gpus,
+                        intra_rate_bps=intra)  # fmt: skip
     remove_stale()
     before = loadavg()
     main = threading.current_thread() is threading.main_thread()
@@ -104,15 +108,15 @@ def run_case(
     try:
         state = up(cfg)
         if log:
-            log(f"testbed '{name}' up: {case.topology} at {case.rate}")
+            ranks = f", {case.gpus} ranks per server, loopback {case.intra_rate}" if case.gpus > 1 else ""
+            log(f"testbed '{name}' up: {case.topology} at {case.rate}{ranks}")
         for i, group in enumerate(launches(case)):
             where = work / f"launch{i}"
             where.mkdir(exist_ok=True)
             results_path = where / "results.json"
             results_path.unlink(missing_ok=True)
-            argv = [sys.executable, "-m", "dpcomm.validate.node", "--schedules", ",".join(group)]
-            argv += ["--collective", case.collective, "--mode", case.mode, "--iters", str(case.iters)]
-            argv += ["--batch-size", str(case.batch_size), "--results", str(results_path)]
+            argv = [sys.executable, "-m", "dpcomm.testbed.node", *node_args(case, group)]
+            argv += ["--results", str(results_path)]
             res = launch_workers(state, argv, master_port=29400 + i, env={ENV_TRACE: case.trace},
                                  timeout_s=timeout_s, out_dir=where)  # fmt: skip
             if not res.ok or not results_path.exists():
@@ -130,14 +134,25 @@ def run_case(
     from dpcomm.utils.io import atomic_write_json
 
     order = {s: i for i, s in enumerate(case.schedules)}
+    if case.kind == "train":
+        results.sort(key=lambda r: order.get(r["schedule"], len(order)))
     record = {
         "case": case.to_dict(),
         "machine": {**machine(), "loadavg_before": before, "loadavg_after": loadavg()},
         "launch_s": seconds,
-        "results": sorted(results, key=lambda r: order.get(r["schedule"], len(order))),
+        "results": results,
     }
     atomic_write_json(out / f"{case.name}.json", record)
     return record
+
+
+def node_args(case: Case, group: tuple[str, ...]) -> list[str]:
+    """The node program's arguments for one launch of ``case`` (``group``: its schedules or algorithms)."""
+    if case.kind == "allreduce":
+        return ["allreduce", "--algorithms", ",".join(group), "--sizes", ",".join(case.sizes),
+                "--iters", str(case.iters)]  # fmt: skip
+    return ["train", "--schedules", ",".join(group), "--collective", case.collective, "--mode", case.mode,
+            "--iters", str(case.iters), "--batch-size", str(case.batch_size)]  # fmt: skip
 
 
 def launches(case: Case) -> list[tuple[str, ...]]:
@@ -146,7 +161,10 @@ def launches(case: Case) -> list[tuple[str, ...]]:
     servers have the update), so their bytes are on the wire while the *next replica* of an interleaved run
     computes: the PS's own iteration then looks shorter than it is and its neighbour's longer (measured on
     ``star:4``, 100 Mbit/s: ``fsdp:per-block`` run after ``ps:ibatch`` spent 195 ms in forward against
-    140 ms for ``fsdp:optimal`` running the very same one-unit plan next to it; docs/validate.md)."""
+    140 ms for ``fsdp:optimal`` running the very same one-unit plan next to it; docs/validate.md). A
+    multi-GPU case's algorithms run in one launch, one after another."""
+    if case.kind == "allreduce":
+        return [case.algorithms]
     ps = tuple(s for s in case.schedules if s.strip().startswith("ps:"))
     rest = tuple(s for s in case.schedules if s not in ps)
     return ([rest] if rest else []) + [(s,) for s in ps]

@@ -10,7 +10,8 @@ rate NCCL's protocol moves; ``nic_eff`` defaults to the transport's).
   the GPU's send direction, ``2c + 1`` its receive direction, each ``RATE``. A transfer inside a server
   crosses the sender's send link and the receiver's receive link (the switch itself is non-blocking).
 * PCIe (``pcie=RATE``): cable ``h`` is server ``h``'s bus; link ``2h`` carries every transfer inside the
-  server in either direction (``2h + 1`` is unused): one shared ``RATE``.
+  server in either direction (``2h + 1`` is unused): one shared ``RATE``. A loopback bus (``loopback=``,
+  the emulated cluster's) is laid out the same, but a transfer between servers does not cross it.
 * NICs: cable ``B + h N + n`` is NIC ``n`` of server ``h`` to its switch (``B``: the intra cables above);
   ``2c`` sends, ``2c + 1`` receives, each the NIC rate. With more NICs than GPUs (``N = k G``), the ``k``
   NICs of a GPU are one cable of ``k`` times the rate: NCCL stripes a GPU's channels over its NICs, which
@@ -85,6 +86,9 @@ def build_multigpu(t: MultiGPU, nic_Bps: float) -> tuple:
             out[:, 1] = np.where(same, 2 * dst + 1, np.where(relay, 2 * (hs * g + ns * per) + 1, nic_dn))
             out[:, 2] = np.where(relay, nic_up, -1)
             out[:, 3] = np.where(relay, nic_dn, -1)
+        elif t.intra == "loopback":  # the bus carries only transfers inside the server
+            out[:, 0] = np.where(same, 2 * hs, nic_up)
+            out[:, 1] = np.where(same, -1, nic_dn)
         else:
             out[:, 0] = 2 * hs  # the sender's bus
             out[:, 1] = np.where(same, -1, nic_up)
