@@ -113,7 +113,8 @@ TARGETS: dict[str, Target] = {
                 efficiency=_ETA_BF16,
                 mem_bw=4.8e12,  # bytes/s, HBM3e
                 mem_efficiency=_ETA_MEM,
-                source="NVIDIA H200 datasheet (SXM: 989 TFLOP/s dense BF16, 4.8 TB/s HBM3e); eta: h100-bf16",
+                source="NVIDIA H200 datasheet (SXM: 989 TFLOP/s dense BF16, 4.8 TB/s HBM3e); efficiencies "
+                "as h100-bf16's",
             ),
             element_bytes=2,
         ),
