@@ -44,6 +44,9 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     out = []
     for case in cases:
+        if "fsdp" in case:
+            out.append(_fsdp_case(case, rank))
+            continue
         build, batch_of, _ = {**CORPUS, **ZOO}[case["model"]]
         torch.manual_seed(0)
         model = build()
@@ -88,3 +91,76 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             torch._dynamo.config.optimize_ddp = "ddp_optimizer"
         out.append(r)
     return out
+
+
+def _fsdp_state(model: torch.nn.Module) -> dict[str, Any]:
+    """FSDP2's own record of a sharded model: its ``fully_shard`` modules (paths; ``""`` the root) and each
+    one's forward and backward prefetch lists, as module paths."""
+    from torch.distributed.fsdp import FSDPModule
+
+    path = {id(m): n for n, m in model.named_modules()}
+    out = {}
+    for n, m in model.named_modules():
+        if isinstance(m, FSDPModule):
+            st = m._get_fsdp_state()
+            out[n] = {
+                "modules": [path[id(x)] for x in st._modules],
+                "forward": [path[id(o._modules[0])] for o in st._states_to_forward_prefetch],
+                "backward": [path[id(o._modules[0])] for o in st._states_to_backward_prefetch],
+            }
+    return out
+
+
+def _fsdp_case(case: dict[str, Any], rank: int) -> dict[str, Any]:
+    """``dpcomm.fsdp.shard_compiled`` against plain compiled FSDP2 (``fully_shard`` per block and on the
+    root, each block compiled: torchtitan's pattern) from the same weights: FSDP2's units and prefetch
+    before compiling (a plain ``shard``) and after, the trace's origin, three SGD steps' losses."""
+    from torch.distributed.fsdp import fully_shard
+
+    import dpcomm.fsdp
+    from dpcomm.fsdp.compiled import shard_compiled
+
+    build, batch_of, _ = {**CORPUS, **ZOO}[case["model"]]
+    backend = case.get("backend", "aot_eager")
+    torch.manual_seed(0)
+    model = build()
+    plain, twin = copy.deepcopy(model), copy.deepcopy(model)
+    batch = batch_of(10 + rank)
+    r: dict[str, Any] = {}
+    try:
+        torch._dynamo.reset()
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            model = shard_compiled(model, case["fsdp"], backend=backend, example=batch[0], profile_iters=1,
+                                   verify_iters=1)  # fmt: skip
+            torch.manual_seed(7)
+            losses, _ = _train(model, batch, None)
+        said = model.dpcomm
+        dpcomm.fsdp.shard(twin, said.plan, layer_params=said.layer_params, example=batch[0])  # not compiled
+        mods = dict(model.named_modules())
+        for block in plain.h:  # plain compiled FSDP2
+            fully_shard(block)
+        fully_shard(plain)
+        for block in plain.h:
+            block.compile(backend=backend)
+        torch.manual_seed(7)
+        ref_losses, _ = _train(plain, batch, None)
+        extra, rows = said.trace.extra, said.trace.layers
+        r.update(
+            losses=losses, ref_losses=ref_losses, replicas=_same_on_all_ranks(_fingerprint(model)),
+            state=_fsdp_state(model), uncompiled_state=_fsdp_state(twin),
+            compiled=sorted(p for ps in said.groups.modules for p in ps if p and mods[p]._compiled_call_impl),
+            unit_paths=sorted(p for ps in said.groups.modules for p in ps if p),
+            measured_by=extra.get("measured_by"), backend=extra.get("backend"),
+            unit_forward_s=extra.get("unit_forward_s"), unit_backward_s=extra.get("unit_backward_s"),
+            eager_unit_forward_s=extra.get("eager_unit_forward_s"),
+            layer_sums=[[sum(x.forward_s for x in rows[a : z + 1]), sum(x.backward_s for x in rows[a : z + 1])]  # noqa: E501
+                        for a, z in said.plan.units],
+            eager_time_s=extra.get("eager_time_s"),
+            time_s=said.plan.time_s, sha=said.plan.sha256(), twin_sha=twin.dpcomm.plan.sha256(),
+            warnings=[str(m.message)[:200] for m in caught if "dpcomm" in str(m.message)],
+        )  # fmt: skip
+    except Exception as exc:
+        r["error"] = f"{type(exc).__name__}: {exc}"
+        r["trace"] = traceback.format_exc(limit=8)
+    return r

@@ -10,6 +10,10 @@ losses of plain compiled DDP built with the same caps (``rel=1e-6``). Under comp
 (``optimize_ddp="python_reducer"``, inductor: its post-grad pass is where the all-reduces are fused) the
 compiled backward runs one fused all-reduce per plan group, read back from the graph, and plain compiled
 DDP's losses in that mode (``rel=1e-6``). ``dpcomm
+FSDP2 (``dpcomm.fsdp.shard_compiled``, GPT-2 tiny ``per-block``, ``aot_eager``): FSDP2's own units and
+prefetch lists equal a plain ``shard``'s of the same plan, every unit is compiled, the trace's unit times
+are the compiled units' (averaged over ranks) and price the plan, and three SGD steps give the losses of
+plain ``fully_shard`` + per-block compile (``rel=1e-6``). ``dpcomm
 train --compile aot_eager`` for ``ddp:optimal`` and ``fsdp:per-block`` ends at eager's loss
 (``rel=1e-5``: ``aot_eager`` runs the same aten operations) with identical replicas.
 """
@@ -28,10 +32,14 @@ user model (three linears, registered in another order than they run: one induct
 and one of the backward, ~30 s on the 2-core VM)."""
 
 
+FSDP = {"model": "gpt2-tiny", "fsdp": "per-block", "backend": "aot_eager"}
+"""Compiled FSDP2: ``dpcomm.fsdp.shard_compiled`` (shard, time the compiled units, compile them)."""
+
+
 @pytest.fixture(scope="module")
 def runs():
-    out = launch(W.compiled_cases, 2, CASES + [REDUCER])
-    return [[r[i] for r in out] for i in range(len(CASES) + 1)]
+    out = launch(W.compiled_cases, 2, CASES + [REDUCER, FSDP])
+    return [[r[i] for r in out] for i in range(len(CASES) + 2)]
 
 
 @pytest.mark.slow
@@ -52,7 +60,7 @@ def test_compiled_ddp_splits_and_buckets_as_planned(runs, index):
 
 @pytest.mark.slow
 def test_compiled_autograd_fuses_the_plans_buckets(runs):
-    for rank, r in enumerate(runs[-1]):
+    for rank, r in enumerate(runs[-2]):
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
         assert len(r["plan_groups"]) == 3  # wfbp: a group per linear (greedy: one, < 1 MiB)
         assert len(r["fused"]) == 1, r["fused"]  # one backward graph, compiled once, read back after the pass
@@ -60,6 +68,25 @@ def test_compiled_autograd_fuses_the_plans_buckets(runs):
         assert [sorted(b) for b in r["fused"][0]] == [sorted(g) for g in r["plan_groups"]], r["fused"]
         assert r["losses"] == pytest.approx(r["ref_losses"], rel=1e-6)  # plain compiled DDP, greedy buckets
         assert r["replicas"] and not r["warnings"] and not r["notes"]
+
+
+@pytest.mark.slow
+def test_compiled_fsdp_keeps_units_and_prefetch_and_prices_compiled_times(runs):
+    for rank, r in enumerate(runs[-1]):
+        assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
+        assert r["state"] == r["uncompiled_state"]  # FSDP2's units and prefetch lists: as a plain shard's
+        assert r["sha"] == r["twin_sha"]  # the same plan (units, depth, reshard)
+        assert r["compiled"] == r["unit_paths"]  # every unit but the root compiled in place
+        assert r["measured_by"] == "dpcomm.fsdp.compiled" and r["backend"] == "aot_eager"
+        n = len(r["layer_sums"])
+        assert len(r["unit_forward_s"]) == len(r["unit_backward_s"]) == n
+        for (f, b), uf, ub in zip(r["layer_sums"], r["unit_forward_s"], r["unit_backward_s"], strict=True):
+            assert f == pytest.approx(uf, rel=1e-9) and b == pytest.approx(ub, rel=1e-9)  # the compiled times
+        assert sum(r["unit_backward_s"]) > 0 and r["time_s"] > 0 and r["time_s"] != r["eager_time_s"]
+        assert r["losses"] == pytest.approx(r["ref_losses"], rel=1e-6)  # fully_shard + compile per block
+        assert r["replicas"] and not r["warnings"]
+    assert runs[-1][0]["unit_forward_s"] == runs[-1][1]["unit_forward_s"]  # averaged over ranks
+    assert runs[-1][0]["time_s"] == runs[-1][1]["time_s"]
 
 
 @pytest.fixture(scope="module")
