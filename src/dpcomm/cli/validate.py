@@ -45,6 +45,10 @@ def _list(console) -> int:
     for col in ("name", "topology", "rate", "trace", "collective/mode", "schedules", "quick"):
         t.add_column(col)
     for c in CASES:
+        if c.kind == "allreduce":  # a multi-GPU case: ranks per server and loopback; algorithms and sizes
+            t.add_row(c.name, f"{c.topology} x{c.gpus} ranks", f"{c.rate}, lo {c.intra_rate or 'unshaped'}",
+                      "-", "all-reduce", f"{' '.join(c.algorithms)} at {' '.join(c.sizes)}", "")  # fmt: skip
+            continue
         t.add_row(c.name, c.topology, c.rate, c.trace, f"{c.collective}/{c.mode}", " ".join(c.schedules),
                   "yes" if c.quick else "")  # fmt: skip
     console.print(t)
@@ -114,9 +118,12 @@ def _measure(console, todo, out: Path, timeout: float, failed: list[str]) -> lis
     with Progress(*cols, console=Console(stderr=True), disable=not sys.stderr.isatty()) as bar:
         task = bar.add_task("cases", total=len(todo))
         for c in todo:
-            bar.update(task, description=f"{c.name} ({c.topology} {c.rate}, {len(c.schedules)} schedules)")
-            console.print(f"case {c.name}: {c.topology} at {c.rate}, emulated {c.trace}, "
-                          f"{', '.join(c.schedules)}; load average {loadavg()}", highlight=False)  # fmt: skip
+            what = (f"{c.gpus} ranks per server, loopback {c.intra_rate}, all-reduce "
+                    f"{', '.join(c.algorithms)} at {', '.join(c.sizes)}" if c.kind == "allreduce"
+                    else f"emulated {c.trace}, {', '.join(c.schedules)}")  # fmt: skip
+            bar.update(task, description=f"{c.name} ({c.topology} {c.rate})")
+            console.print(f"case {c.name}: {c.topology} at {c.rate}, {what}; load average {loadavg()}",
+                          highlight=False)  # fmt: skip
             try:
                 done.append(run_case(c, out, timeout_s=timeout, log=lambda s: console.print(f"  {s}")))
             except UserError as exc:  # the other cases still run; the exit status says one failed
