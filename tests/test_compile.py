@@ -21,6 +21,7 @@ train --compile aot_eager`` for ``ddp:optimal`` and ``fsdp:per-block`` ends at e
 from __future__ import annotations
 
 import pytest
+import torch
 
 from dpcomm.launch import launch
 from tests import _compile_workers as W
@@ -56,6 +57,42 @@ def test_compiled_ddp_splits_and_buckets_as_planned(runs, index):
         assert r["replicas"] and not r["warnings"]
     if CASES[index]["planner"] == "wfbp":
         assert len(runs[index][0]["plan"]) > 10  # many cuts, all under 1 MiB: DDPOptimizer asserted before
+
+
+def test_fuse_by_plan_on_a_traced_graph():
+    """The pass alone, on a graph shaped as compiled autograd's (marked gradient -> div -> all_reduce ->
+    wait): one all-reduce per plan group, the markers gone, inductor's concat fusion (no worker)."""
+    from torch._inductor.virtualized import V
+    from torch.fx.experimental.proxy_tensor import make_fx
+    from torch.fx.passes.shape_prop import _extract_tensor_metadata
+
+    from dpcomm.ddp import compiled_autograd as CA
+
+    c10d = torch.ops._c10d_functional
+    key, record = -1, []
+
+    def backward(g1, g2, g3):
+        out = []
+        for k, (g, bucket) in enumerate(zip((g1, g2, g3), (0, 0, 1), strict=True)):
+            marked = torch.ops.dpcomm.planned_grad(g * 1.0, key, bucket, k)
+            out.append(c10d.wait_tensor(c10d.all_reduce(marked / 2, "sum", "0")))
+        return out
+
+    gm = make_fx(backward, tracing_mode="fake")(torch.ones(3, 2), torch.ones(3), torch.ones(4))
+    for n in gm.graph.nodes:
+        if isinstance(n.meta.get("val"), torch.Tensor):
+            n.meta["tensor_meta"] = _extract_tensor_metadata(n.meta["val"])
+    mode = next(n.meta["val"].fake_mode for n in gm.graph.nodes if n.op == "placeholder")
+    CA._RECORDS[key] = (("a.weight", "a.bias", "b.weight"), record)
+    try:
+        with V.set_fake_mode(mode):
+            CA.fuse_by_plan(gm.graph)
+    finally:
+        del CA._RECORDS[key]
+    targets = [n.target for n in gm.graph.nodes]
+    assert targets.count(c10d.all_reduce.default) == 2
+    assert torch.ops.dpcomm.planned_grad.default not in targets
+    assert record == [[["a.weight", "a.bias"], ["b.weight"]]]
 
 
 @pytest.mark.slow
