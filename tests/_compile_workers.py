@@ -78,8 +78,11 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             caps = w.caps.ddp_kwargs() if mode == "ddp_optimizer" else {"bucket_cap_mb": 25}
             ref = DistributedDataParallel(torch.compile(plain, backend=backend), **caps)
             torch.manual_seed(7)
+            counters = torch._dynamo.utils.counters["inductor"]
+            counters.pop("ddp_buckets", None)
             with _backward_compiled(mode, backend):
                 ref_losses, _ = _train(ref, batch, None)
+            r["ref_buckets"] = counters.get("ddp_buckets")  # inductor's greedy pass, on plain DDP
             r.update(losses=losses, ref_losses=ref_losses, replicas=_same_on_all_ranks(_fingerprint(model)),
                      seen=_recorded_buckets(ddp, batch, unit_of) if mode == "ddp_optimizer" else None,
                      notes=list(w.compiled_notes), fused=[list(map(list, g)) for g in w.compiled_buckets],
