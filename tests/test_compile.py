@@ -93,6 +93,9 @@ def test_fuse_by_plan_on_a_traced_graph():
     assert targets.count(c10d.all_reduce.default) == 2
     assert torch.ops.dpcomm.planned_grad.default not in targets
     assert record == [[["a.weight", "a.bias"], ["b.weight"]]]
+    assert CA.conflict() is None  # inductor's later all-reduce bucketing is off by default ...
+    with torch._inductor.config.patch(bucket_all_reduces_fx="all"):  # ... on, it is one line in wrap
+        assert "bucket_all_reduces_fx='all'" in CA.conflict() and "\n" not in CA.conflict()
 
 
 @pytest.mark.slow

@@ -42,7 +42,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["MARKER", "fuse_by_plan", "install", "plan_hooks", "read_buckets"]
+__all__ = ["MARKER", "conflict", "fuse_by_plan", "install", "plan_hooks", "read_buckets"]
 
 MARKER = "dpcomm::planned_grad"
 """The custom op that carries a gradient's plan group and parameter index into the compiled graph."""
@@ -106,6 +106,20 @@ def install() -> None:
     greedy = ("fuse_ddp_with_concat_op", "fuse_ddp_with_coalesced_op")
     kept = [p for p in passes if p not in greedy]
     config._fuse_ddp_communication_passes = [fuse_by_plan, *kept]
+
+
+def conflict() -> str | None:
+    """One line when inductor will re-bucket after :func:`fuse_by_plan`: ``bucket_all_reduces_fx`` (a later
+    post-grad pass, ``fx_passes/bucketing.bucket_all_reduce``) merges consecutive all-reduces greedily,
+    the plan's fused ones included."""
+    import torch._inductor.config as config
+
+    if config.bucket_all_reduces_fx == "none":
+        return None
+    return (
+        f"dpcomm: inductor's bucket_all_reduces_fx='{config.bucket_all_reduces_fx}' merges all-reduces after "
+        "dpcomm's fusion, so the plan's buckets may run merged; set it to 'none' to run them as planned"
+    )
 
 
 def fuse_by_plan(graph: torch.fx.Graph, bucket_size_mb: float | None = None) -> None:

@@ -215,6 +215,7 @@ def wrap(
                 model, caps, trace, cost, example, loss_fn, verify_iters, process_group, ddp_kwargs
             )
     buckets: list[list[list[str]]] = []
+    notes: list[str] = []
     if "torch._dynamo" in sys.modules:  # the model may be compiled: dynamo must split at the plan's cuts
         from dpcomm.ddp.compiled import install
 
@@ -225,6 +226,7 @@ def wrap(
         ddp = DistributedDataParallel(compiled, process_group=process_group, **ddp_kwargs)
         compiled_autograd.install()
         compiled_autograd.plan_hooks(ddp, caps.param_groups, buckets)
+        notes += [n for n in [compiled_autograd.conflict()] if n]
     else:
         ddp = build_ddp(compiled, caps, process_group, **ddp_kwargs)  # fresh: nothing of the trial in it
     state = None
@@ -245,10 +247,13 @@ def wrap(
         ddp_options=dict(ddp_kwargs),
         _names=tuple(n for n, p in model.named_parameters() if p.requires_grad),
         compiled_buckets=buckets,
+        compiled_notes=notes,
     )
     if dist.get_rank(process_group) == 0:
         if caps.note:
             warnings.warn(f"dpcomm: {caps.note}", stacklevel=2)
+        for note in notes:
+            warnings.warn(note, stacklevel=2)
         _log.info(str(ddp.dpcomm).splitlines()[0])
     return ddp
 
