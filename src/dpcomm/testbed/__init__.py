@@ -6,9 +6,14 @@ in one switch namespace), each cable a veth pair with a token-bucket filter (tbf
 directions of every link carry at most the chosen rate. Nothing touches the host's own interfaces; the
 addresses (``10.77.<level>.<server+1>``) exist only inside the namespaces.
 
-- :mod:`~dpcomm.testbed.config`: :class:`TestbedConfig` (topology, rate, MTU, tbf burst and queue);
+- :mod:`~dpcomm.testbed.config`: :class:`TestbedConfig` (topology, rate, MTU, tbf burst and queue, ranks per
+  server and their loopback's rate);
 - :mod:`~dpcomm.testbed.build`: :func:`up`, :func:`down` (idempotent, removes leftovers by name prefix);
-- :mod:`~dpcomm.testbed.run`: :func:`exec_in`, :func:`launch_workers` (one worker per server);
+- :mod:`~dpcomm.testbed.run`: :func:`exec_in`, :func:`launch_workers` (one worker per server, ``--nproc G``);
+- :mod:`~dpcomm.testbed.node`: the one per-server program (``train`` schedules side by side, or time
+  ``allreduce``) that ``make demo``, ``dpcomm validate`` and the benchmarks launch;
+- :mod:`~dpcomm.testbed.gpu_allreduce`: NCCL's ring with channels and the hierarchical all-reduce on
+  servers of several ranks, the flow model's schedules run on gloo;
 - :mod:`~dpcomm.testbed.counters`: per-link tbf byte counters; :mod:`~dpcomm.testbed.status`: the table;
 - :mod:`~dpcomm.testbed.probe`: a worker that checks allreduce and per-level NIC binding;
 - :mod:`~dpcomm.testbed.flows`: plain TCP connections from one server to others, timed (link sharing).
