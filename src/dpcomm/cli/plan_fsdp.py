@@ -229,6 +229,8 @@ def _json(row, paths, world, opts, written, args, model) -> dict:
         "memory_per_rank_bytes": row.memory_bytes,
         "memory_bytes": opts["memory"],
         "state_bytes": opts["state_bytes"],
+        "planned_t_iter_s": plan.time_s,
+        "fit_error": row.fit_error,
         "lower_bound_s": plan.meta.get("lower_bound_s"),
         "gap": plan.meta.get("gap"),
         "hsdp_times_s": {str(k): v for k, v in plan.meta.get("hsdp", {}).get("times_s", {}).items()},
@@ -284,6 +286,12 @@ def _print(trace, row, paths, costs, world, opts, where, written) -> None:
         f"peak unsharded parameters {plan.peak_bytes / 2**20:.2f} MiB{state} per rank, budget {budget}"
         f"{bound}; planned in {row.planning_s:.2f} s"
     )
+    if row.fit_error:
+        console.print(
+            f"planned on straight lines through these prices (at most {row.fit_error:.1%} off from the "
+            f"smallest module to the whole model): {plan.time_s * 1e3:.3f} ms on the lines, and the bound "
+            "is theirs; t_iter and the table are the prices themselves"
+        )
     times = plan.meta.get("hsdp", {}).get("times_s", {})
     if len(times) > 1:
         shown = ", ".join(

@@ -7,7 +7,9 @@ Each row is planned with the costs of its node count (:mod:`dpcomm.sim.fsdp_cost
 model's event equations (:func:`dpcomm.planner.fsdp_model.fsdp_time`, with HSDP's all-reduce); ``t_iter``,
 speedup ``S(N) = N (t_f + t_b + u) / t_iter`` and efficiency ``S/N`` are defined as for the all-reduce
 schedules (:mod:`dpcomm.sim.simulator`, MG-WFBP Eq. 4). ``memory_bytes``: per rank, the unsharded
-parameters at the model's peak plus the sharded state (``state_bytes / G``).
+parameters at the model's peak plus the sharded state (``state_bytes / G``). Costs that are not straight
+lines (a flow model's) are planned on their least-squares lines (:func:`dpcomm.sim.fsdp_costs.
+linear_costs`) and the plan timed with the costs themselves; ``fit_error`` says how far the lines were off.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dpcomm.errors import UserError
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, FSDP_METHODS, Modules, fsdp_time, plan_fsdp
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.planner.hsdp import MeshCosts, plan_hsdp
+from dpcomm.sim.fsdp_costs import linear_costs
 from dpcomm.trace.format import Trace
 
 __all__ = ["FsdpRow", "fsdp_sweep", "is_fsdp_schedule", "parse_fsdp_schedule", "plan_row"]
@@ -66,6 +69,8 @@ class FsdpRow:
     memory_bytes: float
     """Per rank: unsharded parameter bytes at the model's peak plus the sharded state."""
     plan: FsdpPlan
+    fit_error: float = 0.0
+    """The planning lines' worst relative error against the costs at the plan's group size (0: exact)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The JSON row of ``dpcomm simulate --json``: the all-reduce rows' keys and the plan's shape."""
@@ -80,6 +85,7 @@ class FsdpRow:
             "depth": self.plan.depth,
             "reshard_after_forward": self.plan.reshard_after_forward,
             "shard_group": self.plan.shard_group if self.plan.shard_group is not None else self.nodes,
+            "fit_error": self.fit_error,
         }
 
 
@@ -102,17 +108,19 @@ def plan_row(
     kind, method, G = parse_fsdp_schedule(schedule)
     mods = Modules.from_trace(trace)
     f, b, m = mods.arrays
+    lines, errors = linear_costs(costs, float(m[m > 0].min()) if (m > 0).any() else 1.0, float(m.sum()))
     if kind == "fsdp":
-        ag, rs, _ = costs(nodes)
+        ag, rs, _ = lines(nodes)
         budget = None if memory is None else memory - state_bytes / nodes
         if budget is not None and budget < 0:
             raise UserError(f"{schedule}: the sharded state alone ({state_bytes / nodes:,.0f} bytes a rank) "
                             f"exceeds {memory:,.0f} bytes")  # fmt: skip
         plan = plan_fsdp(method, mods, ag, rs, memory=budget, update_s=update_s, max_depth=max_depth,
                          overlap=overlap, gap=gap)  # fmt: skip
-        ar, group = None, nodes
+        group = nodes
+        ag, rs, ar = *costs(group)[:2], None
     else:
-        plan = plan_hsdp(method, mods, costs, world=nodes, shards=[G] if G is not None else shards,
+        plan = plan_hsdp(method, mods, lines, world=nodes, shards=[G] if G is not None else shards,
                          memory=memory, state_bytes=state_bytes, update_s=update_s, max_depth=max_depth,
                          overlap=overlap, gap=gap)  # fmt: skip
         group = plan.shard_group
@@ -132,6 +140,7 @@ def plan_row(
         planning_s=plan.meta.get("planning_s", 0.0),
         memory_bytes=plan.peak_bytes + state_bytes / group,
         plan=plan,
+        fit_error=errors.get(group, 0.0),
     )
 
 

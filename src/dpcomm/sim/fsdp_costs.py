@@ -23,6 +23,13 @@ Why half: NCCL's ring all-reduce is a ring reduce-scatter then a ring all-gather
 ``P-1`` steps each (nccl-tests ``doc/PERFORMANCE.md``: bus bandwidth is algbw x ``2(n-1)/n`` for
 all-reduce and x ``(n-1)/n`` for all-gather and reduce-scatter, the same hardware limit), so each takes
 half of its time on the same ranks, start-ups included. NCCL's NVLS and PAT all-gathers are not priced.
+
+The planner's search bounds what is left of a plan by the byte rate of a :class:`LinearCost` (0 for any
+other cost), so on a flow model's prices (NCCL's protocols make them bend) the exact search ran past
+200 s on TinyLlama at 16 ranks; :func:`linear_costs` gives it the least-squares line (relative weights,
+:func:`dpcomm.costmodel.fit.fit_line`) through :data:`FIT_POINTS` prices from the smallest module to the
+whole model, as :class:`dpcomm.sim.network.pricing.FlowCost` gives DDP's planners a line for non-NCCL
+schedules; the plan is then timed with the prices themselves, and the line's worst error is reported.
 """
 
 from __future__ import annotations
@@ -39,7 +46,10 @@ from dpcomm.errors import UserError
 from dpcomm.planner.hsdp import MeshCosts, mesh_costs, shard_sizes
 from dpcomm.topology import MultiGPU
 
-__all__ = ["Scaled", "flow_mesh_costs", "network_mesh_costs", "shard_choices"]
+__all__ = ["FIT_POINTS", "Scaled", "flow_mesh_costs", "linear_costs", "network_mesh_costs", "shard_choices"]
+
+FIT_POINTS = 40
+"""Sizes, log-spaced over a model's unit sizes, a cost is priced at to fit the planner's line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +80,35 @@ def _scaled(cost: CommCost, time: float = 1.0, size: float = 1.0) -> CommCost:
     if isinstance(cost, LinearCost):
         return LinearCost(time * cost.a, time * cost.b * size)
     return Scaled(cost, time, size)
+
+
+def linear_costs(costs: MeshCosts, lo: float, hi: float) -> tuple[MeshCosts, dict[int, float]]:
+    """``(G -> lines, {G: worst relative error})``: each cost of ``costs(G)`` that is not a
+    :class:`LinearCost` replaced by its least-squares line over ``lo..hi`` bytes (module docstring); a
+    line's error is ``max |line / price - 1|`` over the points (0 where every cost was a line)."""
+    from dpcomm.costmodel.fit import fit_line
+
+    xs = np.geomspace(max(lo, 1.0), max(hi, lo * 2, 2.0), FIT_POINTS)
+    made: dict[int, tuple[CommCost, CommCost, CommCost | None]] = {}
+    errors: dict[int, float] = {}
+
+    def line(cost: CommCost | None, G: int) -> CommCost | None:
+        if cost is None or isinstance(cost, LinearCost):
+            return cost
+        ys = Scaled(cost).many(xs)
+        coef = fit_line(list(zip(xs, ys, strict=True)), nonneg=True).coef
+        fit = LinearCost(*(max(0.0, float(c)) for c in coef))
+        ok = ys > 0
+        errors[G] = max(errors.get(G, 0.0), float(np.max(np.abs(fit.many(xs[ok]) / ys[ok] - 1), initial=0.0)))
+        return fit
+
+    def lines(G: int) -> tuple[CommCost, CommCost, CommCost | None]:
+        if G not in made:
+            errors.setdefault(G, 0.0)
+            made[G] = tuple(line(c, G) for c in costs(G))  # type: ignore[assignment]
+        return made[G]
+
+    return lines, errors
 
 
 def network_mesh_costs(net: Network, world: int, algo: str = "ring") -> MeshCosts:
