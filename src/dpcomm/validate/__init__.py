@@ -3,7 +3,7 @@
 - :mod:`~dpcomm.validate.cases`: the cases, plain data (topology, rate, trace, collective, mode,
   schedules);
 - :mod:`~dpcomm.validate.run`: :func:`run_case` builds a testbed of its own, launches one
-  :mod:`~dpcomm.validate.node` per server (every schedule side by side, compute emulated from the trace),
+  :mod:`dpcomm.testbed.node` per server (every schedule side by side, compute emulated from the trace),
   always takes the testbed down, and keeps the case's record as JSON (a rerun resumes);
 - :mod:`~dpcomm.validate.predict`: each schedule's iteration predicted from the run's own profile by the
   closed form with fitted costs and by the flow model on the testbed's links;
