@@ -27,7 +27,33 @@ def _groups_of_splits(splits: list[list[str]], param_groups: Any) -> list[list[i
     return [sorted({group_of[n] for n in sub if n in group_of}) for sub in splits]
 
 
-def _backward_compiled(mode: str, backend: str) -> Any:
+def _inductor_passes(gm: torch.fx.GraphModule, example_inputs: Any) -> Any:
+    """A backend for tests: AOTAutograd with inductor's decompositions, then inductor's own post-grad passes
+    (``fx_passes.post_grad.post_grad_passes``: DDP's all-reduce fusion, ``fuse_by_plan`` when installed,
+    among them) on each graph, which then runs as FX, without inductor's code generation (minutes on the
+    2-core VM for GPT-2 tiny's backward)."""
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._inductor.decomposition import select_decomp_table
+    from torch._inductor.fx_passes.post_grad import post_grad_passes
+    from torch._inductor.virtualized import V
+
+    def passes(g: torch.fx.GraphModule, _inputs: Any, is_inference: bool = True) -> Any:
+        vals = [n.meta.get("val") for n in g.graph.nodes if n.op == "placeholder"]
+        with V.set_fake_mode(next(v.fake_mode for v in vals if hasattr(v, "fake_mode"))):
+            post_grad_passes(g, is_inference=is_inference)
+        g.recompile()
+        return g
+
+    return aot_autograd(
+        fw_compiler=passes, bw_compiler=lambda g, i: passes(g, i, False), decompositions=select_decomp_table()
+    )(gm, example_inputs)
+
+
+BACKENDS = {"inductor-passes": _inductor_passes}
+"""Test backends by name (any other name is torch's)."""
+
+
+def _backward_compiled(mode: str, backend: Any) -> Any:
     """Compiled autograd around the backward (torch 2.13's entry: the backward's graph, DDP's python
     reducer's all-reduces in it, compiled by ``backend``), for ``optimize_ddp="python_reducer"``."""
     if mode != "python_reducer":
@@ -36,7 +62,9 @@ def _backward_compiled(mode: str, backend: str) -> Any:
 
 
 def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per case ``{model, planner, backend}``: wrap(torch.compile(model)) and plain
+    """Per case ``{model, planner, backend, optimize_ddp, backward, ref_backward}`` (``backward``: compiled
+    autograd's backend, default ``backend``; ``ref_backward``: the reference's, default ``backward``):
+    wrap(torch.compile(model)) and plain
     DistributedDataParallel(torch.compile(copy)) with the plan's caps, trained side by side."""
     from dpcomm.ddp import wrap
 
@@ -54,7 +82,8 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         batch = batch_of(10 + rank)
         r: dict[str, Any] = {}
         mode = case.get("optimize_ddp", "ddp_optimizer")
-        backend = case.get("backend", "aot_eager")
+        backend = BACKENDS.get(case.get("backend", "aot_eager"), case.get("backend", "aot_eager"))
+        backward = BACKENDS.get(case.get("backward", ""), case.get("backward", backend))  # compiled autograd
         torch._dynamo.config.optimize_ddp = mode
         try:
             torch._dynamo.reset()
@@ -64,7 +93,7 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ddp = wrap(compiled, case["planner"], example=batch[0], profile_iters=1, verify_iters=1,
                            network="10gbe")  # fmt: skip
                 torch.manual_seed(7)
-                with _backward_compiled(mode, backend):
+                with _backward_compiled(mode, backward):
                     losses, _ = _train(ddp, batch, None)
             w = ddp.dpcomm
             r["warnings"] = [str(m.message)[:200] for m in caught if "dpcomm" in str(m.message)]
@@ -80,7 +109,8 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             torch.manual_seed(7)
             counters = torch._dynamo.utils.counters["inductor"]
             counters.pop("ddp_buckets", None)
-            with _backward_compiled(mode, backend):
+            ref_backward = BACKENDS.get(case.get("ref_backward", ""), backward)
+            with _backward_compiled(mode, ref_backward):
                 ref_losses, _ = _train(ref, batch, None)
             r["ref_buckets"] = counters.get("ddp_buckets")  # inductor's greedy pass, on plain DDP
             r.update(losses=losses, ref_losses=ref_losses, replicas=_same_on_all_ranks(_fingerprint(model)),
