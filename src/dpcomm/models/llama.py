@@ -21,7 +21,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["LlamaConfig", "Llama", "TINYLLAMA_1_1B", "LLAMA_TINY"]
+__all__ = [
+    "LLAMA3_70B",
+    "LLAMA3_8B",
+    "LLAMA_TINY",
+    "SHAPES",
+    "TINYLLAMA_1_1B",
+    "Llama",
+    "LlamaConfig",
+    "llama",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -61,6 +70,16 @@ LLAMA_TINY = LlamaConfig(
     vocab_size=256, dim=128, n_layers=4, n_heads=4, n_kv_heads=2, ffn_dim=352, max_seq_len=64
 )
 """Byte-level, 4 layers of width 128, context 64."""
+LLAMA3_8B = LlamaConfig(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8, ffn_dim=14336,
+                        max_seq_len=8192, rope_theta=500000.0)  # fmt: skip
+"""Llama-3-8B's shape (Meta's model card and ``params.json``: width, layers, heads, KV heads, FFN width,
+128,256 tokens, context 8,192, rope theta 500,000)."""
+LLAMA3_70B = LlamaConfig(vocab_size=128256, dim=8192, n_layers=80, n_heads=64, n_kv_heads=8, ffn_dim=28672,
+                         max_seq_len=8192, rope_theta=500000.0)  # fmt: skip
+"""Llama-3-70B's shape (as :data:`LLAMA3_8B`)."""
+SHAPES = {"tinyllama-1.1b": TINYLLAMA_1_1B, "llama-tiny": LLAMA_TINY, "llama3-8b": LLAMA3_8B,
+          "llama3-70b": LLAMA3_70B}  # fmt: skip
+"""The named shapes :func:`llama` builds."""
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -145,3 +164,16 @@ class Llama(nn.Module):
         for layer in self.layers:
             x = layer(x, cos, sin)
         return self.output(self.norm(x))
+
+
+def llama(shape: str = "tinyllama-1.1b", **fields) -> Llama:
+    """A :class:`Llama` of a named shape (:data:`SHAPES`), ``fields`` overriding its config: the command
+    line's way in, ``dpcomm profile --model dpcomm.models.llama:llama --model-args '{"shape":
+    "llama3-8b"}' --input 'long[1,8192]:vocab=128256'``. Build it under ``torch.device("meta")`` (as
+    ``--analytic`` does) to count a large one without memory."""
+    from dataclasses import replace
+
+    if shape not in SHAPES:
+        raise ValueError(f"unknown Llama shape {shape!r}: one of {', '.join(SHAPES)}")
+    return Llama(replace(SHAPES[shape], **fields))
+
