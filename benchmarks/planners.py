@@ -115,7 +115,7 @@ def fsdp_cases():
     """``(name, trace, network preset, ranks)`` of the FSDP planner's three instances (module docstring)."""
     import torch
 
-    from dpcomm.models.llama import Llama, LlamaConfig
+    from dpcomm.models.llama import LLAMA3_8B, LLAMA3_70B, Llama
     from dpcomm.trace import find_trace
     from dpcomm.trace.analytic import DevicePreset, layer_costs, trace_from_costs
 
@@ -123,12 +123,7 @@ def fsdp_cases():
         name="h100-bf16", peak_flops=989e12, efficiency=0.4, mem_bw=3.35e12, mem_efficiency=0.7,
         source="NVIDIA H100 SXM5 datasheet (989 TFLOP/s dense bf16, 3.35 TB/s); efficiencies assumed",
     )  # fmt: skip
-    shapes = {  # Meta's Llama 3 model cards: width, layers, heads, KV heads, FFN width; 128,256 tokens
-        "llama3-8b": LlamaConfig(vocab_size=128256, dim=4096, n_layers=32, n_heads=32, n_kv_heads=8,
-                                 ffn_dim=14336, max_seq_len=8192),
-        "llama3-70b": LlamaConfig(vocab_size=128256, dim=8192, n_layers=80, n_heads=64, n_kv_heads=8,
-                                  ffn_dim=28672, max_seq_len=8192),
-    }  # fmt: skip
+    shapes = {"llama3-8b": LLAMA3_8B, "llama3-70b": LLAMA3_70B}  # Meta's published shapes
     yield "tinyllama-1.1b", find_trace("tinyllama-1.1b-h200bf16-b4"), "10gbe", 8
     for name, cfg in shapes.items():
         with torch.device("meta"):
