@@ -62,7 +62,7 @@ def runs():
 @pytest.fixture(scope="module")
 def matrix():
     if os.environ.get("DPCOMM_COMPILE_MATRIX") != "1":
-        pytest.skip("compiled autograd on every model and planner: set DPCOMM_COMPILE_MATRIX=1 (~2.5 min)")
+        pytest.skip("compiled autograd on every model and planner: set DPCOMM_COMPILE_MATRIX=1 (~1.5 min)")
     out = launch(W.compiled_cases, 2, MATRIX)
     return [[r[i] for r in out] for i in range(len(MATRIX))]
 
