@@ -133,6 +133,25 @@ def _check_fused(results: list[dict], greedy: int | None = None) -> None:
         assert r["replicas"] and not r["warnings"] and not r["notes"]
 
 
+def test_compiled_trace_gives_each_unit_its_compiled_times():
+    """Each unit's compiled time is split over its layers as the eager profile split it (no worker)."""
+    from dpcomm.fsdp.compiled import compiled_trace
+    from dpcomm.trace.format import Layer, Trace
+
+    eager = [(1.0, 2.0), (3.0, 6.0), (0.0, 0.0), (0.0, 0.0)]
+    layers = tuple(
+        Layer(name=f"l{i}", params=4, forward_s=f, backward_s=b, param_names=(f"l{i}.w",))
+        for i, (f, b) in enumerate(eager)
+    )
+    trace = Trace(model="m", batch_size=1, device="cpu", dtype_bytes=4, layers=layers)
+    out = compiled_trace(trace, [(0, 1), (2, 3)], [2.0, 0.5], [4.0, 1.0], "inductor")
+    split = [(x.forward_s, x.backward_s) for x in out.layers]
+    assert split == [(0.5, 1.0), (1.5, 3.0), (0.25, 0.5), (0.25, 0.5)]  # unit 1: no eager time, split evenly
+    assert out.extra["measured_by"] == "dpcomm.fsdp.compiled" and out.extra["backend"] == "inductor"
+    assert (out.extra["eager_unit_forward_s"], out.extra["eager_unit_backward_s"]) == ([4.0, 0.0], [8.0, 0.0])
+    assert trace.layers == layers  # the eager trace is left as it was
+
+
 @pytest.mark.slow
 def test_compiled_autograd_fuses_the_plans_buckets(runs):
     assert len(runs[-2][0]["plan_groups"]) == 3  # wfbp: a group per linear, where inductor makes one bucket

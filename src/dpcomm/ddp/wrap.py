@@ -158,6 +158,11 @@ def wrap(
     (``mgwfbp``/``optimal`` with ``example``; 0: keep the planned plan untimed). Other keyword arguments go
     to DDP. What was decided is ``ddp.dpcomm`` (:class:`Wrapped`).
 
+    A compiled model (``torch.compile(model)``) is planned on the module inside and its graph split at the
+    plan's cuts (:mod:`dpcomm.ddp.compiled`); under compiled autograd (``optimize_ddp="python_reducer"``)
+    the plan's groups become inductor's fused all-reduces instead of DDP's buckets
+    (:mod:`dpcomm.ddp.compiled_autograd`). Neither is timed against the alternatives.
+
     The model, its gradients, buffers and training flags, and the random state are left as plain
     ``DistributedDataParallel(model, **ddp_kwargs)`` leaves them (:mod:`dpcomm.utils.user_run`); the DDP
     returned is built fresh, after whatever the trial ran.

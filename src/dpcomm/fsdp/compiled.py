@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from dataclasses import replace
 from typing import Any
 
@@ -118,14 +117,14 @@ class _Timed(nn.Module):
     """A unit's module between two marks (its start, and its end as ``after``'s), taken outside the
     compiled graph."""
 
-    def __init__(self, inner: nn.Module, unit: int, after: int, marks: list[tuple[float, int]]) -> None:
+    def __init__(self, inner: nn.Module, unit: int, after: int, marks: list[tuple[float, int]], clock: Any):
         super().__init__()
-        self.inner, self.unit, self.after, self.marks = inner, unit, after, marks
+        self.inner, self.unit, self.after, self.marks, self.clock = inner, unit, after, marks, clock
 
     def forward(self, *args: Any, **kwargs: Any) -> Any:
-        self.marks.append((time.perf_counter(), self.unit))
+        self.marks.append((self.clock(), self.unit))
         out = self.inner(*args, **kwargs)
-        self.marks.append((time.perf_counter(), self.after))
+        self.marks.append((self.clock(), self.after))
         return out
 
 
@@ -145,9 +144,12 @@ def unit_times(
     modules compiled by ``backend`` (module docstring, step 3). ``modules``: module paths per unit;
     ``units``: each unit's ``(first, last)`` layer; ``layer_params``: parameter names per layer."""
     from dpcomm.fsdp.planning import call_model, on_model_device
+    from dpcomm.timing import now
     from dpcomm.trace.profiler import default_loss
 
     example = on_model_device(replica, example)
+    device = next(replica.parameters()).device
+    clock = lambda: now(device)  # noqa: E731  (on a GPU: once the queued kernels ran)
     unit_of = {n: k for k, (a, z) in enumerate(units) for names in layer_params[a : z + 1] for n in names}
     fwd: list[tuple[float, int]] = []
     bwd: list[tuple[float, int]] = []
@@ -163,13 +165,13 @@ def unit_times(
         inner.compile(backend=backend)
         # what runs after a unit and before the next (parameter-free operations) is the root unit's if
         # there is one (it holds the modules in between), else the unit's own (the profiler's rule)
-        setattr(owner, leaf, _Timed(inner, k, k if root is None else root, fwd))
+        setattr(owner, leaf, _Timed(inner, k, k if root is None else root, fwd, clock))
     for n, p in replica.named_parameters():
         name = n.replace(".inner.", ".").removesuffix(".inner")
         k = unit_of.get(name)
         if k is not None and p.requires_grad:
             handles.append(p.register_post_accumulate_grad_hook(
-                lambda _p, k=k: bwd.append((time.perf_counter(), k))))  # fmt: skip
+                lambda _p, k=k: bwd.append((clock(), k))))  # fmt: skip
     n_units = len(units)
     per_f: list[list[float]] = [[] for _ in range(n_units)]
     per_b: list[list[float]] = [[] for _ in range(n_units)]
@@ -178,11 +180,11 @@ def unit_times(
         bwd.clear()
         for p in replica.parameters():
             p.grad = None
-        t0 = time.perf_counter()
+        t0 = clock()
         loss = (loss_fn or default_loss)(call_model(replica, example))
-        t1 = time.perf_counter()
+        t1 = clock()
         loss.backward()
-        t2 = time.perf_counter()
+        t2 = clock()
         if it < warmup:
             continue
         f, b = [0.0] * n_units, [0.0] * n_units
