@@ -13,6 +13,7 @@ import pytest
 from dpcomm.cli.main import main
 from dpcomm.sim.network import FlowModel, make_fabric, simulate_allreduce
 from dpcomm.sim.network.nccl_tuning import choose, graph, latency_us
+from dpcomm.sim.network.nvls import nvls_tree_rounds
 from dpcomm.sim.network.pricing import default_model
 from dpcomm.topology import parse_multigpu
 
@@ -164,6 +165,20 @@ def test_flow_model_prices_switch_endpoints():
     t = simulate_allreduce(model, "nccl-nvls", 1 << 30)[0].time_s
     want = (1 << 30) * (1 + 1 / 8) / 0.85 / 370e9
     assert t == pytest.approx(want, rel=1e-6)
+
+
+def test_nvls_tree_chunks_and_pipeline_fill_are_nccls():
+    # NCCL's NVLSTree chunking (src/enqueue.cc, src/transport/nvls.cc): H100, 2 servers, 8 heads: 16 channels
+    # x 8 heads of 128 KiB = 16 MiB a round, so 64 MiB is 4 rounds; at 8 MiB the chunk halves to 64 KiB
+    assert nvls_tree_rounds("hopper", 2, 8, 8, 50.0, 64 << 20) == (4, 128, 128 << 10)
+    assert nvls_tree_rounds("hopper", 2, 8, 8, 50.0, 8 << 20) == (1, 128, 64 << 10)
+    # from 4 servers NVLSTree's chunk is at most 64 KiB; B200 on 2 servers of 400G NICs: 32 x 8 ops of 64 KiB
+    assert nvls_tree_rounds("hopper", 4, 8, 8, 50.0, 1 << 30)[2] == 64 << 10
+    assert nvls_tree_rounds("blackwell", 2, 8, 8, 50.0, 64 << 20) == (4, 256, 64 << 10)
+    # the price: the streaming step x (n + D - 1) / n, D = 1 + 2 log2 M = 3 stages on 2 servers
+    model = FlowModel(make_fabric("dgx-h100:2", 10e9), alpha_s=0.0)
+    small, big = (simulate_allreduce(model, "nccl-nvlstree", n)[0].time_s for n in (64 << 20, 1 << 30))
+    assert small / (64 << 20) == pytest.approx(big / (1 << 30) * (4 + 2) / 4 / ((64 + 2) / 64), rel=1e-6)
 
 
 def test_simulate_prices_ps_schedules_on_the_topology(capsys):

@@ -14,7 +14,9 @@ Price of one all-reduce of ``S`` bytes on ``P`` ranks: ``T = L + T_flow``, where
   file) the schedule's steps each pay ``alpha`` per message as every other schedule does (NVLS, NVLSTree
   and CollNet, one streaming step each, pay it once per hop of NCCL's latency formula), and ``L = 0``;
 * ``T_flow`` is the flow model's time of the algorithm's messages (:mod:`.nccl_ring`, :mod:`.nccl_tree`,
-  :mod:`.nvls`), their bytes grown by the protocol's wire format: LL sends a 4-byte flag with every 4
+  :mod:`.nvls`; NVLSTree's streaming step stretched by its pipeline's fill, ``(n + D - 1) / n`` for ``n``
+  rounds of NCCL's chunks through ``D`` stages, :func:`.nvls.nvls_tree_rounds`), their bytes grown by the
+  protocol's wire format: LL sends a 4-byte flag with every 4
   bytes of data (x2), LL128 8 bytes of flags per 128 (x128/120), Simple none; and at least ``S`` over
   the bandwidth NCCL's per-channel caps allow (:func:`.nccl_tuning.cap_bandwidth`: LL, LL128, the tree and
   NVLSTree; limits of the GPU's copy loops that NCCL measured, not of any link).
@@ -163,6 +165,12 @@ def price(model, name: str, protocol: str | None, nbytes: int, p: int) -> tuple[
     flow = model.run(st, start=not model.nccl).time_s if p > 1 else 0.0
     lat = 0.0
     sub = ranks_topology(t, p)
+    if p > 1 and picked.algorithm == "nvls_tree":  # the pipeline fills and drains (nvls.nvls_tree_rounds)
+        nic = (sub.nic_bps if sub.nic_bps is not None else fabric.rate_bps) / 8e9
+        rounds, _, _ = nvls.nvls_tree_rounds(
+            sub.arch, sub.hosts, sub.gpus, min(sub.nic_count, sub.gpus), nic, nbytes
+        )
+        flow *= (rounds + _hops(sub, "nvls_tree") - 1) / rounds
     if p > 1 and not model.nccl and picked.algorithm not in ("ring", "tree"):
         # one streaming step stands for a pipeline as deep as NCCL's latency formula counts its hops
         alpha = model.alpha_inter_s if model.alpha_inter_s is not None and sub.hosts > 1 else model.alpha_s

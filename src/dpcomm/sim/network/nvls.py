@@ -21,11 +21,25 @@ NVSwitch, ``P + M + n`` the network switch of rail ``n``.
   the server's sum of its share to its rail's switch, which returns the sum over servers, and the head
   sends it to every GPU of its server; one pipelined step. Per NIC ``S/R`` each way.
 
+NVLSTree's pipeline (:func:`nvls_tree_rounds`): NCCL cuts each channel's share into chunks of ``c`` bytes per
+head and runs ``O = channels x heads`` of them at once (``concurrentOps`` in ``src/enqueue.cc``), so an
+all-reduce is ``n = ceil(S / (O c))`` rounds through a pipeline ``D = 1 + 2 log2 M`` stages deep (the hops
+NCCL's latency formula counts: the NVLS step inside the server, then up and down the tree). Like the tree's
+(:mod:`.nccl_tree`), the pipeline fills and drains: ``T_flow (n + D - 1) / n``. ``c`` and ``channels`` are
+NCCL's (commit 5067397c, ``src/transport/nvls.cc`` ``ncclNvlsTuning`` and ``src/enqueue.cc``): 16 channels on
+Hopper (``NVLS_NCHANNELS_SM90``), 32 on Blackwell across servers (``NVLS_NCHANNELS_SM100``; on 2 servers
+with NICs of at least 48 GB/s, ``ncclNvlsTreeSm100Tuning``); ``c`` = ``NCCL_NVLS_CHUNKSIZE`` 128 KiB, capped
+by ``nvlsTreeMaxChunkSize`` (the chunk itself below 4 servers, 64 KiB from 4; Blackwell on 2 servers with
+NICs of 48-96 GB/s beside their GPUs: 64 KiB), then halved by size (to 256, 128, 64, 32 KiB while ``S`` is
+under 32, 16, 4, 1 x ``O c``).
+
 Source: NCCL 2.17+ (NVLS, NVLSTree) and 2.12+ (CollNet); the algorithms as NCCL's maintainers describe them
 (NVIDIA/nccl-tests issues 153 and 212: "With NVLink SHARP neither the algbw nor busbw correspond to the
 bandwidth on the wire"); NVLS efficiency 0.85 on Hopper, 0.74 on Blackwell (NCCL ``src/graph/tuning.cc``,
-``nvlsEfficiency``). Simplifications: each is priced as one streaming step (NCCL's pipeline fill is in its
-latency, :mod:`.nccl_tuning`); NVLS efficiency is applied as extra bytes on the multimem flows.
+``nvlsEfficiency``). Simplifications: each is priced as one streaming step (NCCL's per-hop start-up is in
+its latency, :mod:`.nccl_tuning`), NVLSTree's with its pipeline fill as above; NVLS efficiency is applied
+as extra bytes on the multimem flows; every NIC is taken to sit beside its GPU (PCIe path PIX/PXB, as on
+DGX and HGX boards).
 """
 
 from __future__ import annotations
@@ -36,10 +50,54 @@ from dpcomm.messages import Step
 from dpcomm.sim.network._gpuparts import shape
 from dpcomm.sim.network.nccl_tree import dtree_parents
 
-__all__ = ["NVLS_EFFICIENCY", "collnet_steps", "nvls_steps", "nvls_tree_steps"]
+__all__ = [
+    "NVLS_CHANNELS",
+    "NVLS_CHUNK",
+    "NVLS_EFFICIENCY",
+    "collnet_steps",
+    "nvls_steps",
+    "nvls_tree_rounds",
+    "nvls_tree_steps",
+]
 
 NVLS_EFFICIENCY = {"hopper": 0.85, "blackwell": 0.74}
 """Fraction of NVLink bandwidth NVLS moves (NCCL ``tuning.cc``, ``nvlsEfficiency``)."""
+NVLS_CHANNELS = {"hopper": 16, "blackwell": 32}
+"""NVLS channels across servers (NCCL ``src/transport/nvls.cc``: ``NVLS_NCHANNELS_SM90`` 16,
+``NVLS_NCHANNELS_SM100`` 32)."""
+NVLS_CHUNK = 128 * 1024
+"""NVLS chunk per head, bytes (``NCCL_NVLS_CHUNKSIZE``'s default, ``src/transport/nvls.cc``)."""
+
+
+def nvls_tree_rounds(
+    arch: str, hosts: int, gpus: int, heads: int, nic_GBps: float, nbytes: int
+) -> tuple[int, int, int]:
+    """``(rounds n, concurrent ops O, chunk c)`` of NCCL's NVLSTree all-reduce of ``nbytes`` on ``hosts``
+    servers of ``gpus`` ``arch`` GPUs with ``heads`` NVLS heads (GPUs with a NIC) and NICs of ``nic_GBps``
+    GB/s line rate each (module docstring; NCCL ``ncclNvlsTuning`` and ``calcCollChunking``)."""
+    channels = NVLS_CHANNELS.get(arch, NVLS_CHANNELS["hopper"])
+    chunk = tree_max = NVLS_CHUNK
+    if hosts >= 4:
+        tree_max = 64 * 1024
+    if arch == "blackwell":
+        if hosts == 2 and nic_GBps >= 48:  # ncclNvlsTreeSm100Tuning (every NIC beside its GPU)
+            tree_max = 128 * 1024
+            if gpus <= 4:
+                chunk = tree_max = 256 * 1024
+            elif gpus >= 16 or (gpus <= 8 and nic_GBps < 96):
+                tree_max = 64 * 1024
+        elif nic_GBps >= 96 and gpus <= 8:
+            channels, chunk, tree_max = 24, 256 * 1024, 256 * 1024
+        elif nic_GBps >= 96:
+            tree_max = 128 * 1024 if gpus < 32 else 64 * 1024
+        elif nic_GBps >= 48:
+            channels, tree_max = 24, 64 * 1024
+    ops = channels * max(1, heads)
+    c = min(chunk, tree_max)
+    for times, floor in ((32, 262144), (16, 131072), (4, 65536), (1, 32768)):
+        if nbytes < times * ops * c and c > floor:
+            c = floor
+    return max(1, -(-int(nbytes) // (ops * c))), ops, c
 
 
 def _nvls_flows(
