@@ -46,6 +46,7 @@ def test_plan_fsdp_is_the_planners_plan_on_a_flat_network(capsys):
     assert got["t_iter_s"] == pytest.approx(want.time_s, rel=1e-12)
     assert got["peak_bytes"] == want.peak_bytes <= 300 * 1024
     assert got["sha256"] == want.sha256() and got["gap"] == 0
+    assert got["fit_error"] == 0 and got["planned_t_iter_s"] == got["t_iter_s"]  # ring costs: lines already
     compute = tr.t_f + tr.t_b
     assert got["speedup"] == pytest.approx(8 * compute / want.time_s)
     assert main(argv) == 0  # the table and the code
@@ -122,6 +123,7 @@ def test_simulate_fsdp_rows_beside_ddp_on_a_cluster(capsys):
     units = [tuple(u) for u in plan["units"]]
     t = fsdp_time(units, f, b, m, ag, rs, depth=plan["depth"], reshard=plan["reshard_after_forward"])
     assert t == pytest.approx(plan["t_iter_s"], rel=1e-12)
+    assert 0 < plan["fit_error"] < 0.5 and plan["planned_t_iter_s"] != plan["t_iter_s"]  # planned on lines
     argv[argv.index("8,16")] = "8"
     assert main(argv) == 0 and "memory" in capsys.readouterr().out  # the table's memory column
 
@@ -208,3 +210,20 @@ def test_simulate_bad_fsdp_schedule_is_one_line(schedules, message, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and len(err.splitlines()) == 1
+
+
+def test_sampled_front_lies_on_the_exact_front(tmp_path, capsys):
+    """``hsdp_front(budgets=n)`` (what ``--plot`` draws) against the exact walk: every sampled point is a
+    point of the exact front (gap 0, FSDP on a flat network); ``--plot`` writes a PNG."""
+    from dpcomm.planner.fsdp import pareto_front
+    from dpcomm.planner.hsdp import hsdp_front
+
+    tr = find_trace(TRACE)
+    ag, rs = ring_costs(resolve_network("10gbe"), 8)
+    exact = {(p, round(t, 15)) for p, t, _ in pareto_front(tr, ag, rs, max_depth=1)}
+    sampled = hsdp_front(tr, ag, rs, None, max_depth=1, budgets=6)
+    assert 2 <= len(sampled) <= 6 and all((p, round(t, 15)) in exact for p, t, _ in sampled)
+    assert [p for p, _, _ in sampled] == sorted(p for p, _, _ in sampled)
+    out = tmp_path / "front.png"
+    argv = ["plan", "--trace", TRACE, "--nodes", "8", "--fsdp", "per-block", "--plot", str(out), "--json"]
+    assert _json(capsys, argv)["plot"] == str(out) and out.read_bytes()[:4] == b"\x89PNG"

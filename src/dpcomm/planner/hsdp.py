@@ -21,6 +21,8 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 
+import numpy as np
+
 from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
@@ -160,17 +162,38 @@ def hsdp_front(
     max_points: int = 1000,
     overlap: str = "streams",
     gap: float = 0.0,
+    budgets: int | None = None,
 ) -> list[tuple[int, float, FsdpPlan]]:
     """The time-memory front of ``optimal`` at one shard group size (its costs; ``ar_cost`` ``None``:
-    FSDP), walked as :func:`dpcomm.planner.fsdp.pareto_front` walks it: ``(peak_bytes, time_s, plan)`` by
-    rising unsharded peak (the sharded state, the same at every point, left out)."""
+    FSDP): ``(peak_bytes, time_s, plan)`` by rising unsharded peak (the sharded state, the same at every
+    point, left out). ``budgets=None``: walked as :func:`dpcomm.planner.fsdp.pareto_front` walks it (every
+    point; one plan per point). ``budgets=n``: sampled, one plan at each of ``n`` budgets spaced
+    geometrically from the least any plan needs (per-layer units) to the peak of the plan without a budget,
+    the points no other point beats kept (a staircase at or above the front, touching it at each budget)."""
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
+    kw = {"update_s": update_s, "max_depth": max_depth, "overlap": overlap, "gap": gap, "ar_cost": ar_cost}
     out: list[tuple[int, float, FsdpPlan]] = []
+    if budgets is not None:
+        top = plan_fsdp("optimal", mods, ag_cost, rs_cost, **kw)
+        per_layer = [(i, i) for i in range(len(mods.param_bytes))]
+        least = min(
+            peak_memory(per_layer, mods.param_bytes, depth=d, reshard=True) for d in range(max_depth + 1)
+        )
+        plans = [top]
+        for M in np.geomspace(max(least, 1), max(top.peak_bytes, least, 1), max(int(budgets), 2))[:-1]:
+            try:
+                plans.append(plan_fsdp("optimal", mods, ag_cost, rs_cost, memory=math.ceil(M), **kw))
+            except UserError:
+                continue
+        plans.sort(key=lambda p: (p.peak_bytes, p.time_s))
+        for p in plans:  # rising peak: keep a point only if it is faster than every smaller one
+            if not out or p.time_s < out[-1][1] * (1 - TIE_REL):
+                out.append((p.peak_bytes, p.time_s, p))
+        return out
     budget: float | None = None
     while True:
         try:
-            plan = plan_fsdp("optimal", mods, ag_cost, rs_cost, memory=budget, update_s=update_s,
-                             max_depth=max_depth, overlap=overlap, gap=gap, ar_cost=ar_cost)  # fmt: skip
+            plan = plan_fsdp("optimal", mods, ag_cost, rs_cost, memory=budget, **kw)
         except UserError:
             break
         out.append((plan.peak_bytes, plan.time_s, plan))
