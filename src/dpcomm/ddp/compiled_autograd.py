@@ -69,6 +69,10 @@ def plan_hooks(ddp: Any, param_groups: tuple[tuple[str, ...], ...], record: list
     import torch.distributed._functional_collectives as fcol
 
     names = {n.removeprefix("_orig_mod."): p for n, p in ddp.module.named_parameters()}
+    planned = {id(names[n]) for g in param_groups for n in g}  # by identity: a tied weight has two names
+    rest = tuple(n for n, p in names.items() if p.requires_grad and id(p) not in planned)
+    if rest:  # never left without its all-reduce: a trainable parameter outside the plan, one bucket more
+        param_groups = (*param_groups, rest)
     order = tuple(n for g in param_groups for n in g)
     key = next(_KEYS)
     _RECORDS[key] = (order, record)
