@@ -305,7 +305,8 @@ def _print(trace, row, paths, costs, world, opts, where, written) -> None:
     console.print(table)
     compute = trace.t_f + trace.t_b
     lb, gap = plan.meta.get("lower_bound_s"), plan.meta.get("gap")
-    bound = f"; certified lower bound {lb * 1e3:.3f} ms (gap {gap:.3%})" if lb is not None else ""
+    bound = f"certified lower bound {lb * 1e3:.3f} ms (gap {gap:.3%})" if lb is not None else ""
+    exact = f"; {bound}" if bound and not row.fit_error else ""  # else the bound is the lines'(below)
     budget = "none" if opts["memory"] is None else f"{opts['memory'] / 2**20:.1f} MiB"
     state = (
         f" + sharded state {opts['state_bytes'] / (G or world) / 2**20:.1f} MiB"
@@ -316,13 +317,13 @@ def _print(trace, row, paths, costs, world, opts, where, written) -> None:
         f"t_iter {row.t_iter_s * 1e3:.3f} ms (compute {compute * 1e3:.3f} ms, exposed communication "
         f"{row.t_comm_exposed_s * 1e3:.3f} ms, speedup {row.speedup:.2f}, efficiency {row.efficiency:.1%}); "
         f"peak unsharded parameters {plan.peak_bytes / 2**20:.2f} MiB{state} per rank, budget {budget}"
-        f"{bound}; planned in {row.planning_s:.2f} s"
+        f"{exact}; planned in {row.planning_s:.2f} s"
     )
     if row.fit_error:
         console.print(
             f"planned on straight lines through these prices (at most {row.fit_error:.1%} off from the "
-            f"smallest module to the whole model): {plan.time_s * 1e3:.3f} ms on the lines, and the bound "
-            "is theirs; t_iter and the table are the prices themselves"
+            f"smallest module to the whole model; t_iter and the table are the prices themselves): "
+            f"{plan.time_s * 1e3:.3f} ms on the lines" + (f", their {bound}" if bound else "")
         )
     times = plan.meta.get("hsdp", {}).get("times_s", {})
     if len(times) > 1:
