@@ -8,12 +8,12 @@ its split) and prices exactly those cases with the model's defaults: the case's 
 ``gpus:`` spec with line rates and the achievable fractions of ``dpcomm.topology``), NCCL's own choice of
 algorithm and protocol (``nccl``) or the one the run forced, NCCL's latency model for the start-up. Nothing
 is fitted to a table here: a table is *in-sample* if the model or a preset was set while looking at it (the
-JSON's ``tuned`` says what), *held-out* if it was only compared (set 1: the first held-out tables; set 2:
-those whose ``decided`` says their split was committed before any of their errors was computed). For every
-row of 64 MiB and up it prints the measured busbw (nccl-tests: ``2 (P-1)/P * S / t``), the model's, the
-error ``model / measured - 1`` and what ran, then the geometric mean of |error| per table, per split and
-per held-out set, and the worst row of each. Then it prices
-one 100 MB allreduce on ``dgx-h100:128`` (1,024 GPUs) with every schedule, each in a fresh model, and
+JSON's ``tuned`` says what), *held-out* if it was only compared (set 1: the first held-out tables; sets 2
+and 3: those whose ``decided`` says their split was committed before any of their errors was computed).
+For every row of 64 MiB and up it prints the measured busbw (nccl-tests: ``2 (P-1)/P * S / t``), the
+model's, the error ``model / measured - 1`` and what ran, then the geometric mean of |error| per table,
+per split and per held-out set, and the worst row of each. Then it prices one 100 MB allreduce on
+``dgx-h100:128`` (1,024 GPUs) with every schedule, each in a fresh model, and
 records the wall seconds. Writes ``<out>/data/netsim_multigpu.json``.
 """
 
@@ -56,11 +56,11 @@ def _rows(case: dict) -> list[tuple[str, int, int, float]]:
 
 
 def _set(case: dict) -> str | None:
-    """Which held-out set a held-out table belongs to: ``set 2`` where the JSON records when its split was
-    decided (``decided``: committed before any of its errors was computed), else ``set 1``."""
+    """Which held-out set a held-out table belongs to: the JSON's ``decided`` names it (``held-out set 2:
+    ...``: when its split was committed, before any of its errors was computed); without it, ``set 1``."""
     if case["split"] != "held-out":
         return None
-    return "set 2" if "decided" in case else "set 1"
+    return case.get("decided", "held-out set 1").split(":")[0].removeprefix("held-out ")
 
 
 def validate(published: dict) -> list[dict]:
@@ -113,7 +113,8 @@ def summary(rows: list[dict]) -> dict:
         out["tables"].setdefault(r["case"], []).append(abs(r["error"]))
     out["tables"] = {k: geomean(v) for k, v in out["tables"].items()}
     groups = [(s, lambda r, s=s: r["split"] == s) for s in ("in-sample", "held-out")]
-    groups += [(f"held-out {k}", lambda r, k=k: r["set"] == k) for k in ("set 1", "set 2")]
+    sets = sorted({r["set"] for r in rows if r["set"]})
+    groups += [(f"held-out {k}", lambda r, k=k: r["set"] == k) for k in sets]
     for split, member in groups:
         part = [r for r in rows if member(r)]
         if part:
