@@ -6,7 +6,8 @@
   planning on the workers: :mod:`dpcomm.fsdp.planning`);
 - :func:`shard_groups`: which modules each unit hands to ``fully_shard``, and where FSDP2 forces a
   coarser plan (:mod:`dpcomm.fsdp.groups`);
-- :func:`compile_units`: ``torch.compile`` each unit after sharding, in place;
+- :func:`compile_units`, :func:`shard_compiled`: ``torch.compile`` each unit after sharding, in place, the
+  plan priced on the compiled units' times (:mod:`dpcomm.fsdp.compiled`);
 - :func:`fsdp_costs`: the two collectives measured and fitted (:mod:`dpcomm.fsdp.costs`).
 
 ``dpcomm train --schedule fsdp:PLANNER`` runs it in the training loop (:mod:`dpcomm.train.fsdp_replica`).
@@ -14,9 +15,10 @@
 
 from __future__ import annotations
 
+from dpcomm.fsdp.compiled import compile_units, shard_compiled
 from dpcomm.fsdp.costs import fsdp_costs, measure_fsdp_collectives
 from dpcomm.fsdp.groups import ShardGroups, merge_units, shard_groups
-from dpcomm.fsdp.shard import Sharded, apply_plan, compile_units, plan_on_workers, shard
+from dpcomm.fsdp.shard import Sharded, apply_plan, plan_on_workers, shard
 
 __all__ = [
     "ShardGroups",
@@ -28,5 +30,6 @@ __all__ = [
     "merge_units",
     "plan_on_workers",
     "shard",
+    "shard_compiled",
     "shard_groups",
 ]

@@ -71,7 +71,7 @@ from dpcomm.utils.user_run import check_same_weights, first_param, on_every_rank
 
 _log = logging.getLogger("dpcomm.fsdp")
 
-__all__ = ["Sharded", "apply_plan", "compile_units", "overlap_of", "plan_on_workers", "shard"]
+__all__ = ["Sharded", "apply_plan", "overlap_of", "plan_on_workers", "shard"]
 
 _PREFER_WITHIN = 0.02  # per-block is kept unless the plan is measurably (> 2%) faster, as ddp.wrap does
 
@@ -169,16 +169,6 @@ def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any)
             if bwd:
                 handles[k].set_modules_to_backward_prefetch(bwd)
     return model
-
-
-def compile_units(model: nn.Module, backend: str = "inductor") -> None:
-    """``module.compile(backend=...)`` on every ``fully_shard`` unit but the root, in place (torchtitan's
-    per-block compile): the units, their FSDP2 hooks and the prefetch lists stay as :func:`shard` set them."""
-    mods = dict(model.named_modules())
-    for paths in model.dpcomm.groups.modules:
-        for path in paths:
-            if path != ROOT:
-                mods[path].compile(backend=backend)
 
 
 def _layer_params(model: nn.Module, example: Any, loss_fn: Any) -> tuple[tuple[str, ...], ...]:

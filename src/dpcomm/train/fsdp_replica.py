@@ -144,18 +144,16 @@ class FsdpReplica(DDPTimedReplica):
     def _shard(self, plan: FsdpPlan | str, x: Any, layers: Any = None) -> None:
         import time
 
-        from dpcomm.fsdp import shard
+        from dpcomm.fsdp import shard, shard_compiled
 
         cfg, t0 = self.cfg, time.perf_counter()
         resumed = self.optimizer.state_dict()  # the checkpoint's full optimizer state (or empty)
-        self.model = shard(
-            self.model, plan, example=x, memory=self._parsed.memory, profile_iters=cfg.profile_iters,
-            verify_iters=cfg.verify_iters, layer_params=layers,
-        )  # fmt: skip
-        if cfg.compile is not None:  # each unit compiled after sharding: its hooks and prefetch stay
-            from dpcomm.fsdp import compile_units
-
-            compile_units(self.model, cfg.compile)
+        kw = dict(example=x, memory=self._parsed.memory, profile_iters=cfg.profile_iters,
+                  verify_iters=cfg.verify_iters, layer_params=layers)  # fmt: skip
+        if cfg.compile is None:
+            self.model = shard(self.model, plan, **kw)
+        else:  # each unit compiled after sharding (hooks and prefetch stay), the plan priced on their times
+            self.model = shard_compiled(self.model, plan, backend=cfg.compile, **kw)
         self._sharded = self.wrapper = self.model
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
         self._update = UpdateTimer(self.optimizer)
