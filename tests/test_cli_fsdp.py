@@ -227,3 +227,18 @@ def test_sampled_front_lies_on_the_exact_front(tmp_path, capsys):
     out = tmp_path / "front.png"
     argv = ["plan", "--trace", TRACE, "--nodes", "8", "--fsdp", "per-block", "--plot", str(out), "--json"]
     assert _json(capsys, argv)["plot"] == str(out) and out.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_schedule_names_and_ddp_plans_on_a_cluster(capsys):
+    from dpcomm.sim.fsdp import parse_fsdp_schedule
+
+    assert parse_fsdp_schedule("hsdp:size:64MB:8") == ("hsdp", "size:64mb", 8)
+    assert parse_fsdp_schedule("hsdp:size:64") == ("hsdp", "size:64", None)  # 64 bytes, not G = 64
+    assert parse_fsdp_schedule("HSDP:optimal:auto") == ("hsdp", "optimal", None)
+    assert parse_fsdp_schedule("fsdp:per-block") == ("fsdp", "per-block", None)
+    # plan --topology prices DDP's buckets as simulate --topology does (--nodes: every GPU of the spec)
+    plan = _json(
+        capsys, ["plan", "--trace", TRACE, "--topology", "dgx-h100:2", "--schedule", "optimal", "--json"]
+    )
+    rows = _json(capsys, ["simulate", *cluster, "--nodes", "16", "--schedules", "optimal", "--json"])
+    assert plan["nodes"] == 16 and plan["t_iter_s"] == pytest.approx(rows[0]["t_iter_s"], rel=1e-12)

@@ -43,7 +43,7 @@ def parse_fsdp_schedule(name: str) -> tuple[str, str, int | None]:
     kind, _, rest = text.partition(":")
     G: int | None = None
     head, _, tail = rest.rpartition(":")
-    if kind == "hsdp" and head and (tail.isdigit() or tail == "auto"):
+    if kind == "hsdp" and head and head != "size" and (tail.isdigit() or tail == "auto"):  # size:64 is bytes
         rest, G = head, (int(tail) if tail.isdigit() else None)
         if G is not None and (len(tail) > 9 or G < 1):
             raise UserError(f"{name}: the shard group must be an integer >= 1")
