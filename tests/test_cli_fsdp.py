@@ -237,8 +237,7 @@ def test_schedule_names_and_ddp_plans_on_a_cluster(capsys):
     assert parse_fsdp_schedule("HSDP:optimal:auto") == ("hsdp", "optimal", None)
     assert parse_fsdp_schedule("fsdp:per-block") == ("fsdp", "per-block", None)
     # plan --topology prices DDP's buckets as simulate --topology does (--nodes: every GPU of the spec)
-    plan = _json(
-        capsys, ["plan", "--trace", TRACE, "--topology", "dgx-h100:2", "--schedule", "optimal", "--json"]
-    )
+    cluster = ["--trace", TRACE, "--topology", "dgx-h100:2"]
+    plan = _json(capsys, ["plan", *cluster, "--schedule", "optimal", "--json"])
     rows = _json(capsys, ["simulate", *cluster, "--nodes", "16", "--schedules", "optimal", "--json"])
     assert plan["nodes"] == 16 and plan["t_iter_s"] == pytest.approx(rows[0]["t_iter_s"], rel=1e-12)
