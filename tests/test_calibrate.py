@@ -172,7 +172,15 @@ def test_from_nccl_tests_round_trips(tmp_path, capsys, truth, given, algo):
 
 
 @pytest.mark.parametrize(
-    "case", ["wutz-h100-2x8-ring", "nebius-h100-2x8", "oci-h100-2x8-roce", "oci-a100-2x8-roce-nccl2.26"]
+    "case",
+    [
+        "wutz-h100-2x8-ring",
+        "nebius-h100-2x8",
+        "oci-h100-2x8-roce",
+        "oci-a100-2x8-roce-nccl2.26",
+        "nccl-tests-309-hgx-h100-2x8",
+        "nccl-tests-309-h100-2x8-of-8",
+    ],
 )
 def test_from_nccl_tests_round_trips_published(tmp_path, capsys, case):
     # published tables (docs/data/netsim_multigpu_published.json), fitted on themselves: within 5% at 64 MB
