@@ -23,9 +23,10 @@ Sources, by transport:
   fraction was found, so 0.63 is fitted (in-sample, docs/netsim.md) to the p4d rows of NVIDIA/nccl#527
   (2, 3 and 4 servers x 8 A100, 4 x 100 Gb/s EFA, 1 GiB, NCCL 2.9.9: 57.2, 31.8, 29.6 GB/s busbw); an
   older p4d table (NCCL 2.8.3) runs 1.75x slower than it on the same hardware, so EFA's fraction depends on
-  the software stack more than any other here. Its latency is what aws-ofi-nccl reports to NCCL as the
-  network's (``platform-aws.cpp``: 75 us on p4d and p5, 35 us from p5en on), which NCCL adds to every
-  network hop.
+  the software stack more than any other here (held-out, docs/netsim.md: that p4d table +53..75%; a p5
+  table, 32 x 100 Gb/s EFA on a recent stack, -16..0%). Its latency is what aws-ofi-nccl reports to NCCL
+  as the network's (``platform-aws.cpp``: 75 us on p4d and p5, 35 us from p5en on), which NCCL adds to
+  every network hop.
 * **TCP** (``tcp``, NCCL's socket transport): the payload fraction of a TCP stream with a 1500-byte MTU
   when both directions are busy, 1448 / (1514 + 66/2) = 0.936 (Ethernet, IP and TCP headers and an ACK
   per two segments: the ceiling measured on dpcomm's testbed, docs/testbed.md section 1, and the flow
