@@ -116,7 +116,10 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r.update(losses=losses, ref_losses=ref_losses, replicas=_same_on_all_ranks(_fingerprint(model)),
                      seen=_recorded_buckets(ddp, batch, unit_of) if mode == "ddp_optimizer" else None,
                      notes=list(w.compiled_notes), fused=[list(map(list, g)) for g in w.compiled_buckets],
-                     plan_groups=[list(g) for g in w.caps.param_groups])  # fmt: skip
+                     plan_groups=[list(g) for g in w.caps.param_groups],
+                     trace_extra={k: v for k, v in w.trace.extra.items() if not isinstance(v, list)},
+                     trace_sums=[sum(x.forward_s for x in w.trace.layers),
+                                 sum(x.backward_s for x in w.trace.layers)])  # fmt: skip
         except Exception as exc:
             r["error"] = f"{type(exc).__name__}: {exc}"
             r["trace"] = traceback.format_exc(limit=8)

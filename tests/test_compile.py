@@ -79,6 +79,11 @@ def test_compiled_ddp_splits_and_buckets_as_planned(runs, index):
         assert r["seen"] == r["plan"], f"DDP ran {r['seen']}"
         assert r["losses"] == pytest.approx(r["ref_losses"], rel=1e-6)
         assert r["replicas"] and not r["warnings"]
+        extra, (f, b) = r["trace_extra"], r["trace_sums"]  # planned on the compiled copy's times
+        assert extra["measured_by"] == "dpcomm.ddp.compiled" and extra["backend"] == "aot_eager", extra
+        assert f == pytest.approx(extra["compiled_forward_s"], rel=1e-9) and f > 0
+        assert b == pytest.approx(extra["compiled_backward_s"], rel=1e-9) and b > 0
+        assert r["trace_extra"] == runs[index][0]["trace_extra"]  # every rank plans on the same times
     if CASES[index]["planner"] == "wfbp":
         assert len(runs[index][0]["plan"]) > 10  # many cuts, all under 1 MiB: DDPOptimizer asserted before
 

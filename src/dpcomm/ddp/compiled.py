@@ -35,7 +35,16 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["PlannedDDPOptimizer", "install", "placeholder_name", "python_reducer_active", "split_flags"]
+__all__ = [
+    "PlannedDDPOptimizer",
+    "backend_name",
+    "backend_of",
+    "install",
+    "placeholder_name",
+    "python_reducer_active",
+    "split_flags",
+    "time_compiled",
+]
 
 _log = logging.getLogger("dpcomm.ddp")
 _NEVER = 1 << 62
@@ -216,6 +225,59 @@ def capture_graph(model: nn.Module, example: Any) -> torch.fx.GraphModule:
             f"dynamo made {len(graphs)} graphs of the model's forward (graph breaks); dpcomm plans one graph"
         )
     return graphs[0]
+
+
+def backend_of(compiled: nn.Module) -> Any:
+    """The backend ``torch.compile(model, backend=...)`` gave ``compiled`` (dynamo's wrappers unwrapped: a
+    callable ``backend(gm, example_inputs)``), or None for a module ``torch.compile`` did not make."""
+    fn = getattr(getattr(compiled, "dynamo_ctx", None), "callback", None)
+    while fn is not None and hasattr(fn, "_torchdynamo_orig_backend"):
+        fn = fn._torchdynamo_orig_backend
+    return fn
+
+
+def backend_name(backend: Any) -> str:
+    """A readable name of a backend :func:`backend_of` returned (``aot_eager``, ``inductor``, a function's
+    name)."""
+    name = getattr(backend, "_compiler_name", None) or getattr(backend, "compiler_name", None)
+    return str(name or getattr(backend, "__name__", None) or type(backend).__name__)
+
+
+def time_compiled(
+    model: nn.Module,
+    compiled: nn.Module,
+    example: Any,
+    *,
+    loss_fn: Any = None,
+    iters: int = 3,
+    warmup: int = 2,
+) -> tuple[float, float]:
+    """Median forward and backward seconds of one training pass of a copy of ``model`` compiled as
+    ``compiled`` was (its backend), without DDP and so without communication. The copy is compiled through a
+    backend object of its own, which gives it its own dynamo cache entry (dynamo guards on the backend): the
+    user's compiled module, which DDP will run, reuses nothing of it and is split at the plan's cuts when
+    it first runs. ``warmup`` passes first (the first compiles). Run it under
+    :func:`dpcomm.utils.user_run.untouched` (the copy draws from the random state)."""
+    import copy
+
+    from dpcomm.trace.profiler import time_iteration
+
+    backend = backend_of(compiled)
+    if backend is None:
+        from dpcomm.errors import UserError
+
+        raise UserError("dpcomm.ddp.wrap: the compiled model's backend could not be found (dynamo_ctx)")
+
+    def separate(gm: torch.fx.GraphModule, inputs: Any) -> Any:  # the same compiler, another cache entry
+        return backend(gm, inputs)
+
+    replica = copy.deepcopy(model)
+    device = next(replica.parameters()).device
+    fn = torch.compile(replica, backend=separate)
+    try:
+        return time_iteration(fn, example, iters=iters, warmup=warmup, device=device, loss_fn=loss_fn)
+    finally:
+        del fn, replica
 
 
 def graph_atoms(gm: torch.fx.GraphModule, unit_params: list[tuple[str, ...]], model: nn.Module) -> list[int]:

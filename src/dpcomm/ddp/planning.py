@@ -1,7 +1,8 @@
 """Steps 1-3 of :func:`dpcomm.ddp.wrap` on the workers (its module docstring): profile the gradient units
 (or take their sizes), price the all-reduce, plan on rank 0 and check the plan's hash on every rank; and
 the units as DDP's mode and a compiled graph let them be cut (:func:`static_order`, :func:`merge_layers`,
-:func:`compiled_units`). Building DDP and the timed trial are :mod:`dpcomm.ddp.wrap`'s.
+:func:`compiled_units`), timed as the compiled model runs them (:func:`compiled_times`). Building DDP and
+the timed trial are :mod:`dpcomm.ddp.wrap`'s.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dpcomm.utils.user_run import first_param, on_every_rank
 __all__ = [
     "TIMED",
     "check_unused",
+    "compiled_times",
     "compiled_units",
     "merge_layers",
     "plan_on_workers",
@@ -63,12 +65,15 @@ def plan_on_workers(
     process_group: Any = None,
     static_graph: bool = False,
     coarsen: Any = None,
+    retime: Any = None,
 ) -> tuple[Plan, Trace, CommCost]:
     """Profile, price and plan on every rank of ``process_group`` (see module docstring); every rank gets
     the same plan, trace and cost. ``mgwfbp`` and ``optimal`` need ``example`` (one input batch).
     ``static_graph``: DDP will run with it, and its rebuilt buckets communicate the unused units last
     (:mod:`dpcomm.ddp.buckets`): they are planned there (:func:`static_order`). ``coarsen(trace) -> trace``:
-    the units as they can be cut (a compiled graph's: :func:`dpcomm.ddp.compiled.graph_atoms`)."""
+    the units as they can be cut (a compiled graph's: :func:`dpcomm.ddp.compiled.graph_atoms`).
+    ``retime(trace) -> trace``: the profiled units' times as the model runs them (a compiled model's:
+    :func:`compiled_times`), applied before ``coarsen``; the plan is made on them."""
     from dpcomm.collectives import get
     from dpcomm.costmodel.collective import ALGORITHMS
     from dpcomm.planner import autoplan
@@ -101,6 +106,8 @@ def plan_on_workers(
             model=type(model).__name__, batch_size=local.batch_size, device=local.device,
             dtype_bytes=local.dtype_bytes, layers=layers, extra={"measured_by": "dpcomm.ddp.wrap"},
         )  # fmt: skip
+        if retime is not None:
+            trace = retime(trace)
     if static_graph:
         trace = static_order(trace)
     if coarsen is not None:
@@ -156,6 +163,42 @@ def compiled_units(model: nn.Module, example: Any, trace: Trace, group: Any) -> 
         return graph_atoms(gm, [x.param_names for x in trace.layers], model)
 
     return merge_layers(trace, on_every_rank(atoms, group, "dpcomm.ddp.wrap: tracing the compiled model"))
+
+
+def compiled_times(
+    model: nn.Module,
+    compiled: nn.Module,
+    example: Any,
+    trace: Trace,
+    *,
+    loss_fn: Any = None,
+    iters: int = 3,
+    group: Any = None,
+) -> Trace:
+    """``trace`` (the eager profile of ``model``'s units) with its forward and backward times scaled to the
+    compiled model's: every rank times one training pass of a compiled copy (:func:`dpcomm.ddp.compiled.
+    time_compiled`: the same backend, no DDP, no communication), the medians are averaged over ranks, and
+    each unit's forward (backward) time is multiplied by compiled / eager forward (backward) sum. A
+    compiled graph has no layers to time inside it, so the eager profile says how its time splits over
+    the units; what the plan's cuts need, the time until each group's gradients are ready, is then the
+    compiled run's share up to that group. ``extra`` keeps both sums and the backend."""
+    from dpcomm.ddp.compiled import backend_name, backend_of, time_compiled
+    from dpcomm.planner.autoplan import rank_mean
+
+    f, b = on_every_rank(
+        lambda: time_compiled(model, compiled, example, loss_fn=loss_fn, iters=iters),
+        group, "dpcomm.ddp.wrap: timing the compiled model",
+    )  # fmt: skip
+    f, b = rank_mean([f, b], group)
+    eager_f = sum(x.forward_s for x in trace.layers)
+    eager_b = sum(x.backward_s for x in trace.layers)
+    sf = f / eager_f if eager_f > 0 else 1.0
+    sb = b / eager_b if eager_b > 0 else 1.0
+    layers = tuple(replace(x, forward_s=x.forward_s * sf, backward_s=x.backward_s * sb) for x in trace.layers)
+    backend = backend_name(backend_of(compiled))
+    extra = {**trace.extra, "measured_by": "dpcomm.ddp.compiled", "backend": backend, "compiled_forward_s": f,
+             "compiled_backward_s": b, "eager_forward_s": eager_f, "eager_backward_s": eager_b}  # fmt: skip
+    return replace(trace, layers=layers, extra=extra)
 
 
 def check_unused(trace: Trace, walk: dict[str, bool]) -> None:

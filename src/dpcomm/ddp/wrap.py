@@ -47,7 +47,7 @@ from torch.nn.parallel import DistributedDataParallel
 from dpcomm.costmodel.base import CommCost
 from dpcomm.ddp.buckets import BucketCaps, bucket_caps, build_ddp
 from dpcomm.ddp.hooks import HookState, collective_hook
-from dpcomm.ddp.planning import TIMED, check_unused, compiled_units, plan_on_workers
+from dpcomm.ddp.planning import TIMED, check_unused, compiled_times, compiled_units, plan_on_workers
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.timing import now
@@ -158,10 +158,12 @@ def wrap(
     (``mgwfbp``/``optimal`` with ``example``; 0: keep the planned plan untimed). Other keyword arguments go
     to DDP. What was decided is ``ddp.dpcomm`` (:class:`Wrapped`).
 
-    A compiled model (``torch.compile(model)``) is planned on the module inside and its graph split at the
-    plan's cuts (:mod:`dpcomm.ddp.compiled`); under compiled autograd (``optimize_ddp="python_reducer"``)
-    the plan's groups become inductor's fused all-reduces instead of DDP's buckets
-    (:mod:`dpcomm.ddp.compiled_autograd`). Neither is timed against the alternatives.
+    A compiled model (``torch.compile(model)``) is planned on the module inside, on its units' eager times
+    scaled to a compiled copy's forward and backward (:func:`dpcomm.ddp.planning.compiled_times`), and its
+    graph split at the plan's cuts (:mod:`dpcomm.ddp.compiled`); under compiled autograd
+    (``optimize_ddp="python_reducer"``) the plan's groups become inductor's fused all-reduces instead of
+    DDP's buckets (:mod:`dpcomm.ddp.compiled_autograd`), planned on the eager profile. Neither is timed
+    against the alternatives.
 
     The model, its gradients, buffers and training flags, and the random state are left as plain
     ``DistributedDataParallel(model, **ddp_kwargs)`` leaves them (:mod:`dpcomm.utils.user_run`); the DDP
@@ -193,13 +195,16 @@ def wrap(
     walk = _walk_kwargs(ddp_kwargs)
     with untouched(model):
         if isinstance(plan, str):
-            coarsen = None
-            if compiled is not model and example is not None and not reducer:  # cut where dynamo's graph can
+            coarsen = retime = None
+            if compiled is not model and example is not None and not reducer:  # cut where dynamo's graph can,
                 coarsen = lambda t: compiled_units(model, example, t, process_group)  # noqa: E731
+                retime = lambda t: compiled_times(  # noqa: E731  (and time the units as compiled)
+                    model, compiled, example, t, loss_fn=loss_fn, iters=profile_iters, group=process_group
+                )
             plan, trace, cost = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, collective=collective, network=network,
                 profile_iters=profile_iters, process_group=process_group, static_graph=walk["static_graph"],
-                coarsen=coarsen,
+                coarsen=coarsen, retime=retime,
             )  # fmt: skip
             planned = plan
             check_unused(trace, walk)
