@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from dpcomm.errors import UserError
@@ -110,24 +110,32 @@ def plan_row(
     f, b, m = mods.arrays
     lines, errors = linear_costs(costs, float(m[m > 0].min()) if (m > 0).any() else 1.0, float(m.sum()))
     if kind == "fsdp":
-        ag, rs, _ = lines(nodes)
         budget = None if memory is None else memory - state_bytes / nodes
         if budget is not None and budget < 0:
             raise UserError(f"{schedule}: the sharded state alone ({state_bytes / nodes:,.0f} bytes a rank) "
                             f"exceeds {memory:,.0f} bytes")  # fmt: skip
-        plan = plan_fsdp(method, mods, ag, rs, memory=budget, update_s=update_s, max_depth=max_depth,
-                         overlap=overlap, gap=gap)  # fmt: skip
-        group = nodes
-        ag, rs, ar = *costs(group)[:2], None
-    else:
-        plan = plan_hsdp(method, mods, lines, world=nodes, shards=[G] if G is not None else shards,
+
+    def planned(name: str) -> FsdpPlan:
+        if kind == "fsdp":
+            ag, rs, _ = lines(nodes)
+            return plan_fsdp(name, mods, ag, rs, memory=budget, update_s=update_s, max_depth=max_depth,
+                             overlap=overlap, gap=gap)  # fmt: skip
+        return plan_hsdp(name, mods, lines, world=nodes, shards=[G] if G is not None else shards,
                          memory=memory, state_bytes=state_bytes, update_s=update_s, max_depth=max_depth,
                          overlap=overlap, gap=gap)  # fmt: skip
-        group = plan.shard_group
-        ag, rs, ar = costs(group)
-    r = plan.reshard_after_forward
-    t_iter = float(fsdp_time(plan.units, f, b, m, ag, rs, depth=plan.depth, reshard=r, update_s=update_s,
-                             overlap=overlap, ar_cost=ar))  # fmt: skip
+
+    def priced(plan: FsdpPlan, by: MeshCosts = costs) -> float:  # timed by the costs, not their lines
+        ag, rs, ar = by(plan.shard_group or nodes)
+        d, r, ar = plan.depth, plan.reshard_after_forward, ar if kind == "hsdp" else None
+        return float(fsdp_time(plan.units, f, b, m, ag, rs, depth=d, reshard=r, update_s=update_s,
+                               overlap=overlap, ar_cost=ar))  # fmt: skip
+
+    plan = planned(method)
+    t_iter = priced(plan)
+    if method == "optimal" and any(errors.values()):
+        plan, t_iter = _best_priced(plan, t_iter, planned, priced, m, memory, state_bytes, nodes, max_depth)
+        plan = replace(plan, time_s=priced(plan, lines))  # the plan's time, as planned, on the lines
+    group = plan.shard_group or nodes
     compute = trace.t_f + trace.t_b + update_s
     speedup = nodes * compute / t_iter if t_iter > 0 else float(nodes)
     return FsdpRow(
@@ -142,6 +150,34 @@ def plan_row(
         plan=plan,
         fit_error=errors.get(group, 0.0),
     )
+
+
+def _best_priced(plan, t_iter, planned, priced, m, memory, state_bytes, nodes, max_depth):
+    """``optimal`` on costs that are not lines: the line-optimal plan, or the simple planners' plans (made on
+    the same lines), each at every prefetch depth and reshard that fits, whichever the costs themselves time
+    fastest; so ``optimal`` never loses to ``per-block`` on the prices its row reports (the lines' optimum
+    need not be the prices'). ``meta["priced_best"]`` names the planner whose units won."""
+    from dpcomm.planner.fsdp import peak_memory
+
+    best, won = (t_iter, plan), "optimal"
+    for name in ("optimal", "per-block", "whole", "per-layer"):
+        try:
+            base = plan if name == "optimal" else planned(name)
+        except UserError:
+            continue
+        G = base.shard_group or nodes
+        room = None if memory is None else memory - state_bytes / G
+        for d in range(max_depth + 1):
+            for r in (True, False):
+                peak = peak_memory(list(base.units), m, depth=d, reshard=r)
+                if room is not None and peak > room:
+                    continue
+                cand = replace(base, depth=d, reshard_after_forward=r, peak_bytes=int(peak))
+                t = priced(cand)
+                if t < best[0] * (1 - 1e-12):
+                    best, won = (t, cand), name
+    t, kept = best
+    return replace(kept, method="optimal", meta={**plan.meta, "priced_best": won}), t
 
 
 def fsdp_sweep(
