@@ -254,7 +254,8 @@ def test_lenet5_on_digits_with_2_workers_reaches_95_percent(capsys):
     argv = ["train", "--nproc", "2", "--model", "lenet5", "--data", "digits", "--epochs", "4",
             "--batch-size", "32", "--lr", "0.05", "--schedule", "mgwfbp"]  # fmt: skip
     out = _run_json(capsys, argv)
-    assert set(out) == JSON_KEYS | {"test_accuracy"}
+    assert set(out) == JSON_KEYS | {"test_accuracy", "predicted_t_iter_s"}  # a plan made on its profile
+    assert out["predicted_t_iter_s"] > 0
     assert out["nproc"] == 2 and out["schedule"] == "mgwfbp" and out["collective"] == "native"
     assert len(out["params_sha256"]) == 2 and len(set(out["params_sha256"])) == 1
     assert out["t_iter_s"] > 0 and out["throughput_samples_s"] == pytest.approx(64 / out["t_iter_s"])

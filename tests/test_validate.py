@@ -56,6 +56,22 @@ def test_cases_check_themselves_and_round_trip():
     assert Case.from_dict(json.loads(json.dumps(c.to_dict()))) == c
 
 
+def test_a_compiled_case_runs_each_plan_in_a_launch_of_its_own():
+    from dpcomm.validate.run import node_args
+
+    c = select("gpt2c-s2")[0]
+    assert c.compile == "aot_eager" and c.model == "gpt2-tiny" and c in select()
+    assert launches(c) == [("ddp:mgwfbp",), ("ddp:optimal",)]
+    args = node_args(c, launches(c)[0])
+    assert args[args.index("--model") + 1] == "gpt2-tiny" and args[args.index("--compile") + 1] == "aot_eager"
+    assert Case.from_dict(json.loads(json.dumps(c.to_dict()))) == c
+    assert "compile" not in select("r20-s4")[0].to_dict()  # other cases' records read as before
+    with pytest.raises(UserError):
+        Case(name="x", schedules=("ddp",), model="gpt2-tiny", compile="aot_eager")  # no plan to check
+    with pytest.raises(UserError):
+        Case(name="x", schedules=("ddp:optimal",), compile="aot_eager")  # nothing real to compile
+
+
 def test_the_parameter_server_runs_alone_each_in_its_own_launch():
     c = Case(name="x", schedules=("wfbp", "ps:all", "ddp", "ps:ibatch"))
     assert launches(c) == [("wfbp", "ddp"), ("ps:all",), ("ps:ibatch",)]
@@ -137,3 +153,23 @@ def test_a_tiny_case_end_to_end(tmp_path, monkeypatch, capsys):
     assert "removed" in capsys.readouterr().out
     assert cli(args) == 0  # resumed from out/tiny.json: nothing measured again
     assert "testbed '" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
+@pytest.mark.testbed
+@pytest.mark.skipif(_why_not() is not None, reason=str(_why_not()))
+def test_a_compiled_case_end_to_end(tmp_path, monkeypatch):
+    """``tinyc``: compiled DDP (aot_eager) with dpcomm's plan on the testbed, planned on the compiled
+    model's times, and both predictions of it."""
+    from dpcomm.testbed import leftovers
+    from dpcomm.validate.predict import predict_case
+
+    monkeypatch.setenv("DPCOMM_TESTBED_DIR", str(tmp_path / "state"))
+    rec = vrun.run_case(select("tinyc")[0], tmp_path / "out")
+    assert not leftovers(vrun.testbed_name()), "the case's testbed is still up"
+    (r,) = rec["results"]
+    assert r["schedule"] == "ddp:optimal" and len(set(r["params_sha256"])) == 1
+    assert r["trace"]["measured_by"] == "dpcomm.ddp.compiled"  # planned on the compiled times
+    assert r["trace"]["backend"] == "aot_eager"
+    (p,) = predict_case(rec)
+    assert p.closed_s and p.flow_s and p.measured_s > 0

@@ -54,7 +54,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
     p.add_argument("--chrome-trace", metavar="PATH", default=None, help="Chrome trace of the last iterations")
     p.add_argument(
-        "--records-json", metavar="PATH", default=None, help="rank 0's log and per-iteration records as JSON"
+        "--records-json",
+        metavar="PATH",
+        default=None,
+        help="rank 0's log, records, plan, profile, all-reduce cost (JSON)",
     )
     p.add_argument("--profile-iters", type=int, default=3, help="iterations profiled before planning")
     p.add_argument(
@@ -172,7 +175,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"dpcomm: error: training failed: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps(result.to_json()))
+        out = result.to_json()
+        from dpcomm.train.report import predict
+
+        sim = predict(result)  # a plan made on a profile: the simulator's t_iter on it and the fitted cost
+        if sim is not None:
+            out["predicted_t_iter_s"] = sim.t_iter_s
+        print(json.dumps(out))
         return 0
     from rich.console import Console
 

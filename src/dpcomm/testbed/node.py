@@ -7,7 +7,8 @@ testbed all launch this module once per server (:func:`dpcomm.testbed.launch_wor
 same batches, so every schedule meets the same machine load) and writes every
 :class:`~dpcomm.train.TrainResult`. The model is ``emulated:TRACE`` (:mod:`dpcomm.trace.emulated`: the
 trace's layers and parameter sizes, forward and backward sleeping its times, so the gradients are real
-tensors on real TCP and the cores are left to the network), the trace named by ``$DPCOMM_DEMO_TRACE``.
+tensors on real TCP and the cores are left to the network), the trace named by ``$DPCOMM_DEMO_TRACE``;
+``--model NAME`` trains a zoo model instead (real compute: what ``--compile BACKEND`` compiles).
 Besides ``dpcomm train``'s schedules it takes ``bsp:MODE:COLLECTIVE:PLANNER`` (e.g.
 ``bsp:lp-alg2:mst:single``): dpcomm's runtime replica with its own mode and collective, so the LP paper's
 BSP algorithms under every collective run in one launch (``dpcomm train`` gives one ``--mode`` and
@@ -125,6 +126,8 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--batch-size", type=int, default=32, help="samples per worker")
     t.add_argument("--verify-iters", type=int, default=3, help="mgwfbp/optimal timed trial iterations")
     t.add_argument("--chrome-trace", default=None, help="rank 0's Chrome traces: PATH -> PATH.<schedule>")
+    t.add_argument("--model", default=None, help="a zoo model (real compute) instead of the emulated trace")
+    t.add_argument("--compile", default=None, metavar="BACKEND", help="ddp: torch.compile the model")
     a = sub.add_parser("allreduce", help="time multi-GPU all-reduces (dpcomm.testbed.gpu_allreduce)")
     a.add_argument("--algorithms", required=True, help="comma-separated: nccl-ring:C, hierarchical")
     a.add_argument("--sizes", required=True, help="comma-separated byte sizes, e.g. 1MB,8MB")
@@ -141,12 +144,13 @@ def _parser() -> argparse.ArgumentParser:
 def _train(args: argparse.Namespace, prog: str) -> list[dict[str, Any]] | None:
     from dpcomm.train import TrainConfig, compare_schedules
 
-    if not os.environ.get(ENV_TRACE):
-        print(f"{prog}: error: ${ENV_TRACE} names no trace", file=sys.stderr)
+    if not os.environ.get(ENV_TRACE) and args.model is None:
+        print(f"{prog}: error: ${ENV_TRACE} names no trace (and no --model is given)", file=sys.stderr)
         return None
     _register()
     cfg = TrainConfig(
-        model=register_emulated(os.environ[ENV_TRACE]),
+        model=args.model or register_emulated(os.environ[ENV_TRACE]),
+        compile=args.compile,
         data="synthetic",
         iters=args.iters,
         batch_size=args.batch_size,

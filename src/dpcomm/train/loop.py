@@ -62,7 +62,8 @@ def train(cfg: TrainConfig) -> TrainResult:
         from dpcomm.utils.io import atomic_write_json
 
         atomic_write_json(cfg.records_json, {"schedule": result.schedule, "log": result.log,
-                                             "records": result.records, "plan": result.plan})  # fmt: skip
+                                             "records": result.records, "plan": result.plan,
+                                             "trace": result.trace, "cost": result.cost})  # fmt: skip
     return result
 
 

@@ -11,6 +11,10 @@ parameter server (``ps:all|layer|ibatch``, co-located) and FSDP2 (``fsdp:per-blo
 the runtime's (``overlap`` or the LP paper's ``lp-alg3``), a run-wide setting, so an LP mode is a case of
 its own; ``collective`` likewise (``native``, ``lp``, ``bcube``).
 
+A case with ``model`` and ``compile`` is a compiled one: a zoo model's real compute, compiled with that
+backend, under ``ddp:PLANNER`` (:func:`dpcomm.ddp.wrap` of the compiled model: planned on its compiled
+times, the graph split at the plan's cuts), each schedule in a launch of its own.
+
 A case with ``algorithms`` is a multi-GPU all-reduce case instead: servers of ``gpus`` ranks sharing their
 NIC, talking over a loopback shaped to ``intra_rate`` (``dpcomm testbed up --gpus-per-server``), each
 algorithm of :mod:`dpcomm.testbed.gpu_allreduce` (NCCL's ring with ``C`` channels, the hierarchical
@@ -69,6 +73,13 @@ class Case:
     """Multi-GPU all-reduces timed instead of training (:mod:`dpcomm.testbed.gpu_allreduce`)."""
     sizes: tuple[str, ...] = ()
     """All-reduce sizes of an ``algorithms`` case (binary units, ``4MB``)."""
+    model: str | None = None
+    """A zoo model trained with its real compute instead of the emulated ``trace`` (``dpcomm train
+    --model``); what ``compile`` compiles."""
+    compile: str | None = None
+    """``torch.compile`` backend of a compiled case (``dpcomm train --compile``; ``ddp:PLANNER`` schedules
+    only, each in a launch of its own: dynamo's graphs of one model class are shared by the replicas of a
+    process, and a DDP's graph split for one plan would serve the next)."""
 
     def __post_init__(self) -> None:
         if not self.name or not all(c.isalnum() or c == "-" for c in self.name):
@@ -81,6 +92,10 @@ class Case:
             return
         if not self.schedules:
             raise UserError(f"case {self.name}: no schedules")
+        if self.compile is not None and (
+            self.model is None or not all(s.strip().startswith("ddp:") for s in self.schedules)
+        ):
+            raise UserError(f"case {self.name}: a compiled case needs a model and ddp:PLANNER schedules")
         if self.iters < 16:
             raise UserError(f"case {self.name}: iters must be >= 16, got {self.iters}")
 
@@ -91,6 +106,9 @@ class Case:
 
     def to_dict(self) -> dict[str, Any]:
         d = {**asdict(self), "schedules": list(self.schedules)}
+        for key in ("model", "compile"):  # a case without them reads as it did before these fields
+            if d[key] is None:
+                d.pop(key)
         if not self.algorithms:  # a training case's record reads as it did before these fields
             for key in ("gpus", "intra_rate", "algorithms", "sizes"):
                 d.pop(key)
@@ -194,6 +212,27 @@ CASES: tuple[Case, ...] = (
         iters=2,
         note="the multi-GPU end-to-end test's case (not in the default list)",
     ),  # fmt: skip
+    # compiled DDP with dpcomm's plan (docs/compile.md): a real model, one launch per schedule
+    Case(
+        name="gpt2c-s2",
+        schedules=("ddp:mgwfbp", "ddp:optimal"),
+        topology="star:2",
+        model="gpt2-tiny",
+        compile="aot_eager",
+        batch_size=96,
+        note="compiled DDP (aot_eager) split at the plan's cuts, planned on the compiled model's times",
+    ),  # fmt: skip
+    Case(
+        name="tinyc",
+        schedules=("ddp:optimal",),
+        topology="star:2",
+        rate="1gbit",
+        model="gpt2-tiny",
+        compile="aot_eager",
+        batch_size=4,
+        iters=16,
+        note="the compiled end-to-end test's case (not in the default list)",
+    ),  # fmt: skip
     Case(
         name="tiny",
         schedules=("single", "optimal"),
@@ -206,10 +245,10 @@ CASES: tuple[Case, ...] = (
 """Every case (the default list is all but :data:`EXTRA`)."""
 
 QUICK: tuple[str, ...] = tuple(c.name for c in CASES if c.quick)
-EXTRA = ("r20-s4-1g", "tiny", "g2-tiny")
-"""Cases left out of the default list: ``tiny`` and ``g2-tiny`` (the tests'), and ``r20-s4-1g``, which is
-not network-bound (an all-reduce of ResNet-20's gradients takes 11 ms at 1 Gbit/s against a backward of
-80 ms: the exposed communication left is the CPU's, docs/validate.md)."""
+EXTRA = ("r20-s4-1g", "tiny", "g2-tiny", "tinyc")
+"""Cases left out of the default list: ``tiny``, ``g2-tiny`` and ``tinyc`` (the tests'), and ``r20-s4-1g``,
+which is not network-bound (an all-reduce of ResNet-20's gradients takes 11 ms at 1 Gbit/s against a
+backward of 80 ms: the exposed communication left is the CPU's, docs/validate.md)."""
 _DEFAULT = tuple(c for c in CASES if c.name not in EXTRA)
 
 

@@ -63,6 +63,8 @@ def _what(case: dict[str, Any]) -> str:
     """A case's model (``resnet20``), or its servers' ranks and loopback (``x2 ranks, lo 400mbit``)."""
     if case.get("algorithms"):
         return f"x{case.get('gpus')} ranks, lo {case.get('intra_rate') or 'unshaped'}"
+    if case.get("model"):  # a zoo model's real compute, compiled or not
+        return case["model"] + (f" compiled ({case['compile']})" if case.get("compile") else "")
     return case.get("trace", "").split("-cpu")[0]
 
 

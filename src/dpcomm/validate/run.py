@@ -151,8 +151,10 @@ def node_args(case: Case, group: tuple[str, ...]) -> list[str]:
     if case.kind == "allreduce":
         return ["allreduce", "--algorithms", ",".join(group), "--sizes", ",".join(case.sizes),
                 "--iters", str(case.iters)]  # fmt: skip
+    model = ["--model", case.model] if case.model else []
+    model += ["--compile", case.compile] if case.compile else []
     return ["train", "--schedules", ",".join(group), "--collective", case.collective, "--mode", case.mode,
-            "--iters", str(case.iters), "--batch-size", str(case.batch_size)]  # fmt: skip
+            "--iters", str(case.iters), "--batch-size", str(case.batch_size), *model]  # fmt: skip
 
 
 def launches(case: Case) -> list[tuple[str, ...]]:
@@ -162,9 +164,12 @@ def launches(case: Case) -> list[tuple[str, ...]]:
     computes: the PS's own iteration then looks shorter than it is and its neighbour's longer (measured on
     ``star:4``, 100 Mbit/s: ``fsdp:per-block`` run after ``ps:ibatch`` spent 195 ms in forward against
     140 ms for ``fsdp:optimal`` running the very same one-unit plan next to it; docs/validate.md). A
-    multi-GPU case's algorithms run in one launch, one after another."""
+    multi-GPU case's algorithms run in one launch, one after another; a compiled case's schedules each in
+    a launch of its own."""
     if case.kind == "allreduce":
         return [case.algorithms]
+    if case.compile:  # one compiled DDP per process (Case.compile)
+        return [(s,) for s in case.schedules]
     ps = tuple(s for s in case.schedules if s.strip().startswith("ps:"))
     rest = tuple(s for s in case.schedules if s not in ps)
     return ([rest] if rest else []) + [(s,) for s in ps]

@@ -1,0 +1,230 @@
+"""Compiled DDP on the emulated cluster: dpcomm's plan against compiled DDP's defaults, eager beside them.
+
+    sudo .venv/bin/python benchmarks/testbed_compile.py --topology star:2 --rate 100mbit --model gpt2-tiny \\
+        --batch 96 --iters 30 --repeats 2 --json docs/data/testbed/compile.json
+
+Needs root. The testbed is built once (named ``tc<pid in hex>``, removed at the end, also on an error or
+SIGTERM) and every configuration is one launch of ``dpcomm train --json`` per server (``--threads``
+torch threads each, default this machine's cores / servers), rounds of all configurations one after
+another (``--repeats``), so each configuration meets the machine's load in turn:
+
+- ``ddp --compile B``: ``DistributedDataParallel(torch.compile(model))``, dynamo's ``DDPOptimizer`` splitting
+  the graph at DDP's 25 MB cap (1 MB for the subgraph nearest the output) and DDP's default buckets;
+- ``ddp:mgwfbp --compile B`` and ``ddp:optimal --compile B``: ``dpcomm.ddp.wrap(torch.compile(model), P)``:
+  planned on the compiled model's times (``dpcomm.ddp.planning.compiled_times``), the graph split at the
+  plan's cuts (``dpcomm.ddp.compiled``); no timed trial (docs/compile.md);
+- ``ddp`` and ``ddp:optimal`` eager (``ddp:optimal`` with its timed trial).
+
+Per configuration: ``t_iter`` (``dpcomm train``'s median steady iteration), the ratio to compiled DDP's
+defaults of the same round, and for ``ddp:PLANNER`` the prediction ``dpcomm train --json`` reports
+(``predicted_t_iter_s``: the simulator on the profile the plan was made on, the plan, the all-reduce line
+fitted on the workers and the measured optimizer time) with its error, and the same with the profile
+scaled to the run's steady forward and backward medians (``predicted_steady_t_iter_s``, as ``dpcomm
+validate`` predicts: what is left is the communication model's error). Medians of the per-iteration
+forward, backward and exposed communication, and the profile, come from ``--records-json``.
+
+Compiled autograd (``optimize_ddp = "python_reducer"``) is not among them: ``dpcomm train`` has no switch
+for it, and only inductor fuses its all-reduces (docs/compile.md), whose CPU compile of a model takes
+minutes on this machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from _common import busy_share, cpu_ticks, loadavg, sigterm_exits
+
+CONFIGS = (
+    ("ddp", None),
+    ("ddp:optimal", None),
+    ("ddp", "compile"),
+    ("ddp:mgwfbp", "compile"),
+    ("ddp:optimal", "compile"),
+)
+"""(schedule, compiled?) in launch order within a round."""
+
+
+def _key(schedule: str, compiled: bool, backend: str) -> str:
+    return f"{schedule} --compile {backend}" if compiled else schedule
+
+
+def _medians(path: Path, nproc: int) -> dict[str, float]:
+    """Medians of the steady records' forward, backward, exposed communication, step and update (seconds),
+    and the steady-compute prediction: the simulator on the plan's profile scaled to the steady forward
+    and backward medians (``dpcomm.train.report.predict(steady_compute=True)``, as ``dpcomm validate``
+    predicts), which leaves the communication model's and the overlap's error."""
+    from types import SimpleNamespace
+
+    from dpcomm.train.report import predict
+
+    try:
+        saved = json.loads(path.read_text())
+        records = saved["records"]
+    except (OSError, ValueError, KeyError):
+        return {}
+    steady = [r for r in records[1:] if r.get("phase") == "steady"] or records
+    out = {
+        f"{k}_median_s": statistics.median(r[k] or 0.0 for r in steady)
+        for k in ("forward_s", "backward_s", "exposed_comm_s", "step_s", "update_s")
+    }
+    run = SimpleNamespace(trace=saved.get("trace"), plan=saved.get("plan"), cost=saved.get("cost"),
+                          forward_s=out["forward_s_median_s"], backward_s=out["backward_s_median_s"],
+                          update_s=out["update_s_median_s"], nproc=nproc)  # fmt: skip
+    sim = predict(run, steady_compute=True)
+    if sim is not None:
+        out["predicted_steady_t_iter_s"] = sim.t_iter_s
+    trace = saved.get("trace") or {}
+    for k in ("measured_by", "compiled_forward_s", "compiled_backward_s", "eager_forward_s"):
+        if k in trace:
+            out[f"profile_{k}"] = trace[k]
+    if trace.get("layers"):  # what the plan was made on
+        out["profile_forward_s"] = sum(x["forward_s"] for x in trace["layers"])
+        out["profile_backward_s"] = sum(x["backward_s"] for x in trace["layers"])
+    return out
+
+
+def _plan_line(path: Path) -> str | None:
+    try:
+        log = json.loads(path.read_text())["log"]
+    except (OSError, ValueError, KeyError):
+        return None
+    return next((ln for ln in log if "DDP with plan" in ln), None)
+
+
+def run(args: argparse.Namespace) -> dict:
+    from dpcomm.testbed import TestbedConfig, down, launch_workers, load_state, parse_rate, up
+    from dpcomm.topology import parse_topology
+
+    servers = parse_topology(args.topology).servers
+    threads = args.threads or max(1, (os.cpu_count() or 1) // servers)
+    name = f"tc{os.getpid():x}"[:8]
+    scratch = Path(tempfile.mkdtemp(prefix="dpcomm-testbed-compile-"))
+    sigterm_exits()  # a killed run still takes its testbed down (finally)
+    rows = []
+    try:
+        up(TestbedConfig(name=name, topology=args.topology, rate_bps=parse_rate(args.rate)))
+        state = load_state(name)
+        port = 29700
+        for rnd in range(args.repeats):
+            for schedule, compiled in CONFIGS:
+                key = _key(schedule, bool(compiled), args.backend)
+                records = scratch / f"r{rnd}-{len(rows)}.records.json"
+                argv = ["dpcomm", "train", "--model", args.model, "--batch-size", str(args.batch),
+                        "--iters", str(args.iters), "--schedule", schedule, "--threads", str(threads),
+                        "--timeout", "300", "--json", "--records-json", str(records)]  # fmt: skip
+                if compiled:
+                    argv += ["--compile", args.backend]
+                load0, ticks0, t0 = loadavg(), cpu_ticks(), time.time()
+                res = launch_workers(state, argv, master_port=port, timeout_s=args.timeout)
+                port += 1
+                row = {"round": rnd, "config": key, "schedule": schedule, "compiled": bool(compiled),
+                       "loadavg_before": load0, "loadavg_after": loadavg(),
+                       "cpu_busy_share": busy_share(ticks0, cpu_ticks()), "launch_s": res.seconds,
+                       "started_unix": t0, "returncodes": res.returncodes}  # fmt: skip
+                if res.ok:
+                    data = json.loads(res.stdout(0).strip().splitlines()[-1])
+                    row.update({k: v for k, v in data.items() if k != "params_sha256"})
+                    row["replicas_identical"] = len(set(data.get("params_sha256", []))) == 1
+                    row.update(_medians(records, data["nproc"]))
+                    row["plan"] = _plan_line(records)
+                else:
+                    err = [ln for ln in res.stderr(0).splitlines() if ln.strip() and not ln.startswith("[W")]
+                    row["error"] = err[-1] if err else "no error message"
+                rows.append(row)
+                pred = row.get("predicted_t_iter_s")
+                print(f"round {rnd} {key:<28} t_iter {row.get('t_iter_s', float('nan')) * 1e3:7.1f} ms"
+                      + (f", predicted {pred * 1e3:7.1f} ms" if pred else "")
+                      + f", load {load0} -> {row['loadavg_after']}, {res.seconds:.0f} s"
+                      + (f", ERROR {row['error']}" if "error" in row else ""), flush=True)  # fmt: skip
+    finally:
+        down(name)
+    return {"rows": rows, "table": table(rows, args.backend)}
+
+
+def table(rows: list[dict], backend: str) -> list[dict]:
+    """Per configuration: median t_iter over the rounds, against compiled DDP's defaults (per round, then
+    the median ratio), and the prediction's error (per round, the median)."""
+    base_key = _key("ddp", True, backend)
+    base = {r["round"]: r["t_iter_s"] for r in rows if r["config"] == base_key and "t_iter_s" in r}
+    out = []
+    for key in dict.fromkeys(r["config"] for r in rows):
+        mine = [r for r in rows if r["config"] == key and "t_iter_s" in r]
+        if not mine:
+            out.append({"config": key, "error": next(r.get("error") for r in rows if r["config"] == key)})
+            continue
+        ratios = [r["t_iter_s"] / base[r["round"]] for r in mine if r["round"] in base]
+        preds = [r for r in mine if r.get("predicted_t_iter_s")]
+        predicted = [r["predicted_t_iter_s"] for r in preds]
+        steady_rows = [r for r in mine if "predicted_steady_t_iter_s" in r]
+        steady = [r["predicted_steady_t_iter_s"] for r in steady_rows]
+        out.append({
+            "config": key,
+            "t_iter_s": statistics.median(r["t_iter_s"] for r in mine),
+            "t_iter_s_all": [r["t_iter_s"] for r in mine],
+            "vs_compiled_ddp": statistics.median(ratios) if ratios else None,
+            "predicted_t_iter_s": statistics.median(predicted) if preds else None,
+            "prediction_error": statistics.median(r["predicted_t_iter_s"] / r["t_iter_s"] - 1 for r in preds)
+            if preds else None,
+            "exposed_comm_s": statistics.median(r["exposed_comm_s"] for r in mine),
+            "predicted_steady_t_iter_s": statistics.median(steady) if steady else None,
+            "steady_prediction_error": statistics.median(
+                r["predicted_steady_t_iter_s"] / r["t_iter_s"] - 1 for r in steady_rows
+            ) if steady_rows else None,
+        })  # fmt: skip
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--topology", default="star:2")
+    p.add_argument("--rate", default="100mbit")
+    p.add_argument("--model", default="gpt2-tiny")
+    p.add_argument("--batch", type=int, default=96, help="samples per worker")
+    p.add_argument("--iters", type=int, default=30, help="per launch (the first is never steady)")
+    p.add_argument("--repeats", type=int, default=2, help="rounds of every configuration")
+    p.add_argument("--backend", default="aot_eager", help="--compile's backend")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (cores/servers)")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
+    p.add_argument("--json", default=None, help="write the results here")
+    args = p.parse_args(argv)
+    if os.geteuid() != 0:
+        print("needs root (network namespaces)", file=sys.stderr)
+        return 2
+    import platform
+
+    import torch
+
+    result = run(args)
+    result |= {"command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+               "machine": f"2-core VM ({platform.machine()}), {os.cpu_count()} CPU cores",
+               "torch": torch.__version__, "python": platform.python_version(),
+               "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "topology": args.topology,
+               "rate": args.rate, "model": args.model, "batch": args.batch, "iters": args.iters}  # fmt: skip
+    for t in result["table"]:
+        if "error" in t:
+            print(f"{t['config']:<28} ERROR {t['error']}")
+            continue
+        ratio = f"{t['vs_compiled_ddp']:.3f}" if t["vs_compiled_ddp"] is not None else "-"
+        pred = (f"predicted {t['predicted_t_iter_s'] * 1e3:7.1f} ms ({t['prediction_error']:+.1%})"
+                if t["predicted_t_iter_s"] else "")  # fmt: skip
+        if t["predicted_steady_t_iter_s"]:
+            pred += (
+                f", steady compute {t['predicted_steady_t_iter_s'] * 1e3:7.1f} ms "
+                f"({t['steady_prediction_error']:+.1%})"
+            )
+        print(f"{t['config']:<28} t_iter {t['t_iter_s'] * 1e3:7.1f} ms  x{ratio} of compiled DDP  {pred}")
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
