@@ -81,7 +81,8 @@ def _medians(path: Path, nproc: int) -> dict[str, float]:
     if sim is not None:
         out["predicted_steady_t_iter_s"] = sim.t_iter_s
     trace = saved.get("trace") or {}
-    for k in ("measured_by", "compiled_forward_s", "compiled_backward_s", "eager_forward_s"):
+    keys = ("measured_by", "compiled_forward_s", "compiled_backward_s", "eager_forward_s", "eager_backward_s")
+    for k in keys:
         if k in trace:
             out[f"profile_{k}"] = trace[k]
     if trace.get("layers"):  # what the plan was made on

@@ -120,7 +120,7 @@ def _measure(console, todo, out: Path, timeout: float, failed: list[str]) -> lis
         for c in todo:
             what = (f"{c.gpus} ranks per server, loopback {c.intra_rate}, all-reduce "
                     f"{', '.join(c.algorithms)} at {', '.join(c.sizes)}" if c.kind == "allreduce"
-                    else f"emulated {c.trace}, {', '.join(c.schedules)}")  # fmt: skip
+                    else f"{_model(c)}, {', '.join(c.schedules)}")  # fmt: skip
             bar.update(task, description=f"{c.name} ({c.topology} {c.rate})")
             console.print(f"case {c.name}: {c.topology} at {c.rate}, {what}; load average {loadavg()}",
                           highlight=False)  # fmt: skip
@@ -154,3 +154,10 @@ def _report(console, records: list, args: argparse.Namespace, load: str) -> int:
     if args.plot:
         console.print(f"Plot: {plot(report, args.plot)}", highlight=False)
     return 0
+
+
+def _model(case) -> str:
+    """What a training case trains: the emulated trace, or a zoo model (compiled with a backend)."""
+    if case.model is None:
+        return f"emulated {case.trace}"
+    return case.model + (f" compiled with {case.compile}" if case.compile else "")
