@@ -6,7 +6,9 @@ For ``wfbp``, ``mgwfbp`` and ``optimal`` on GPT-2 tiny (the zoo's, tied ``lm_hea
 ``nn.TransformerEncoderLayer`` classifier: the plan is made over the units dynamo's graph can be cut
 between; DDPOptimizer's subgraphs (its own record, ``ddp.dpcomm.compiled_splits``) are the plan's groups,
 one each; DDP's reducer buckets (a recording comm hook) are the plan's groups; three SGD steps give the
-losses of plain compiled DDP built with the same caps (``rel=1e-6``). Under compiled autograd
+losses of plain compiled DDP built with the same caps (``rel=1e-6``); the plan was made on a compiled
+copy's times (its own dynamo cache entry: the splits above show that the user's module was still split),
+the same on both ranks. Under compiled autograd
 (``optimize_ddp="python_reducer"``, inductor: its post-grad pass is where the all-reduces are fused) the
 compiled backward runs one fused all-reduce per plan group, read back from the graph, and plain compiled
 DDP's losses in that mode (``rel=1e-5``); with ``DPCOMM_COMPILE_MATRIX=1`` the same on the models and
