@@ -1,7 +1,7 @@
 """Servers with several GPUs: the flow model against published nccl-tests all_reduce_perf tables, in-sample
 and held-out, and its speed on 1,024 GPUs in 128 servers.
 
-    .venv/bin/python benchmarks/netsim_multigpu.py [--skip-speed] [--out docs]
+    .venv/bin/python benchmarks/netsim_multigpu.py [--skip-speed] [--round-trip] [--out docs]
 
 Reads ``docs/data/netsim_multigpu_published.json`` (the published measurements, each with its source and
 its split) and prices exactly those cases with the model's defaults: the case's topology (a preset or a
@@ -14,7 +14,9 @@ For every row of 64 MiB and up it prints the measured busbw (nccl-tests: ``2 (P-
 model's, the error ``model / measured - 1`` and what ran, then the geometric mean of |error| per table,
 per split and per held-out set, and the worst row of each. Then it prices one 100 MB allreduce on
 ``dgx-h100:128`` (1,024 GPUs) with every schedule, each in a fresh model, and
-records the wall seconds. Writes ``<out>/data/netsim_multigpu.json``.
+records the wall seconds. Writes ``<out>/data/netsim_multigpu.json``. ``--round-trip`` only fits each
+published table of several servers on itself as ``dpcomm calibrate --from-nccl-tests`` does (this is fitting,
+not validation) and prints what was fitted and the worst row of 64 MiB and up.
 """
 
 from __future__ import annotations
@@ -88,6 +90,27 @@ def validate(published: dict) -> list[dict]:
     return rows
 
 
+def round_trip(published: dict) -> None:
+    """Each table of several servers fitted on itself (calibrate's fit): algorithm, fit, worst row."""
+    from dpcomm.sim.network.fit import fit_nccl_tests
+    from dpcomm.sim.network.nccl_tests import NcclTestsLog
+
+    print("| table | algorithm | fitted | worst row, 64 MiB and up |")
+    print("| --- | --- | --- | --- |")
+    for c in published["cases"]:
+        if not c.get("rows") or (c.get("gpus") or 1) <= 8:
+            continue
+        rows = tuple(sorted((r["bytes"], r["time_us"] * 1e-6) for r in c.get("latency_rows", []) + c["rows"]))
+        forced = None if c["algorithm"] == "nccl" else c["algorithm"]
+        fit = fit_nccl_tests(NcclTestsLog(rows=rows, ranks=c["gpus"]), c["topology"], forced)
+        t = fit.topology
+        what = f"nic_eff {t.nic_fraction:.3f}, intra_eff {t.intra_eff:.3f}"
+        what += f", lat_scale {t.lat_scale:.3g}" if t.lat_scale is not None else ""
+        what += f", channels {t.channels}" if t.channels else ""
+        algo = fit.algorithm + (" (forced)" if forced else "")
+        print(f"| {c['name']} | {algo} | {what} | {max(abs(e) for e in fit.errors()):.1%} |", flush=True)
+
+
 def geomean(values: list[float]) -> float:
     return float(np.exp(np.mean(np.log(np.maximum(values, 1e-6)))))
 
@@ -130,9 +153,13 @@ def summary(rows: list[dict]) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--skip-speed", action="store_true", help="only the validation table")
+    ap.add_argument("--round-trip", action="store_true", help="only calibrate's round trip on each table")
     ap.add_argument("--out", default=str(ROOT / "docs"), help="folder for data/netsim_multigpu.json")
     args = ap.parse_args()
     published = json.loads((ROOT / "docs/data/netsim_multigpu_published.json").read_text())
+    if args.round_trip:
+        round_trip(published)
+        return 0
     load0, stamp = loadavg(), time.strftime("%a %d %b %Y %H:%M UTC", time.gmtime())
     rows = validate(published)
     print("| split | case | GPUs | S (bytes) | measured busbw | model busbw | error | ran |")

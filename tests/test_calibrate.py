@@ -3,7 +3,9 @@
 Budget: one launch of 2 gloo workers with 3 small sizes (a few seconds); the rest is pure.
 """
 
+import json
 import math
+from pathlib import Path
 
 import pytest
 
@@ -171,25 +173,27 @@ def test_from_nccl_tests_round_trips(tmp_path, capsys, truth, given, algo):
     assert "within" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize(
-    "case",
-    [
-        "wutz-h100-2x8-ring",
-        "nebius-h100-2x8",
-        "oci-h100-2x8-roce",
-        "oci-a100-2x8-roce-nccl2.26",
-        "nccl-tests-309-hgx-h100-2x8",
-        "nccl-tests-309-h100-2x8-of-8",
-    ],
-)
-def test_from_nccl_tests_round_trips_published(tmp_path, capsys, case):
-    # published tables (docs/data/netsim_multigpu_published.json), fitted on themselves: within 5% at 64 MB
-    # and up. Not every published table is (docs/netsim.md lists which are not, and by how much).
-    import json
-    from pathlib import Path
+_PUBLISHED = Path(__file__).resolve().parent.parent / "docs/data/netsim_multigpu_published.json"
+_TABLES = [
+    c for c in json.loads(_PUBLISHED.read_text())["cases"] if c.get("rows") and (c.get("gpus") or 1) > 8
+]
+# Tables the fitted model does not reproduce within 5% at 64 MB and up, with the worst row it reaches
+# (docs/netsim.md says why: their measured shape is not the model's at one size).
+_MISSES = {
+    "lambda-b200-2x8": 0.09,
+    "gcp-a4-b200-2x8-roce": 0.105,
+    "aws-p5-2x8-efa": 0.065,
+    "nccl-tests-309-h100-8x8": 0.075,
+    "nccl-tests-309-h100-4x8-of-8": 0.125,
+}
 
-    published = Path(__file__).resolve().parent.parent / "docs/data/netsim_multigpu_published.json"
-    c = next(x for x in json.loads(published.read_text())["cases"] if x["name"] == case)
+
+@pytest.mark.parametrize("case", _TABLES, ids=lambda c: c["name"])
+def test_from_nccl_tests_round_trips_published(tmp_path, capsys, case):
+    # every published table of several servers (docs/data/netsim_multigpu_published.json), fitted on itself
+    # by calibrate (fractions, the latency of large calls, the algorithm where the log forced none):
+    # within 5% at 64 MB and up, but for the misses above; the file it writes prices the same rows
+    c = case
     rows = [(r["bytes"], r["time_us"] * 1e-6) for r in c.get("latency_rows", []) + c["rows"]]
     log = tmp_path / "all_reduce.log"
     log.write_text(_nccl_tests_log(rows, ranks=c["gpus"]))
@@ -198,11 +202,28 @@ def test_from_nccl_tests_round_trips_published(tmp_path, capsys, case):
     assert main([*argv, *(["--algo", c["algorithm"]] if c["algorithm"] != "nccl" else [])]) == 0
     net = load_network(out)
     large = [n for n, _ in rows if n >= 64 << 20]
-    refit = dict(_model_rows(net.fabric["topology"], c["algorithm"], net.fabric["alpha_s"], large))
-    for n, t in rows:
-        if n >= 64 << 20:
-            assert abs(refit[n] / t - 1) < 0.05, (n, refit[n], t)
+    algo = net.fabric["algorithm"] if c["algorithm"] == "nccl" else c["algorithm"]
+    refit = dict(_model_rows(net.fabric["topology"], algo, net.fabric["alpha_s"], large))
+    worst = max(abs(refit[n] / t - 1) for n, t in rows if n >= 64 << 20)
+    assert worst < _MISSES.get(c["name"], 0.05), worst
     capsys.readouterr()
+
+
+def test_the_fitted_algorithm_is_what_nccl_runs_later(tmp_path, capsys):
+    # a table the ring made, on a fabric where NCCL's own choice is the tree: the fit picks the ring and
+    # writes it (algo=ring), so netsim's `nccl` on that file runs the ring
+    truth = "p4d:2,algo=ring,lat_scale=2"
+    log = tmp_path / "a.log"
+    log.write_text(_nccl_tests_log(_model_rows(truth, "nccl", None, SIZES[-5:]), ranks=16))
+    out = tmp_path / "net.json"
+    assert main(["calibrate", "--from-nccl-tests", str(log), "--topology", "p4d:2", "-o", str(out)]) == 0
+    printed = capsys.readouterr().out
+    fabric = load_network(out).fabric
+    assert fabric["algorithm"] == "nccl-ring" and fabric["algo"] == "ring" and "best fit of" in printed
+    assert fabric["lat_scale"] > 1  # the large calls' latency above NCCL's table's, as the table was made
+    argv = ["netsim", "--topology", "p4d:4", "--sizes", "1G", "--json", "--network", str(out)]
+    assert main(argv) == 0
+    assert __import__("json").loads(capsys.readouterr().out)[0]["ran"].startswith("ring/")
 
 
 def test_the_fitted_file_serves_simulate_and_netsim_on_other_server_counts(tmp_path, capsys):

@@ -108,6 +108,10 @@ def test_netsim_header_counts_servers_and_gpus(capsys):
         (["--topology", "dgx-a100:2", "--algorithms", "nccl-nvls"], "needs NVLink SHARP"),
         (["--topology", "dgx-h100:2", "--algorithms", "nccl-ring:LL256"], "unknown NCCL protocol"),
         (["--topology", "gpus:2,8,nic=0gbit"], "rate"),
+        (["--topology", "p4d:2,algo=warp"], "algo is one of"),
+        (["--topology", "p4d:2,algo=nvls"], "needs NVLink SHARP"),
+        (["--topology", "p4d:2,channels=0"], "channels=0 must be from 1 to 64"),
+        (["--topology", "p4d:2,lat_scale=lots"], "lat_scale=lots"),
     ],
 )
 def test_bad_fabric_input_is_one_line(argv, needle, capsys):
@@ -196,3 +200,22 @@ def test_simulate_header_names_servers_and_gpus(capsys):
     assert main([*argv, "--topology", "dgx-h100:2"]) == 0
     out = " ".join(capsys.readouterr().out.split())
     assert "2 servers x 8 GPUs (16 ranks)" in out and "all-reduce nccl on dgx-h100:2" in out
+
+
+def test_what_calibrate_fits_is_spec_keys():
+    # algo= narrows NCCL's choice as NCCL_ALGO does; channels= sets the ring's and tree's channels;
+    # lat_scale= scales NCCL's latency of an LL128/Simple call and replaces the start-up per message there
+    def run(spec, alpha=None, nbytes=1 << 30):
+        row, _ = simulate_allreduce(default_model(make_fabric(spec, 10e9), alpha), "nccl", nbytes)
+        return row
+
+    assert run("p4d:2").ran.startswith("tree/") and run("p4d:2,algo=ring").ran == "ring/Simple x4"
+    assert run("p4d:2,algo=ring,channels=8").ran == "ring/Simple x8"
+    t = parse_multigpu("p4d:2,algo=ring,channels=8,lat_scale=2.5")
+    assert parse_multigpu(t.spec) == t and graph(t, "tree", 10e9).channels == 8
+    base, scaled = run("p4d:2,algo=ring").time_s, run("p4d:2,algo=ring,lat_scale=2").time_s
+    lat = latency_us(parse_multigpu("p4d:2"), "ring", "Simple") * 1.4e-6  # with the ring's plateau
+    assert scaled - base == pytest.approx(lat, rel=1e-6)
+    # with a start-up per message given, a scaled call pays the scaled latency, not the start-up
+    assert run("p4d:2,algo=ring,lat_scale=2", alpha=50e-6).time_s == pytest.approx(scaled, rel=1e-9)
+    assert run("p4d:2,algo=ring", alpha=50e-6).time_s > base  # unscaled: 30 messages x 50 us

@@ -5,8 +5,9 @@ Example: ``dpcomm calibrate --nproc 4 -o net.json`` (then ``dpcomm plan --networ
 Sizes take K/M/G suffixes (powers of 1024): ``--sizes 4K 64K 1M``.
 
 ``dpcomm calibrate --from-nccl-tests all_reduce.log --topology dgx-h100:2 -o mycluster.json`` reads an
-``all_reduce_perf`` output and fits that cluster's start-up (from its rows of 8 B to 64 KiB) and
-achievable NIC and intra-server fractions (from its rows of 64 MiB and up) on the topology
+``all_reduce_perf`` output and fits that cluster's start-up (from its rows of 8 B to 64 KiB), and its
+achievable NIC and intra-server fractions, the latency of its bandwidth-bound calls and, where the log
+forced none, the algorithm that explains it best (from its rows of 64 MiB and up) on the topology
 (:mod:`dpcomm.sim.network.fit`); the file then serves ``plan --network``, and ``simulate``/``netsim
 --network mycluster.json --topology dgx-h100:S`` on any server count of that cluster.
 """
@@ -173,10 +174,16 @@ def _from_nccl_tests(args: argparse.Namespace) -> int:
         if fit.alpha_s is not None
         else "no rows of 64 KiB or less: NCCL's latency model kept"
     )
+    t = fit.topology
+    scale = f"{t.lat_scale:.3g} x NCCL's" if t.lat_scale is not None else "NCCL's (or the start-up's)"
     console.print(
-        f"fitted: nic_eff {fit.topology.nic_fraction:.4f}, intra_eff {fit.topology.intra_eff:.4f}; {start}; "
+        f"fitted: nic_eff {t.nic_fraction:.4f}, intra_eff {t.intra_eff:.4f}; {start}; "
+        f"latency of LL128/Simple calls {scale}; "
         f"{len(errs)} rows of {LARGE >> 20} MiB and up within {max(errs):.1%}",
         highlight=False,
     )
+    if len(fit.tried) > 1:
+        rms = ", ".join(f"{k} {v:.1%}" for k, v in fit.tried.items())
+        console.print(f"algorithm: {fit.algorithm}, the best fit of: {rms} (rms log error)", highlight=False)
     console.print(f"wrote {path} (fabric: {fit.topology.spec})", highlight=False)
     return 0

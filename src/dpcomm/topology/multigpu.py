@@ -34,6 +34,12 @@ lays them out:
   tables apply (:mod:`dpcomm.sim.network.nccl_tuning`); NVLink SHARP (NCCL's NVLS) is there on Hopper and
   later with ``nvlink=``; ``sharp=1`` says the network switches reduce too (InfiniBand SHARP: NCCL's
   CollNet), default 0;
+* **what a calibration fitted** (``dpcomm calibrate --from-nccl-tests`` writes them; default none):
+  ``algo=ring|tree|nvls|nvlstree|collnet``, the algorithm the cluster's NCCL runs (its ``NCCL_ALGO``, or the
+  one that explained its table), which NCCL's own choice (``nccl``) is narrowed to; ``channels=C``, NCCL's
+  ring and tree channels where its search makes more than this model's simplification of it;
+  ``lat_scale=F`` (>= 0), NCCL's latency of a bandwidth-bound (LL128 or Simple) all-reduce times ``F``,
+  replacing the start-up per message there (:mod:`dpcomm.sim.network.nccl`);
 * **network**: ``net=rail`` (default): rail-optimised, NIC ``n`` of every server on rail switch ``n``
   (non-blocking); a transfer to another server leaves through the NIC on the *destination* GPU's rail,
   reaching it over the intra-server fabric first when that is not the sender's own NIC (NCCL's PXN,
@@ -56,7 +62,16 @@ from dataclasses import dataclass
 from dpcomm.errors import UserError
 from dpcomm.topology.transports import TRANSPORTS, Transport
 
-__all__ = ["ARCHS", "INTRA", "MAX_NICS", "MultiGPU", "PRESETS", "is_multigpu_spec", "parse_multigpu"]
+__all__ = [
+    "ARCHS",
+    "INTRA",
+    "MAX_NICS",
+    "NCCL_ALGOS",
+    "MultiGPU",
+    "PRESETS",
+    "is_multigpu_spec",
+    "parse_multigpu",
+]
 
 _GB = 8e9  # bits/s in 1 GB/s
 MAX_NICS = 64
@@ -64,6 +79,9 @@ MAX_NICS = 64
 INTRA = ("nvlink", "pcie", "loopback")
 """Intra-server fabrics (see the module docstring)."""
 ARCHS = ("volta", "ampere", "hopper", "blackwell")
+NCCL_ALGOS = ("ring", "tree", "nvls", "nvlstree", "collnet")
+"""``algo=`` values: NCCL's all-reduce algorithms as ``NCCL_ALGO`` names them (lower case; dpcomm's
+``nccl-ring``, ... without the prefix)."""
 """GPU generations, as NCCL's tuning tables are indexed (compute capability 7.x, 8.x, 9.x, 10.x)."""
 
 
@@ -98,6 +116,15 @@ class MultiGPU:
     """GPU generation (:data:`ARCHS`): which of NCCL's tuning tables apply."""
     sharp: bool = False
     """The network switches reduce (InfiniBand SHARP): NCCL's CollNet algorithms are there."""
+    algo: str | None = None
+    """NCCL's choice narrowed to this algorithm (:data:`NCCL_ALGOS`; the cluster's ``NCCL_ALGO``, or a
+    calibration's pick); None: NCCL's own choice among all."""
+    channels: int | None = None
+    """NCCL's ring and tree channels (a calibration's pick; None: the count this model's simplification of
+    NCCL's search gives, :func:`dpcomm.sim.network.nccl_tuning.graph`)."""
+    lat_scale: float | None = None
+    """A calibration's factor on NCCL's latency of an LL128 or Simple all-reduce (None: no factor; the
+    start-up per message or NCCL's latency as they are)."""
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus < 1:
@@ -119,6 +146,14 @@ class MultiGPU:
         for what, eff in (("intra_eff", self.intra_eff), ("nic_eff", self.nic_fraction)):
             if not 0 < eff <= 1:
                 raise ValueError(f"{what}={eff:g} must be in (0, 1] (a fraction of the line rate)")
+        if self.algo is not None and self.algo not in NCCL_ALGOS:
+            raise ValueError(f"algo is one of {', '.join(NCCL_ALGOS)}, not {self.algo!r}")
+        if self.channels is not None and not 1 <= self.channels <= 64:
+            raise ValueError(f"channels={self.channels} must be from 1 to 64 (NCCL's MAXCHANNELS)")
+        if self.lat_scale is not None and not 0 <= self.lat_scale <= 1e4:
+            raise ValueError(
+                f"lat_scale={self.lat_scale:g} must be from 0 to 10000 (a factor on NCCL's latency)"
+            )
         for what, bps in (("intra-server rate", self.intra_bps), ("NIC rate", self.nic_bps)):
             if bps is not None and not 8e3 <= bps <= 1e15:
                 raise ValueError(f"{what} {bps:g} bit/s is outside 8kbit..1000tbit")
@@ -172,9 +207,14 @@ class MultiGPU:
         tr = f",transport={self.transport}" if self.transport != "ib" else ""
         arch = f",arch={self.arch}" if self.arch != "hopper" else ""
         sharp = ",sharp=1" if self.sharp else ""
+        fit = (
+            (f",algo={self.algo}" if self.algo else "")
+            + (f",channels={self.channels}" if self.channels else "")
+            + (f",lat_scale={self.lat_scale!r}" if self.lat_scale is not None else "")
+        )
         return (
             f"gpus:{self.hosts},{self.gpus},{self.intra}={_fmt(self.intra_bps)}{ie},"
-            f"nics={self.nic_count}{nic}{ne},net={self.net}{tr}{arch}{sharp}"
+            f"nics={self.nic_count}{nic}{ne},net={self.net}{tr}{arch}{sharp}{fit}"
         )
 
     def host_of(self, rank: int) -> int:
@@ -320,7 +360,10 @@ _INT = re.compile(r"^\s*(\d{1,9})\s*$")
 _RATE = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,9})?)\s*(GB/s|tbit|gbit|mbit|kbit)\s*$")
 _BITS = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
 _EFF = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,17})?)\s*(?:/\s*(\d{1,9}(?:\.\d{1,17})?)\s*)?$")
-_KEYS = "keys: nvlink, pcie, loopback, intra_eff, nics, nic, nic_eff, net, transport, arch, sharp"
+_KEYS = (
+    "keys: nvlink, pcie, loopback, intra_eff, nics, nic, nic_eff, net, transport, arch, sharp, algo, "
+    "channels, lat_scale"
+)
 _FORM = (
     "gpus:S,G[,nvlink=RATE|pcie=RATE|loopback=RATE][,intra_eff=F][,nics=N][,nic=RATE][,nic_eff=F][,net=rail|star]"
     "[,transport=ib|roce|efa|tcp][,arch=A][,sharp=0|1] or dgx-h100:S / dgx-a100:S"
@@ -379,12 +422,14 @@ def parse_multigpu(spec: str) -> MultiGPU:
             fields["nic_bps"] = _rate(key, value, shown)
         elif key in ("intra_eff", "nic_eff"):
             fields[key] = _eff(key, value, shown)
-        elif key == "nics":
+        elif key in ("nics", "channels"):
             if not _INT.match(value):
-                raise UserError(f"bad topology '{shown}': nics={value} is not a whole number")
-            fields["nics"] = int(value)
-        elif key in ("net", "transport", "arch"):
+                raise UserError(f"bad topology '{shown}': {key}={value} is not a whole number")
+            fields[key] = int(value)
+        elif key in ("net", "transport", "arch", "algo"):
             fields[key] = value
+        elif key == "lat_scale":
+            fields[key] = _eff(key, value, shown)
         elif key == "sharp":
             if value not in ("0", "1"):
                 raise UserError(f"bad topology '{shown}': sharp={value} is 0 or 1")

@@ -21,10 +21,12 @@ Sources, by transport:
   ("12 GB/s for 100G NICs", issues/119), so the same 0.96; the start-up as InfiniBand's.
 * **EFA** (``efa``, AWS Elastic Fabric Adapter through the aws-ofi-nccl plugin): no published achievable
   fraction was found, so 0.63 is fitted (in-sample, docs/netsim.md) to the p4d rows of NVIDIA/nccl#527
-  (2, 3 and 4 servers x 8 A100, 4 x 100 Gb/s EFA, 1 GiB, NCCL 2.9.9: 57.2, 31.8, 29.6 GB/s busbw); an
-  older p4d table (NCCL 2.8.3) runs 1.75x slower than it on the same hardware, so EFA's fraction depends on
-  the software stack more than any other here (held-out, docs/netsim.md: that p4d table +53..75%; a p5
-  table, 32 x 100 Gb/s EFA on a recent stack, -16..0%). Its latency is what aws-ofi-nccl reports to NCCL
+  (2, 3 and 4 servers x 8 A100, 4 x 100 Gb/s EFA, 1 GiB, NCCL 2.9.9: 57.2, 31.8, 29.6 GB/s busbw). An
+  older p4d table (NCCL 2.8.3, github.com/aws-samples/aws-efa-eks at 043dbe74) moves 1.75x less on the
+  same hardware because its job forced the ring (``NCCL_ALGO=RING`` in its ``examples/nccl-efa-tests.yaml``;
+  its log shows GPUDirect RDMA on, ``GDRDMA``), whose busbw the NICs bound, where #527 ran the tree: with
+  the ring the same 0.63 puts it at -4.6..+21% (in-sample since, docs/netsim.md); a p5 table, 32 x 100
+  Gb/s EFA on a recent stack, is at -16..0% (held-out). Its latency is what aws-ofi-nccl reports to NCCL
   as the network's (``platform-aws.cpp``: 75 us on p4d and p5, 35 us from p5en on), which NCCL adds to
   every network hop.
 * **TCP** (``tcp``, NCCL's socket transport): the payload fraction of a TCP stream with a 1500-byte MTU

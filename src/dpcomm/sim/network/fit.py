@@ -11,17 +11,30 @@
    a collective's measured latency becomes a per-message start-up: typing nccl-tests' 8-byte latency as
    ``--alpha-us`` would charge it once per message (2 (P-1) times on a ring: 16-30x too much). Without
    such rows the start-up stays NCCL's latency model.
-2. **Achievable rates**, from the bandwidth-bound rows (64 MiB and up; :data:`LARGE`): the NIC fraction
-   (``nic_eff``) and the intra-server fraction (``intra_eff``, the only one on one server) that make the
-   model's squared log errors on those rows least: first the NIC fraction so that their mean is zero
-   (bisection: time falls as a fraction rises), then each fraction in turn by golden-section search, twice
-   (a fraction whose change does not help is kept). Fractions stay in (0, 1]: a table faster than the
-   line rate is fitted at 1 and its error stays visible. What NCCL picks depends on the fractions (its
-   model reads the speeds), so the fit prices the algorithm as picked on the fitted fabric.
+2. **Achievable rates and the latency of a bandwidth-bound call**, from the rows of 64 MiB and up
+   (:data:`LARGE`): the NIC fraction (``nic_eff``), the intra-server fraction (``intra_eff``, the only
+   one on one server) and a factor on NCCL's latency of an LL128 or Simple call (``lat_scale``, from 0
+   to as much as makes that latency the fastest large row's time) that make the model's squared log
+   errors on those rows least: first the NIC fraction so that their mean is zero (bisection: time falls
+   as a fraction rises), then each in turn by golden-section search, twice (one whose change does not
+   help is kept). Why a latency of its own: NCCL's model has one per protocol, the small rows run LL,
+   and a large row's fixed cost (1.8 ms on the p4d ring of docs/netsim.md, whose time is ~1.8 ms +
+   S / 18 GB/s from 64 MiB to 1 GiB) is not the LL start-up. Fractions stay in (0, 1]: a table faster
+   than the line rate is fitted at 1 and its error stays visible.
+3. **The algorithm**, where the log forced none (nccl-tests logs do not say what ran): NCCL's own choice
+   and each algorithm the fabric has (``nccl-ring``, ``nccl-tree``, ``nccl-nvlstree``, ...,
+   :func:`candidates`) are fitted as above, and the one with the least squared log error is kept (NCCL's
+   own choice where equal), written into the topology as ``algo=`` (as if it were the cluster's
+   ``NCCL_ALGO``; the cluster's NCCL version may choose differently from the tuning model read here).
+   Where the best fit still needs a fraction at 1, twice the ring's or tree's channels are tried too
+   (``channels=``: NCCL's search makes a channel per NIC where a GPU has several, which this model's
+   simplification joins; more channels lift NCCL's per-channel caps), kept only where that halves the
+   squared error.
 
-The result names the fitted topology (a ``gpus:`` spec with ``nic_eff=`` and ``intra_eff=``) and every
+The result names the fitted topology (a ``gpus:`` spec with ``nic_eff=``, ``intra_eff=`` and what else was
+fitted: ``lat_scale=``, ``algo=``, ``channels=``) and every
 row's measured and predicted time, so the caller can show how well it fits; :func:`apply_fit` puts a
-fitted file's fractions on another size of the same cluster.
+fitted file's fractions, latency factor, algorithm and channels on another size of the same cluster.
 """
 
 from __future__ import annotations
@@ -36,10 +49,20 @@ from dpcomm.sim.network.algorithms import simulate_allreduce
 from dpcomm.sim.network.engine import FlowModel
 from dpcomm.sim.network.fabric import make_fabric
 from dpcomm.sim.network.nccl_tests import NcclTestsLog
+from dpcomm.sim.network.nccl_tuning import algorithms_for, graph
 from dpcomm.sim.network.pricing import default_model
 from dpcomm.topology.multigpu import MultiGPU, is_multigpu_spec, parse_multigpu
 
-__all__ = ["LARGE", "SMALL", "FabricFit", "alpha_for", "apply_fit", "fit_nccl_tests", "startup_s"]
+__all__ = [
+    "LARGE",
+    "SMALL",
+    "FabricFit",
+    "alpha_for",
+    "apply_fit",
+    "candidates",
+    "fit_nccl_tests",
+    "startup_s",
+]
 
 SMALL = 64 * 1024
 """Rows up to this size (bytes) are latency-bound: they give the start-up."""
@@ -47,6 +70,9 @@ LARGE = 64 << 20
 """Rows from this size (bytes) are bandwidth-bound: they give the achievable rates."""
 _NIC_RATE = 10e9  # bits/s for a gpus: spec without nic= (the fit needs a rate; calibrate asks for one)
 _LOW = 0.02  # the least fraction the fit tries
+_MAX_LAT_SCALE = 1e4  # the most lat_scale may be (MultiGPU's own bound)
+_GOLDEN_STEPS = 18  # golden-section steps: 0.618^18 = 1.7e-4 of the range
+_FULL_FITS = 2  # candidates fitted in full after the quick ranking
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +89,8 @@ class FabricFit:
     """The measured start-up it was fitted to: the small rows' line at the smallest size, seconds."""
     rows: tuple[tuple[int, float, float], ...]
     """``(bytes, measured s, predicted s)`` of every row, after the fit."""
+    tried: dict[str, float] = dataclasses.field(default_factory=dict)
+    """Each algorithm fitted, and the root-mean-square log error of its fit on the large rows."""
 
     def errors(self, least: int = LARGE) -> list[float]:
         """``predicted / measured - 1`` of the rows of at least ``least`` bytes."""
@@ -76,6 +104,9 @@ class FabricFit:
             "algorithm": self.algorithm,
             "nic_eff": t.nic_fraction,
             "intra_eff": t.intra_eff,
+            "algo": t.algo,
+            "lat_scale": t.lat_scale,
+            "channels": t.channels,
             "alpha_s": self.alpha_s,
             "startup_s": self.startup_s,
             "gpus_per_server": t.gpus,
@@ -122,39 +153,82 @@ def _bisect(topo: MultiGPU, key: str, algo, alpha, p, rows) -> MultiGPU:
     for _ in range(40):
         mid = (lo * hi) ** 0.5
         lo, hi = (mid, hi) if mean(mid) > 0 else (lo, mid)
-        if hi / lo < 1 + 1e-6:
+        if hi / lo < 1 + 1e-4:
             break
     return dataclasses.replace(topo, **{key: (lo * hi) ** 0.5})
 
 
-def _golden(topo: MultiGPU, key: str, algo, alpha, p, rows) -> MultiGPU:
+def _golden(topo: MultiGPU, key: str, algo, alpha, p, rows, hi: float = 1.0) -> MultiGPU:
     """``topo`` with ``key`` set to the least sum of squared log errors on ``rows`` (golden-section search
-    in log space over ``[_LOW, 1]``), where that beats the value it has."""
+    over ``[_LOW, 1]`` in log space for a fraction, over ``[0, hi]`` for ``lat_scale``), where that beats
+    the value it has."""
 
-    def sse(v: float) -> float:
+    def value(x: float) -> float:
+        return x if key == "lat_scale" else math.exp(x)
+
+    def sse(v: float | None) -> float:
         return float((_logs(dataclasses.replace(topo, **{key: v}), algo, alpha, p, rows) ** 2).sum())
 
-    a, b = math.log(_LOW), 0.0
+    a, b = (0.0, hi) if key == "lat_scale" else (math.log(_LOW), 0.0)
     phi = (math.sqrt(5) - 1) / 2
     c, d = b - phi * (b - a), a + phi * (b - a)
-    fc, fd = sse(math.exp(c)), sse(math.exp(d))
-    for _ in range(30):
+    fc, fd = sse(value(c)), sse(value(d))
+    for _ in range(_GOLDEN_STEPS):
         if fc < fd:
             b, d, fd = d, c, fc
             c = b - phi * (b - a)
-            fc = sse(math.exp(c))
+            fc = sse(value(c))
         else:
             a, c, fc = c, d, fd
             d = a + phi * (b - a)
-            fd = sse(math.exp(d))
-    best = math.exp((a + b) / 2)
-    now = getattr(topo, key) if key == "intra_eff" else topo.nic_fraction
+            fd = sse(value(d))
+    best = value((a + b) / 2)
+    now = topo.nic_fraction if key == "nic_eff" else getattr(topo, key)
     return dataclasses.replace(topo, **{key: best}) if sse(best) < sse(now) else topo
 
 
+def _lat_room(topo: MultiGPU, algo, alpha, p, large) -> float:
+    """The most ``lat_scale`` can be: NCCL's latency times it at most the fastest large row's time."""
+    n, t = min(large)
+    t0, t1 = (_predict(dataclasses.replace(topo, lat_scale=x), algo, alpha, p, [n])[0] for x in (0.0, 1.0))
+    return min(_MAX_LAT_SCALE, t / (t1 - t0)) if t1 > t0 else 0.0
+
+
+def _fit_one(topo: MultiGPU, algo: str, p: int, small, large, quick: bool = False):
+    """``(topology, alpha, start-up, sse)`` of one algorithm fitted to the rows (module docstring);
+    ``quick``: one pass (the NIC fraction and the latency only), to rank the candidates."""
+    alpha = start = None
+    keys = ("nic_eff", "intra_eff") if topo.hosts > 1 else ("intra_eff",)
+    for _ in range(1 if quick or len(small) < 2 else 2):  # the start-up depends a little on the rates
+        if len(small) >= 2:
+            start = startup_s(small)
+            alpha = alpha_for(topo, algo, p, min(n for n, _ in small), start)
+        topo = _bisect(topo, keys[0], algo, alpha, p, large)
+        for _ in range(1 if quick else 2):
+            topo = _golden(topo, "lat_scale", algo, alpha, p, large, _lat_room(topo, algo, alpha, p, large))
+            for key in () if quick else reversed(keys):
+                topo = _golden(topo, key, algo, alpha, p, large)
+    return topo, alpha, start, float((_logs(topo, algo, alpha, p, large) ** 2).sum())
+
+
+def _best(options: dict[str, tuple[str, MultiGPU]], p: int, small, large) -> dict[str, tuple[str, tuple]]:
+    """Each option (label: algorithm, topology) ranked by a quick fit, and the best two fitted in full."""
+    quick = {k: _fit_one(t, a, p, small, large, quick=True)[3] for k, (a, t) in options.items()}
+    top = sorted(options, key=lambda k: quick[k])[:_FULL_FITS]
+    return {k: (options[k][0], _fit_one(options[k][1], options[k][0], p, small, large)) for k in top}
+
+
+def candidates(topo: MultiGPU) -> tuple[str, ...]:
+    """What a table that forced nothing may have run: NCCL's choice, then each algorithm the fabric has."""
+    names = {"nvls_tree": "nvlstree", "collnet_direct": "collnet"}
+    have = algorithms_for(topo, _NIC_RATE)
+    return ("nccl", *(f"nccl-{names.get(a, a)}" for a in have if a != "collnet_chain"))
+
+
 def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> FabricFit:
-    """Fit ``spec``'s start-up and achievable rates to ``log`` (module docstring). The log's ranks (where
-    its header lists them) must be ``spec``'s GPUs; a one-line :class:`UserError` otherwise."""
+    """Fit ``spec``'s start-up, achievable rates, bandwidth-bound latency and algorithm to ``log`` (module
+    docstring). The log's ranks (where its header lists them) must be ``spec``'s GPUs; a one-line
+    :class:`UserError` otherwise."""
     if not is_multigpu_spec(spec):
         raise UserError(
             f"--topology {spec}: a table is fitted on servers of GPUs (gpus:S,G,... or dgx-h100:S)"
@@ -168,27 +242,41 @@ def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> Fab
         raise UserError(f"the table ran on {log.ranks} ranks{where}; --topology {spec} has {p} GPUs")
     if log.hosts is not None and log.ranks == p and log.hosts != topo.hosts:
         raise UserError(f"the table ran on {log.hosts} servers; --topology {spec} has {topo.hosts}")
-    if algo is None:
-        algo = log.algorithm or "nccl"
-        if log.protocol:
-            algo = f"{algo}:{log.protocol}"
+    if algo is None and log.algorithm:
+        algo = f"{log.algorithm}:{log.protocol}" if log.protocol else log.algorithm
+    elif algo is None and log.protocol:
+        algo = f"nccl:{log.protocol}"
     small = [(n, t) for n, t in log.rows if n <= SMALL]
     large = [(n, t) for n, t in log.rows if n >= LARGE]
     if not large:
         raise UserError(f"the table has no row of {LARGE:,} bytes or more: nothing to fit the rates to")
-    alpha = start = None
-    for _ in range(2):  # the start-up depends a little on the rates (the smallest size's flow time)
-        if len(small) >= 2:
-            start = startup_s(small)
-            alpha = alpha_for(topo, algo, p, min(n for n, _ in small), start)
-        keys = ("nic_eff", "intra_eff") if topo.hosts > 1 else ("intra_eff",)
-        topo = _bisect(topo, keys[0], algo, alpha, p, large)
-        for _ in range(2):
-            for key in reversed(keys):
-                topo = _golden(topo, key, algo, alpha, p, large)
-    got = _predict(topo, algo, alpha, p, [n for n, _ in log.rows])
+    names = (algo,) if algo is not None else candidates(topo)
+    tried = _best({name: (name, topo) for name in names}, p, small, large)
+    best = min(tried, key=lambda k: (tried[k][1][3], k != "nccl"))  # NCCL's own choice where equal
+    if max(tried[best][1][0].nic_fraction, tried[best][1][0].intra_eff) > 0.999 and topo.channels is None:
+        # faster than the fabric's rates allow: NCCL's search may have made twice the channels (one per
+        # NIC of several per GPU, say), which lifts its per-channel caps; try that for rings and trees
+        more = {}
+        for name in names:
+            if name.split(":")[0] in ("nccl", "nccl-ring", "nccl-tree"):
+                ch = graph(topo, "tree" if name.startswith("nccl-tree") else "ring", _NIC_RATE).channels
+                more[f"{name} x{2 * ch}"] = (name, dataclasses.replace(topo, channels=min(2 * ch, 64)))
+        more = _best(more, p, small, large) if more else {}
+        more_best = min(more, key=lambda k: more[k][1][3], default=None)
+        if (
+            more_best and more[more_best][1][3] < 0.5 * tried[best][1][3]
+        ):  # only where it explains clearly more
+            best = more_best
+        tried |= more
+    name, (topo, alpha, start, _) = tried[best]
+    best = name
+    forced = best.split(":")[0].removeprefix("nccl-")
+    if forced != "nccl" and topo.algo is None:
+        topo = dataclasses.replace(topo, algo=forced)  # later runs on this fabric take it as NCCL_ALGO
+    got = _predict(topo, best, alpha, p, [n for n, _ in log.rows])
     rows = tuple((n, t, g) for (n, t), g in zip(log.rows, got, strict=True))
-    return FabricFit(topology=topo, algorithm=algo, alpha_s=alpha, startup_s=start, rows=rows)
+    fits = {k: math.sqrt(v[1][3] / len(large)) for k, v in tried.items()}
+    return FabricFit(topology=topo, algorithm=best, alpha_s=alpha, startup_s=start, rows=rows, tried=fits)
 
 
 def apply_fit(topo: MultiGPU, fabric: dict) -> MultiGPU:
@@ -199,4 +287,15 @@ def apply_fit(topo: MultiGPU, fabric: dict) -> MultiGPU:
         raise UserError(
             f"the network file was fitted on servers of {want} GPUs, the topology has {topo.gpus} per server"
         )
-    return dataclasses.replace(topo, nic_eff=float(fabric["nic_eff"]), intra_eff=float(fabric["intra_eff"]))
+    scale, channels = fabric.get("lat_scale"), fabric.get("channels")
+    try:
+        return dataclasses.replace(
+            topo,
+            nic_eff=float(fabric["nic_eff"]),
+            intra_eff=float(fabric["intra_eff"]),
+            algo=fabric.get("algo") or topo.algo,
+            channels=int(channels) if channels is not None else topo.channels,
+            lat_scale=float(scale) if scale is not None else topo.lat_scale,
+        )
+    except (TypeError, ValueError) as exc:
+        raise UserError(f"the network file's fitted fabric does not fit {topo.spec}: {exc}") from None

@@ -13,6 +13,10 @@ Price of one all-reduce of ``S`` bytes on ``P`` ranks: ``T = L + T_flow``, where
   (:attr:`.engine.FlowModel.nccl`); otherwise (a start-up given by the user: ``--alpha-us``, a network
   file) the schedule's steps each pay ``alpha`` per message as every other schedule does (NVLS, NVLSTree
   and CollNet, one streaming step each, pay it once per hop of NCCL's latency formula), and ``L = 0``;
+* a topology fitted by ``dpcomm calibrate --from-nccl-tests`` may carry ``lat_scale=F``: then an LL128 or
+  Simple call's ``L`` is ``F`` times NCCL's latency whatever the start-up, and its messages pay none (the
+  latency of a bandwidth-bound call, which the small rows' LL start-up does not tell, fitted to the
+  table's large rows: :mod:`.fit`); ``algo=`` narrows ``nccl`` to one algorithm, as ``NCCL_ALGO`` does;
 * ``T_flow`` is the flow model's time of the algorithm's messages (:mod:`.nccl_ring`, :mod:`.nccl_tree`,
   :mod:`.nvls`; NVLSTree's streaming step stretched by its pipeline's fill, ``(n + D - 1) / n`` for ``n``
   rounds of NCCL's chunks through ``D`` stages, :func:`.nvls.nvls_tree_rounds`), their bytes grown by the
@@ -91,6 +95,8 @@ def ranks_topology(t: MultiGPU, p: int) -> MultiGPU:
 def pick(t: MultiGPU, name: str, protocol: str | None, nbytes: int, p: int, nic_bps: float) -> Picked:
     """What runs for ``name`` (``nccl`` or ``nccl-ALGO``) with ``protocol`` (None: NCCL's choice)."""
     sub = ranks_topology(t, p)
+    if name == "nccl" and t.algo is not None:  # the cluster's NCCL_ALGO, or what its calibration picked
+        name = f"nccl-{t.algo}"
     algos = (ALGOS[name],) if name in ALGOS else None
     protos = (protocol,) if protocol else None
     if algos and nccl_tuning.graph(sub, algos[0], nic_bps) is None:
@@ -162,7 +168,9 @@ def price(model, name: str, protocol: str | None, nbytes: int, p: int) -> tuple[
     t: MultiGPU = fabric.topology
     picked = pick(t, name, protocol, nbytes, p, fabric.rate_bps)
     st = steps(t, picked, p, nbytes, fabric.servers)
-    flow = model.run(st, start=not model.nccl).time_s if p > 1 else 0.0
+    # a calibration's factor on NCCL's latency of a bandwidth-bound call replaces the start-up per message
+    scaled = t.lat_scale is not None and picked.protocol != "LL"
+    flow = model.run(st, start=not (model.nccl or scaled)).time_s if p > 1 else 0.0
     lat = 0.0
     sub = ranks_topology(t, p)
     if p > 1 and picked.algorithm == "nvls_tree":  # the pipeline fills and drains (nvls.nvls_tree_rounds)
@@ -171,15 +179,16 @@ def price(model, name: str, protocol: str | None, nbytes: int, p: int) -> tuple[
             sub.arch, sub.hosts, sub.gpus, min(sub.nic_count, sub.gpus), nic, nbytes
         )
         flow *= (rounds + _hops(sub, "nvls_tree") - 1) / rounds
-    if p > 1 and not model.nccl and picked.algorithm not in ("ring", "tree"):
+    if p > 1 and not (model.nccl or scaled) and picked.algorithm not in ("ring", "tree"):
         # one streaming step stands for a pipeline as deep as NCCL's latency formula counts its hops
         alpha = model.alpha_inter_s if model.alpha_inter_s is not None and sub.hosts > 1 else model.alpha_s
         lat = alpha * (_hops(sub, picked.algorithm) - 1)
-    if p > 1 and model.nccl:
+    if p > 1 and (model.nccl or scaled):
         lat = nccl_tuning.latency_us(sub, picked.algorithm, picked.protocol) * 1e-6
         if picked.algorithm == "ring" and picked.protocol == "Simple" and sub.hosts > 1:
             if nbytes / (picked.channels * p) >= 64:
                 lat *= 1.9 if sub.arch == "volta" else 1.4  # the ring's plateau (nccl_tuning.predict_us)
+        lat *= t.lat_scale if scaled else 1.0
     if p > 1:  # no faster than NCCL's per-channel caps allow (the GPU's copy loops, not any link)
         cap = nccl_tuning.cap_bandwidth(sub, picked.algorithm, picked.protocol, fabric.rate_bps)
         if cap:

@@ -137,6 +137,8 @@ def graph(t: MultiGPU, algorithm: str, nic_bps: float) -> Graph | None:
     if s >= 25 and not (later and s < 50 and ch > 4):  # ncclTopoDupChannels
         dup = min(2 * ch, T.MAX_CHANNELS)
         s, ch = s / -(-dup // ch), dup
+    if t.channels is not None:  # a calibration's count (NCCL's search found more), each at the same speed
+        ch = t.channels
     s_intra = s
     if algorithm == "tree" and m > 1:  # the search's second pass raises a tree's bwIntra (up to ~2 bwInter)
         room = intra * g / (g - 1) if g > 1 else math.inf
