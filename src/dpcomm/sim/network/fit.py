@@ -72,7 +72,7 @@ _NIC_RATE = 10e9  # bits/s for a gpus: spec without nic= (the fit needs a rate; 
 _LOW = 0.02  # the least fraction the fit tries
 _MAX_LAT_SCALE = 1e4  # the most lat_scale may be (MultiGPU's own bound)
 _GOLDEN_STEPS = 18  # golden-section steps: 0.618^18 = 1.7e-4 of the range
-_FULL_FITS = 2  # candidates fitted in full after the quick ranking
+_FULL_FITS = 3  # candidates fitted in full after the quick ranking
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
