@@ -86,6 +86,7 @@ def test_compiled_ddp_splits_and_buckets_as_planned(runs, index):
         assert f == pytest.approx(extra["compiled_forward_s"], rel=1e-9) and f > 0
         assert b == pytest.approx(extra["compiled_backward_s"], rel=1e-9) and b > 0
         assert r["trace_extra"] == runs[index][0]["trace_extra"]  # every rank plans on the same times
+        assert r["untouched"]  # random state and gradients as the user left them
     if CASES[index]["planner"] == "wfbp":
         assert len(runs[index][0]["plan"]) > 10  # many cuts, all under 1 MiB: DDPOptimizer asserted before
 
