@@ -112,11 +112,40 @@ def _ignores_sigint(pid: int) -> bool:
     return bool(mask & (1 << (signal.SIGINT - 1)))
 
 
-def _wait_for_workers(proc: subprocess.Popen, n: int = 2, settle_s: float = 1.0) -> list[int]:
+def _connected(pid: int) -> int:
+    """How many of process ``pid``'s sockets are ESTABLISHED TCP connections (its store client and, once
+    the process group is up, gloo's pairs), from /proc."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return 0
+    inodes = set()
+    for fd in fds:
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            inodes.add(link[8:-1])
+    n = 0
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        n += sum(1 for row in rows if row.split()[3] == "01" and row.split()[9] in inodes)
+    return n
+
+
+def _wait_for_workers(
+    proc: subprocess.Popen, n: int = 2, settle_s: float = 1.0, sockets: int = 0
+) -> list[int]:
+    """The first ``n`` workers of ``proc``, once each has ``sockets`` TCP connections up (2: the store's
+    and gloo's pair, so a worker killed after this is killed inside the run, not during its set-up)."""
     deadline = time.monotonic() + 90
     while time.monotonic() < deadline and proc.poll() is None:
         found = _workers(proc.pid)
-        if len(found) >= n:
+        if len(found) >= n and all(_connected(p) >= sockets for p in found):
             time.sleep(settle_s)
             return found
         time.sleep(0.05)
@@ -238,7 +267,7 @@ def test_kill_9_of_the_launcher_takes_the_workers_and_the_next_run_its_folder(tm
 @pytest.mark.slow
 def test_kill_9_of_a_worker_ends_the_run_in_one_line(tmp_path):
     proc = _start(tmp_path, *_BENCH, "--json")
-    workers = _wait_for_workers(proc)
+    workers = _wait_for_workers(proc, sockets=2)  # killed during the set-up, the peer's gloo says so too
     os.kill(workers[-1], signal.SIGKILL)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode != 0
