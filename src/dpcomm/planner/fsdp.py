@@ -299,19 +299,21 @@ def pareto_front(
     max_points: int = 1000,
     overlap: str = "streams",
     gap: float = 0.0,
+    ar_cost: CommCost | None = None,
 ) -> list[tuple[int, float, FsdpPlan]]:
     """The time-memory front of ``optimal``: ``(peak_bytes, time_s, plan)`` by rising peak, every point
     the least time at a budget of its peak and the least peak at its time. Walked down from no budget: each
     plan's peak less one byte is the next budget, until none fits (bytes are whole numbers, so no point
     between is missed). ``max_points`` caps the walk (a :class:`UserError` beyond it). ``gap``: each point
-    planned within it (:func:`plan_fsdp`; 0: the exact front)."""
+    planned within it (:func:`plan_fsdp`; 0: the exact front). ``ar_cost``: HSDP's all-reduce across the
+    replicas (:func:`dpcomm.planner.hsdp.hsdp_front`)."""
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
     out: list[tuple[int, float, FsdpPlan]] = []
     budget: float | None = None
     while True:
         try:
             plan = plan_fsdp("optimal", mods, ag_cost, rs_cost, memory=budget, update_s=update_s,
-                             max_depth=max_depth, overlap=overlap, gap=gap)  # fmt: skip
+                             max_depth=max_depth, overlap=overlap, gap=gap, ar_cost=ar_cost)  # fmt: skip
         except UserError:
             break
         out.append((plan.peak_bytes, plan.time_s, plan))

@@ -32,6 +32,7 @@ from dpcomm.planner.fsdp import (
     Modules,
     _choices,
     _units_of,
+    pareto_front,
     peak_memory,
     plan_fsdp,
 )
@@ -190,20 +191,7 @@ def hsdp_front(
             if not out or p.time_s < out[-1][1] * (1 - TIE_REL):
                 out.append((p.peak_bytes, p.time_s, p))
         return out
-    budget: float | None = None
-    while True:
-        try:
-            plan = plan_fsdp("optimal", mods, ag_cost, rs_cost, memory=budget, **kw)
-        except UserError:
-            break
-        out.append((plan.peak_bytes, plan.time_s, plan))
-        if plan.peak_bytes == 0 or len(out) >= max_points:
-            if plan.peak_bytes and len(out) >= max_points:
-                raise UserError(f"the FSDP time-memory front has more than {max_points} points")
-            break
-        budget = plan.peak_bytes - 1
-    out.reverse()
-    return out
+    return pareto_front(mods, ag_cost, rs_cost, max_points=max_points, **kw)
 
 
 def _root(mods: Modules, ag, rs, ar, budget, update_s, choices, overlap: str) -> float:
