@@ -2,6 +2,8 @@
 
     sudo .venv/bin/python benchmarks/testbed_compile.py --topology star:2 --rate 100mbit --model gpt2-tiny \\
         --batch 96 --iters 30 --repeats 2 --json docs/data/testbed/compile.json
+    # both compile modes: compiled DDP (DDPOptimizer) and compiled autograd (python reducer, inductor)
+    sudo .venv/bin/python benchmarks/testbed_compile.py ... --modes ddp_optimizer,python_reducer
 
 Needs root. The testbed is built once (named ``tc<pid in hex>``, removed at the end, also on an error or
 SIGTERM) and every configuration is one launch of ``dpcomm train --json`` per server (``--threads``
@@ -23,9 +25,24 @@ scaled to the run's steady forward and backward medians (``predicted_steady_t_it
 validate`` predicts: what is left is the communication model's error). Medians of the per-iteration
 forward, backward and exposed communication, and the profile, come from ``--records-json``.
 
-Compiled autograd (``optimize_ddp = "python_reducer"``) is not among them: ``dpcomm train`` has no switch
-for it, and only inductor fuses its all-reduces (docs/compile.md), whose CPU compile of a model takes
-minutes on this machine.
+``--modes`` picks the compile modes (default ``ddp_optimizer``: the configurations above).
+``python_reducer`` adds compiled autograd (``dpcomm train --compile inductor --compiled-autograd``: the
+backward traced with DDP's all-reduces in it and compiled by inductor, whose post-grad pass fuses them;
+only inductor does, so these run ``inductor`` whatever ``--backend`` says):
+
+- ``ddp --compile inductor --compiled-autograd``: DDP's defaults, inductor's greedy fusion (1 MB, then 25 MB);
+- ``ddp:mgwfbp ...`` and ``ddp:optimal ...``: the plan's groups as the fused all-reduces (``fuse_by_plan``),
+  planned on the eager profile scaled to an inductor-compiled copy's times.
+
+Each mode's ratio is to its own defaults of the same round (``vs_defaults_of``; eager rows: compiled DDP's,
+else compiled autograd's). Under compiled autograd the backward is one graph with its all-reduces: a
+record's backward is the whole of it and the exposed communication is not measured (``-``), nor is the
+steady-compute prediction made (it would scale the profile to a backward that includes communication);
+each row has ``compiled_allreduces`` (and for a plan ``compiled_buckets``) from ``dpcomm train --json``.
+Inductor's CPU compile takes minutes per worker here: every launch shares one ``TORCHINDUCTOR_CACHE_DIR``
+(``--inductor-cache``, default a folder of the run's scratch), so later rounds reuse what inductor cached
+(``fuse_by_plan`` makes inductor bypass its FX graph cache, so the planned runs compile their graphs anew),
+and ``--timeout`` (seconds per launch) defaults to 900.
 """
 
 from __future__ import annotations
@@ -41,18 +58,31 @@ from pathlib import Path
 
 from _common import busy_share, cpu_ticks, loadavg, sigterm_exits
 
+MODES = ("ddp_optimizer", "python_reducer")
+"""Compile modes ``--modes`` takes: compiled DDP (dynamo's DDPOptimizer) and compiled autograd."""
 CONFIGS = (
     ("ddp", None),
     ("ddp:optimal", None),
-    ("ddp", "compile"),
-    ("ddp:mgwfbp", "compile"),
-    ("ddp:optimal", "compile"),
+    ("ddp", "ddp_optimizer"),
+    ("ddp:mgwfbp", "ddp_optimizer"),
+    ("ddp:optimal", "ddp_optimizer"),
+    ("ddp", "python_reducer"),
+    ("ddp:mgwfbp", "python_reducer"),
+    ("ddp:optimal", "python_reducer"),
 )
-"""(schedule, compiled?) in launch order within a round."""
+"""(schedule, compile mode or None for eager) in launch order within a round."""
 
 
-def _key(schedule: str, compiled: bool, backend: str) -> str:
-    return f"{schedule} --compile {backend}" if compiled else schedule
+def _key(schedule: str, mode: str | None, backend: str) -> str:
+    if mode == "python_reducer":
+        return f"{schedule} --compile inductor --compiled-autograd"
+    return f"{schedule} --compile {backend}" if mode else schedule
+
+
+def _compile_args(mode: str | None, backend: str) -> list[str]:
+    if mode == "python_reducer":
+        return ["--compile", "inductor", "--compiled-autograd"]
+    return ["--compile", backend] if mode else []
 
 
 def _medians(path: Path, nproc: int) -> dict[str, float]:
@@ -74,12 +104,21 @@ def _medians(path: Path, nproc: int) -> dict[str, float]:
         f"{k}_median_s": statistics.median(r[k] or 0.0 for r in steady)
         for k in ("forward_s", "backward_s", "exposed_comm_s", "step_s", "update_s")
     }
+    if any(r.get("compiled_autograd") for r in steady):  # one backward graph with its all-reduces in it:
+        out["exposed_comm_s_median_s"] = None  # not measured, and no steady-compute prediction
+        return out | _profile(saved)
     run = SimpleNamespace(trace=saved.get("trace"), plan=saved.get("plan"), cost=saved.get("cost"),
                           forward_s=out["forward_s_median_s"], backward_s=out["backward_s_median_s"],
                           update_s=out["update_s_median_s"], nproc=nproc)  # fmt: skip
     sim = predict(run, steady_compute=True)
     if sim is not None:
         out["predicted_steady_t_iter_s"] = sim.t_iter_s
+    return out | _profile(saved)
+
+
+def _profile(saved: dict) -> dict[str, float]:
+    """What the plan was made on: the profile's sums and, for a compiled model, how it was timed."""
+    out = {}
     trace = saved.get("trace") or {}
     keys = ("measured_by", "compiled_forward_s", "compiled_backward_s", "eager_forward_s", "eager_backward_s")
     for k in keys:
@@ -107,6 +146,9 @@ def run(args: argparse.Namespace) -> dict:
     threads = args.threads or max(1, (os.cpu_count() or 1) // servers)
     name = f"tc{os.getpid():x}"[:8]
     scratch = Path(tempfile.mkdtemp(prefix="dpcomm-testbed-compile-"))
+    cache = Path(args.inductor_cache or scratch / "inductor-cache")  # shared by every launch of the run
+    cache.mkdir(parents=True, exist_ok=True)
+    configs = [(s, m) for s, m in CONFIGS if m is None or m in args.modes]
     sigterm_exits()  # a killed run still takes its testbed down (finally)
     rows = []
     try:
@@ -114,19 +156,20 @@ def run(args: argparse.Namespace) -> dict:
         state = load_state(name)
         port = 29700
         for rnd in range(args.repeats):
-            for schedule, compiled in CONFIGS:
-                key = _key(schedule, bool(compiled), args.backend)
+            for schedule, mode in configs:
+                key = _key(schedule, mode, args.backend)
                 records = scratch / f"r{rnd}-{len(rows)}.records.json"
+                wait = "600" if mode == "python_reducer" else "300"  # a peer may still be compiling
                 argv = ["dpcomm", "train", "--model", args.model, "--batch-size", str(args.batch),
                         "--iters", str(args.iters), "--schedule", schedule, "--threads", str(threads),
-                        "--timeout", "300", "--json", "--records-json", str(records)]  # fmt: skip
-                if compiled:
-                    argv += ["--compile", args.backend]
+                        "--timeout", wait, "--json", "--records-json", str(records),
+                        *_compile_args(mode, args.backend)]  # fmt: skip
                 load0, ticks0, t0 = loadavg(), cpu_ticks(), time.time()
-                res = launch_workers(state, argv, master_port=port, timeout_s=args.timeout)
+                res = launch_workers(state, argv, master_port=port, timeout_s=args.timeout,
+                                     env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})  # fmt: skip
                 port += 1
-                row = {"round": rnd, "config": key, "schedule": schedule, "compiled": bool(compiled),
-                       "loadavg_before": load0, "loadavg_after": loadavg(),
+                row = {"round": rnd, "config": key, "schedule": schedule, "compiled": bool(mode),
+                       "compile_mode": mode, "loadavg_before": load0, "loadavg_after": loadavg(),
                        "cpu_busy_share": busy_share(ticks0, cpu_ticks()), "launch_s": res.seconds,
                        "started_unix": t0, "returncodes": res.returncodes}  # fmt: skip
                 if res.ok:
@@ -139,28 +182,43 @@ def run(args: argparse.Namespace) -> dict:
                     err = [ln for ln in res.stderr(0).splitlines() if ln.strip() and not ln.startswith("[W")]
                     row["error"] = err[-1] if err else "no error message"
                 rows.append(row)
-                pred = row.get("predicted_t_iter_s")
-                print(f"round {rnd} {key:<28} t_iter {row.get('t_iter_s', float('nan')) * 1e3:7.1f} ms"
+                pred, fused = row.get("predicted_t_iter_s"), row.get("compiled_allreduces")
+                print(f"round {rnd} {key:<50} t_iter {row.get('t_iter_s', float('nan')) * 1e3:7.1f} ms"
                       + (f", predicted {pred * 1e3:7.1f} ms" if pred else "")
+                      + (f", {fused} all-reduces compiled" if fused is not None else "")
                       + f", load {load0} -> {row['loadavg_after']}, {res.seconds:.0f} s"
                       + (f", ERROR {row['error']}" if "error" in row else ""), flush=True)  # fmt: skip
     finally:
         down(name)
-    return {"rows": rows, "table": table(rows, args.backend)}
+    return {"rows": rows, "table": table(rows, args.backend), "inductor_cache": str(cache)}
+
+
+def _defaults_of(mode: str | None, present: set[str], backend: str) -> str:
+    """The configuration a row's ratio is taken against: its compile mode's defaults (``ddp`` compiled that
+    way); eager rows: compiled DDP's, else compiled autograd's."""
+    if mode is not None:
+        return _key("ddp", mode, backend)
+    return next(
+        (k for k in (_key("ddp", m, backend) for m in MODES) if k in present), _key("ddp", MODES[0], backend)
+    )
 
 
 def table(rows: list[dict], backend: str) -> list[dict]:
-    """Per configuration: median t_iter over the rounds, against compiled DDP's defaults (per round, then
-    the median ratio), and the prediction's error (per round, the median)."""
-    base_key = _key("ddp", True, backend)
-    base = {r["round"]: r["t_iter_s"] for r in rows if r["config"] == base_key and "t_iter_s" in r}
+    """Per configuration: median t_iter over the rounds, against compiled DDP's defaults in its compile mode
+    (per round, then the median ratio), and the prediction's error (per round, the median)."""
+    present = {r["config"] for r in rows}
     out = []
     for key in dict.fromkeys(r["config"] for r in rows):
         mine = [r for r in rows if r["config"] == key and "t_iter_s" in r]
         if not mine:
             out.append({"config": key, "error": next(r.get("error") for r in rows if r["config"] == key)})
             continue
+        base_key = _defaults_of(mine[0].get("compile_mode", "ddp_optimizer" if mine[0]["compiled"] else None),
+                                present, backend)  # fmt: skip
+        base = {r["round"]: r["t_iter_s"] for r in rows if r["config"] == base_key and "t_iter_s" in r}
         ratios = [r["t_iter_s"] / base[r["round"]] for r in mine if r["round"] in base]
+        exposed = [r["exposed_comm_s"] for r in mine if r.get("exposed_comm_s_median_s", 0.0) is not None]
+        fused = [r["compiled_allreduces"] for r in mine if r.get("compiled_allreduces") is not None]
         preds = [r for r in mine if r.get("predicted_t_iter_s")]
         predicted = [r["predicted_t_iter_s"] for r in preds]
         steady_rows = [r for r in mine if "predicted_steady_t_iter_s" in r]
@@ -170,10 +228,12 @@ def table(rows: list[dict], backend: str) -> list[dict]:
             "t_iter_s": statistics.median(r["t_iter_s"] for r in mine),
             "t_iter_s_all": [r["t_iter_s"] for r in mine],
             "vs_compiled_ddp": statistics.median(ratios) if ratios else None,
+            "vs_defaults_of": base_key,
             "predicted_t_iter_s": statistics.median(predicted) if preds else None,
             "prediction_error": statistics.median(r["predicted_t_iter_s"] / r["t_iter_s"] - 1 for r in preds)
             if preds else None,
-            "exposed_comm_s": statistics.median(r["exposed_comm_s"] for r in mine),
+            "exposed_comm_s": statistics.median(exposed) if exposed else None,
+            "compiled_allreduces": fused or None,
             "predicted_steady_t_iter_s": statistics.median(steady) if steady else None,
             "steady_prediction_error": statistics.median(
                 r["predicted_steady_t_iter_s"] / r["t_iter_s"] - 1 for r in steady_rows
@@ -192,9 +252,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="rounds of every configuration")
     p.add_argument("--backend", default="aot_eager", help="--compile's backend")
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (cores/servers)")
-    p.add_argument("--timeout", type=float, default=900.0, help="seconds per launch")
+    p.add_argument("--timeout", type=float, default=900.0, help="seconds per launch (inductor: minutes)")
+    p.add_argument(
+        "--modes", default="ddp_optimizer", help=f"compile modes, comma-separated: {', '.join(MODES)}"
+    )
+    p.add_argument("--inductor-cache", default=None, help="TORCHINDUCTOR_CACHE_DIR of every launch")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not args.modes or set(args.modes) - set(MODES):
+        p.error(
+            f"--modes takes {', '.join(MODES)} (comma-separated), got {','.join(args.modes) or 'nothing'}"
+        )
     if os.geteuid() != 0:
         print("needs root (network namespaces)", file=sys.stderr)
         return 2
@@ -207,12 +276,15 @@ def main(argv: list[str] | None = None) -> int:
                "machine": f"2-core VM ({platform.machine()}), {os.cpu_count()} CPU cores",
                "torch": torch.__version__, "python": platform.python_version(),
                "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "topology": args.topology,
-               "rate": args.rate, "model": args.model, "batch": args.batch, "iters": args.iters}  # fmt: skip
+               "rate": args.rate, "model": args.model, "batch": args.batch, "iters": args.iters,
+               "modes": args.modes}  # fmt: skip
     for t in result["table"]:
         if "error" in t:
-            print(f"{t['config']:<28} ERROR {t['error']}")
+            print(f"{t['config']:<50} ERROR {t['error']}")
             continue
         ratio = f"{t['vs_compiled_ddp']:.3f}" if t["vs_compiled_ddp"] is not None else "-"
+        exposed = f"{t['exposed_comm_s'] * 1e3:6.1f}" if t["exposed_comm_s"] is not None else "     -"
+        fused = f"  all-reduces {t['compiled_allreduces']}" if t["compiled_allreduces"] else ""
         pred = (f"predicted {t['predicted_t_iter_s'] * 1e3:7.1f} ms ({t['prediction_error']:+.1%})"
                 if t["predicted_t_iter_s"] else "")  # fmt: skip
         if t["predicted_steady_t_iter_s"]:
@@ -220,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
                 f", steady compute {t['predicted_steady_t_iter_s'] * 1e3:7.1f} ms "
                 f"({t['steady_prediction_error']:+.1%})"
             )
-        print(f"{t['config']:<28} t_iter {t['t_iter_s'] * 1e3:7.1f} ms  x{ratio} of compiled DDP  {pred}")
+        print(f"{t['config']:<50} t_iter {t['t_iter_s'] * 1e3:7.1f} ms  x{ratio} of {t['vs_defaults_of']}  "
+              f"exposed {exposed} ms  {pred}{fused}")  # fmt: skip
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -68,12 +68,15 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     DistributedDataParallel(torch.compile(copy)) with the plan's caps, trained side by side."""
     from dpcomm.ddp import wrap
 
-    rank, _ = init_worker()
+    rank, world = init_worker()
     torch.set_num_threads(1)
     out = []
     for case in cases:
         if "fsdp" in case:
             out.append(_fsdp_case(case, rank))
+            continue
+        if "train" in case:
+            out.append(_train_case(case, rank, world))
             continue
         build, batch_of, _ = {**CORPUS, **ZOO}[case["model"]]
         torch.manual_seed(0)
@@ -130,6 +133,31 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             torch._dynamo.config.optimize_ddp = "ddp_optimizer"
         out.append(r)
     return out
+
+
+def _train_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
+    """``dpcomm train`` (``case["train"]``: :class:`TrainConfig` keyword arguments; ``case["schedules"]``
+    compared in one run, on the same batches) in this launch, after the checks ``train`` makes. With
+    ``case["passes"]``, ``torch.compile``'s ``inductor`` backend runs as ``BACKENDS["inductor-passes"]``:
+    inductor's decompositions and post-grad passes (DDP's all-reduce fusion, ``fuse_by_plan``, among them)
+    without its code generation, for this case only."""
+    from dpcomm.train.checks import check
+    from dpcomm.train.config import TrainConfig
+    from dpcomm.train.loop import _train_rank
+
+    wrapper = torch._TorchCompileInductorWrapper
+    call = wrapper.__call__
+    if case.get("passes"):
+        wrapper.__call__ = lambda self, gm, inputs: _inductor_passes(gm, inputs)
+    try:
+        torch._dynamo.reset()
+        cfg = TrainConfig(**case["train"])
+        parsed = check(cfg, case["schedules"]).schedules
+        return {"results": _train_rank(cfg, parsed, rank, world, 0, {"iteration": None})}
+    except Exception as exc:
+        return {"error": f"{type(exc).__name__}: {exc}", "trace": traceback.format_exc(limit=8)}
+    finally:
+        wrapper.__call__ = call
 
 
 def _fsdp_state(model: torch.nn.Module) -> dict[str, Any]:

@@ -214,6 +214,14 @@ CASES = [
     ([*_FSDP, "mgwfbp", "--compile"], "--compile runs PyTorch's DDP or FSDP2 compiled: use ddp[:PLANNER]"),
     ([*_FSDP, "ddp:mgwfbp", "--compile", "Bad-Name!"], "--compile takes a torch.compile backend name"),
     ([*_FSDP, "ddp:mgwfbp", "--compile", "--replan-every", "2"], "--compile with --replan-every"),
+    # --compiled-autograd: ddp kinds, --compile inductor (only it fuses the all-reduces), native, one plan
+    ([*_FSDP, "ddp:wfbp", "--compiled-autograd"], "--compiled-autograd needs --compile inductor: only"),
+    ([*_FSDP, "ddp", "--compile", "aot_eager", "--compiled-autograd"], "got --compile aot_eager"),
+    ([*_FSDP, "fsdp:per-block", "--compile", "--compiled-autograd"], "use ddp or ddp:PLANNER, not fsdp:"),
+    ([*_FSDP, "mgwfbp", "--compile", "--compiled-autograd"], "--compile runs PyTorch's DDP or FSDP2"),
+    ([*_FSDP, "ddp:wfbp", "--compile", "--compiled-autograd", "--replan-every", "2"], "the backward"),
+    ([*_FSDP, "ddp:wfbp", "--compile", "--compiled-autograd", "--collective", "ring"], "ring cannot run"),
+    ([*_FSDP, "ddp", "--compile", "--compiled-autograd", "--collective", "ring"], "needs a dpcomm schedule"),
     # issue 41: the figure's format, node counts, size lists and trace files
     (["validate", "--no-run", "--out", "adir", "--plot", "x.nosuchsuffix"], "cannot draw a '.nosuchsuffix'"),
     (["plan", "--trace", "lenet5", "--nodes", "99999999999999999999"], "more than the 16,384 nodes"),

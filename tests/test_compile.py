@@ -54,11 +54,23 @@ with ``DPCOMM_COMPILE_MATRIX=1`` (it skips, saying so, otherwise)."""
 FSDP = {"model": "gpt2-tiny", "fsdp": "per-block", "backend": "aot_eager"}
 """Compiled FSDP2: ``dpcomm.fsdp.shard_compiled`` (shard, time the compiled units, compile them)."""
 
+TRAIN_CA = {
+    "train": dict(model="lenet5", nproc=2, iters=3, batch_size=4, threads=1, profile_iters=1, verify_iters=1,
+                  progress=False, compile="inductor", compiled_autograd=True),
+    "schedules": ["ddp", "ddp:wfbp"], "passes": True,
+}  # fmt: skip
+"""``dpcomm train --compile inductor --compiled-autograd`` on the zoo's smallest model: plain ``ddp`` (DDP's
+defaults: inductor's greedy fusion) and ``ddp:wfbp`` (a plan group per layer) side by side on the same
+batches (``compare_schedules``), through inductor's post-grad passes without its code generation (``passes``:
+~25 s more for a real inductor compile here; ``DPCOMM_COMPILE_MATRIX=1`` runs that too)."""
+
+REDUCER_AT, FSDP_AT, TRAIN_AT = len(CASES), len(CASES) + 1, len(CASES) + 2
+
 
 @pytest.fixture(scope="module")
 def runs():
-    out = launch(W.compiled_cases, 2, CASES + [REDUCER, FSDP])
-    return [[r[i] for r in out] for i in range(len(CASES) + 2)]
+    out = launch(W.compiled_cases, 2, CASES + [REDUCER, FSDP, TRAIN_CA])
+    return [[r[i] for r in out] for i in range(len(CASES) + 3)]
 
 
 @pytest.fixture(scope="module")
@@ -162,8 +174,8 @@ def test_compiled_trace_gives_each_unit_its_compiled_times():
 
 @pytest.mark.slow
 def test_compiled_autograd_fuses_the_plans_buckets(runs):
-    assert len(runs[-2][0]["plan_groups"]) == 3  # wfbp: a group per linear, where inductor makes one bucket
-    _check_fused(runs[-2], greedy=1)
+    assert len(runs[REDUCER_AT][0]["plan_groups"]) == 3  # wfbp: a group per linear, inductor's greedy: one
+    _check_fused(runs[REDUCER_AT], greedy=1)
 
 
 @pytest.mark.slow
@@ -176,7 +188,7 @@ def test_compiled_autograd_matrix(matrix, index):
 
 @pytest.mark.slow
 def test_compiled_fsdp_keeps_units_and_prefetch_and_prices_compiled_times(runs):
-    for rank, r in enumerate(runs[-1]):
+    for rank, r in enumerate(runs[FSDP_AT]):
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
         assert r["state"] == r["uncompiled_state"]  # FSDP2's units and prefetch lists: as a plain shard's
         assert r["sha"] == r["twin_sha"]  # the same plan (units, depth, reshard)
@@ -189,8 +201,8 @@ def test_compiled_fsdp_keeps_units_and_prefetch_and_prices_compiled_times(runs):
         assert sum(r["unit_backward_s"]) > 0 and r["time_s"] > 0 and r["time_s"] != r["eager_time_s"]
         assert r["losses"] == pytest.approx(r["ref_losses"], rel=1e-6)  # fully_shard + compile per block
         assert r["replicas"] and not r["warnings"]
-    assert runs[-1][0]["unit_forward_s"] == runs[-1][1]["unit_forward_s"]  # averaged over ranks
-    assert runs[-1][0]["time_s"] == runs[-1][1]["time_s"]
+    assert runs[FSDP_AT][0]["unit_forward_s"] == runs[FSDP_AT][1]["unit_forward_s"]  # averaged over ranks
+    assert runs[FSDP_AT][0]["time_s"] == runs[FSDP_AT][1]["time_s"]
 
 
 @pytest.fixture(scope="module")
@@ -215,3 +227,39 @@ def test_train_compile_trains_like_eager(trained, schedule):
     assert compiled.loss_final == pytest.approx(eager.loss_final, rel=1e-5)
     assert len(set(compiled.params_sha256)) == 1  # replicas identical
     assert compiled.iterations == eager.iterations == 4
+
+
+def _check_train_compiled_autograd(results: list[dict]) -> None:
+    """Plain ``ddp`` and ``ddp:wfbp`` under ``--compiled-autograd`` (rank 0's results, ``TRAIN_CA``)."""
+    from dpcomm.train.config import TrainResult
+    from dpcomm.train.report import predict
+
+    assert "error" not in results, f"{results.get('error')}\n{results.get('trace')}"
+    plain, planned = (TrainResult(**r) for r in results["results"])
+    assert planned.loss_final == pytest.approx(plain.loss_final, rel=1e-5)  # plain compiled-autograd DDP's
+    for r in (plain, planned):
+        assert len(set(r.params_sha256)) == 1 and r.iterations == 3  # replicas identical
+        assert all(x["compiled_autograd"] for x in r.records)
+    layers = planned.trace["layers"]
+    groups = [sorted(n for u in g for n in layers[u]["param_names"]) for g in planned.plan["groups"]]
+    assert [sorted(b) for b in planned.compiled_buckets] == groups and len(groups) == 4  # wfbp: one per layer
+    assert planned.compiled_allreduces == 4 and plain.compiled_allreduces >= 1  # inductor's greedy buckets
+    extra = planned.trace.get("extra", planned.trace)
+    assert extra["measured_by"] == "dpcomm.ddp.compiled" and extra["backend"] == "inductor"  # compiled times
+    assert predict(planned) is not None  # --json's predicted_t_iter_s
+    assert planned.to_json()["compiled_buckets"] == planned.compiled_buckets
+    assert plain.to_json()["compiled_allreduces"] == plain.compiled_allreduces
+
+
+@pytest.mark.slow
+def test_train_compiled_autograd_runs_the_plans_buckets(runs):
+    _check_train_compiled_autograd(runs[TRAIN_AT][0])
+
+
+@pytest.mark.slow
+def test_train_compiled_autograd_with_inductor():
+    """``TRAIN_CA`` with inductor's code generation: ``DPCOMM_COMPILE_MATRIX=1`` (~25 s more)."""
+    if os.environ.get("DPCOMM_COMPILE_MATRIX") != "1":
+        pytest.skip("dpcomm train --compiled-autograd, inductor's code generation: DPCOMM_COMPILE_MATRIX=1")
+    out = launch(W.compiled_cases, 2, [{**TRAIN_CA, "passes": False}])
+    _check_train_compiled_autograd(out[0][0])

@@ -4,6 +4,7 @@ Examples::
 
     dpcomm train --nproc 4 --model lenet5 --data digits --epochs 8 --schedule mgwfbp
     dpcomm train --nproc 2 --model resnet20 --schedule ddp --iters 30 --json
+    dpcomm train --nproc 2 --model gpt2-tiny --schedule ddp:optimal --compile inductor --compiled-autograd
     dpcomm train --nproc 2 --schedule wfbp --checkpoint ckpt --checkpoint-every 10 --iters 100 [--resume]
     # on each of two machines (as torchrun):
     dpcomm train --nproc 4 --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29500 ...
@@ -84,6 +85,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="BACKEND",
         help="ddp, fsdp: schedules: torch.compile the model (BACKEND: inductor, the default, or aot_eager)",
+    )
+    p.add_argument(
+        "--compiled-autograd",
+        action="store_true",
+        help="ddp, ddp:PLANNER with --compile inductor: compiled autograd (optimize_ddp=python_reducer), the "
+        "all-reduces fused in the compiled backward (ddp: inductor's 25 MB buckets; ddp:PLANNER: the plan's)",
     )
     p.add_argument(
         "--replan-every",

@@ -56,6 +56,18 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
         raise UserError(
             f"--compile runs PyTorch's DDP or FSDP2 compiled: use ddp[:PLANNER] or fsdp:PLANNER, not {odd[0]}"
         )
+    if cfg.compiled_autograd:
+        other = [s for s, _ in parsed if str(s).strip().split(":", 1)[0] != "ddp"]
+        if other:
+            raise UserError(
+                f"--compiled-autograd runs PyTorch's DDP (its python reducer): use ddp or ddp:PLANNER, "
+                f"not {other[0]}"
+            )
+        if cfg.collective != "native":
+            raise UserError(
+                "--compiled-autograd: DDP calls a comm hook per parameter there, not per bucket; "
+                f"--collective {cfg.collective} cannot run, use native"
+            )
     if cfg.memory is not None and not any(str(s).strip().startswith("fsdp:") for s, _ in parsed):
         raise UserError("--memory is the budget of fsdp:PLANNER schedules; none is given")
     if servers:

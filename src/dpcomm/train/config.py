@@ -97,6 +97,11 @@ class TrainConfig:
     """``torch.compile`` backend (``inductor``, ``aot_eager``, ...) for the ``ddp`` and ``fsdp:`` kinds: DDP
     wraps the compiled model (its plan cut where the graph can be, :mod:`dpcomm.ddp.compiled`), FSDP2
     compiles each unit after sharding; None: eager."""
+    compiled_autograd: bool = False
+    """``ddp`` kinds with ``compile="inductor"``: compiled autograd (``optimize_ddp="python_reducer"``, each
+    backward traced with DDP's all-reduces in it and compiled by inductor, whose post-grad pass fuses them:
+    DDP's greedy 25 MB buckets for ``ddp``, the plan's groups for ``ddp:PLANNER``, :mod:`dpcomm.ddp.
+    compiled_autograd`); False: compiled DDP (``DDPOptimizer``) when ``compile`` is given."""
     replan_every: int = 0
     """Re-plan every this many steady iterations (dpcomm's runtime with a planner name): time the layers
     and the all-reduce again, plan on the root, switch when the model predicts a gain (see
@@ -140,6 +145,16 @@ class TrainConfig:
         need(self.timeout_s > 0, f"timeout must be positive, got {self.timeout_s}")
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         need(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        need(
+            not self.compiled_autograd or self.compile == "inductor",
+            "--compiled-autograd needs --compile inductor: only inductor fuses the all-reduces compiled "
+            f"autograd traces into the backward, got --compile {self.compile or '(none)'}",
+        )
+        need(
+            not (self.compiled_autograd and self.replan_every),
+            "--compiled-autograd with --replan-every: a new DDP would reuse the backward compiled for the "
+            "old plan",
+        )
         need(
             self.compile is None or not self.replan_every,
             "--compile with --replan-every: a new DDP would reuse the graphs dynamo split for the old plan",
@@ -215,9 +230,16 @@ class TrainResult:
     """Rank 0's per-iteration records (forward_s, backward_s, exposed_comm_s, step_s, total_s, ...)."""
     chrome_trace: str | None = None
     """The Chrome trace written (rank 0), if any."""
+    compiled_buckets: list[list[str]] | None = None
+    """``--compiled-autograd``, ``ddp:PLANNER``: the all-reduces the compiled backward ran, each as its
+    parameters' names (graph order; ``ddp.dpcomm.compiled_buckets`` of the last backward graph compiled)."""
+    compiled_allreduces: int | None = None
+    """``--compiled-autograd``: how many all-reduces inductor's fusion left in the compiled backward (plain
+    ``ddp``: inductor's greedy buckets, ``counters["inductor"]["ddp_buckets"]``)."""
 
     def to_json(self) -> dict[str, Any]:
-        """The ``--json`` object: exactly the documented keys, plus ``test_accuracy`` for digits."""
+        """The ``--json`` object: exactly the documented keys, plus ``test_accuracy`` for digits and
+        ``compiled_allreduces``/``compiled_buckets`` under ``--compiled-autograd``."""
         out = {
             "nproc": self.nproc,
             "schedule": self.schedule,
@@ -230,6 +252,10 @@ class TrainResult:
         }
         if self.test_accuracy is not None:
             out["test_accuracy"] = self.test_accuracy
+        if self.compiled_allreduces is not None:  # --compiled-autograd: the fused all-reduces
+            out["compiled_allreduces"] = self.compiled_allreduces
+        if self.compiled_buckets is not None:
+            out["compiled_buckets"] = self.compiled_buckets
         return out
 
 

@@ -15,6 +15,13 @@ layers are profiled again on that iteration's batch and the all-reduce measured
 (:func:`dpcomm.ddp.wrap.plan_on_workers`), rank 0 plans and decides as dpcomm's runtime does
 (:mod:`dpcomm.train.replan`), and on a switch a new DDP module is built around the same parameters with the
 new plan's bucket caps (the optimizer and its state stay). That iteration is a ``profile`` record.
+
+``--compiled-autograd`` (``--compile inductor``, :mod:`dpcomm.train.ddp_replica`): the plan is made as
+``wrap`` makes it under compiled autograd, on the eager profile, but with its times scaled to a compiled
+copy's forward and backward (:func:`dpcomm.ddp.planning.compiled_times`, as for compiled DDP: one more
+compile per rank, which inductor's FX graph cache keeps); ``wrap`` then builds DDP with the plan's groups
+marked for ``fuse_by_plan``, and each backward runs under compiled autograd. ``ddp.dpcomm.compiled_buckets``
+(the all-reduces of the compiled backward, read back from its graph) is reported as ``compiled_buckets``.
 """
 
 from __future__ import annotations
@@ -68,7 +75,7 @@ class DDPPlanReplica(DDPTimedReplica):
         self._steady = 0  # steady iterations since the plan in use was adopted
         stamp = self._stamp
         for p in self.model.parameters():  # the last gradient accumulated marks the end of backward compute
-            if p.requires_grad:
+            if p.requires_grad and self._backward is None:  # compiled autograd would trace the hook
                 p.register_post_accumulate_grad_hook(stamp)
 
     def _stamp(self, _p: Any) -> None:
@@ -79,10 +86,13 @@ class DDPPlanReplica(DDPTimedReplica):
 
         cfg = self.cfg
         t0 = time.perf_counter()
-        self.wrapper = wrap(
-            compiled(self.model, cfg), self._resume_plan or self._parsed.text, example=x,
-            collective=cfg.collective, profile_iters=cfg.profile_iters, verify_iters=cfg.verify_iters,
-        )  # fmt: skip
+        if self._backward is not None and self._resume_plan is None:
+            self.wrapper = self._wrap_compiled_autograd(x)
+        else:
+            self.wrapper = wrap(
+                compiled(self.model, cfg), self._resume_plan or self._parsed.text, example=x,
+                collective=cfg.collective, profile_iters=cfg.profile_iters, verify_iters=cfg.verify_iters,
+            )  # fmt: skip
         w = self.wrapper.dpcomm
         sizes = "+".join(str(len(g)) for g in w.plan.groups)
         trial = ""
@@ -94,6 +104,33 @@ class DDPPlanReplica(DDPTimedReplica):
         )
         if w.caps.note:
             self.log.append(f"[rank {self.rank}] {w.caps.note}")
+
+    def _wrap_compiled_autograd(self, x: Any) -> Any:
+        """``wrap`` under compiled autograd, its plan made on the eager profile scaled to a compiled copy's
+        times (``wrap`` itself plans on the eager profile in this mode); the trace and cost kept on
+        ``ddp.dpcomm``, as ``wrap`` keeps them, for ``predicted_t_iter_s``."""
+        from dpcomm.ddp import wrap
+        from dpcomm.ddp.planning import compiled_times, plan_on_workers
+        from dpcomm.utils.user_run import untouched
+
+        cfg, model = self.cfg, self.model
+        net = compiled(model, cfg)
+        with untouched(model):
+            plan, trace, cost = plan_on_workers(
+                model, self._parsed.text, example=x, collective=cfg.collective,
+                profile_iters=cfg.profile_iters,
+                retime=lambda t: compiled_times(model, net, x, t, iters=cfg.profile_iters),
+            )  # fmt: skip
+        ddp = wrap(net, plan, example=x, collective=cfg.collective, verify_iters=0)
+        ddp.dpcomm.trace, ddp.dpcomm.cost = trace, cost
+        ms = {k: v * 1e3 for k, v in trace.extra.items() if k.endswith("_s") and isinstance(v, float)}
+        self.log.append(
+            f"[rank {self.rank}] planned on the eager profile scaled to the {trace.extra.get('backend')}-"
+            f"compiled copy's forward {ms.get('compiled_forward_s', 0):.1f} ms and backward "
+            f"{ms.get('compiled_backward_s', 0):.1f} ms (eager {ms.get('eager_forward_s', 0):.1f} and "
+            f"{ms.get('eager_backward_s', 0):.1f} ms); its groups: the compiled backward's all-reduces"
+        )
+        return ddp
 
     def _replan(self, x: Any) -> None:
         """Profile and measure again, plan on rank 0; on a predicted gain, a new DDP with the new caps."""
@@ -139,7 +176,16 @@ class DDPPlanReplica(DDPTimedReplica):
             self._steady = 0
         phase = Phase.PROFILE if first or again else Phase.STEADY
         self._steady += phase is Phase.STEADY
-        return self._step(x, y, phase, self.wrapper.dpcomm.plan.schedule)
+        loss = self._step(x, y, phase, self.wrapper.dpcomm.plan.schedule)
+        if first and self._backward is not None:
+            fused = self.wrapper.dpcomm.compiled_buckets
+            groups = len(self.wrapper.dpcomm.caps.param_groups)
+            none = "" if fused else " (none read back from the graph)"
+            self.log.append(
+                f"[rank {self.rank}] compiled backward: {len(fused[-1]) if fused else 0} fused all-reduces "
+                f"for {groups} plan groups{none}"
+            )
+        return loss
 
     @property
     def plan(self) -> Plan | None:
@@ -160,11 +206,20 @@ class DDPPlanReplica(DDPTimedReplica):
             "trace": w.trace.to_dict() if w is not None and w.trace is not None else None,
             "cost": cost,
             "grad_buffer_bytes": sum(int(c * (1 << 20)) for c in w.caps.bucket_cap_mb_list) if w else None,
+            **self._compiled_fields(w),
         }
+
+    def _compiled_fields(self, w: Any) -> dict[str, Any]:
+        """``--compiled-autograd``: the all-reduces of the last backward graph compiled (their parameters)."""
+        if self._backward is None or w is None:
+            return {}
+        last = [list(b) for b in w.compiled_buckets[-1]] if w.compiled_buckets else []
+        return {"compiled_buckets": last, "compiled_allreduces": len(last)}
 
     def close(self) -> None:
         if self.wrapper is not None and self.wrapper.dpcomm.hook_state is not None:
             self.wrapper.dpcomm.hook_state.close()
+        self._restore_mode()
 
 
 register_kind(

@@ -61,9 +61,12 @@ def train(cfg: TrainConfig) -> TrainResult:
     if cfg.records_json and cfg.node_rank == 0:  # rank 0 runs on node 0
         from dpcomm.utils.io import atomic_write_json
 
-        atomic_write_json(cfg.records_json, {"schedule": result.schedule, "log": result.log,
-                                             "records": result.records, "plan": result.plan,
-                                             "trace": result.trace, "cost": result.cost})  # fmt: skip
+        saved = {"schedule": result.schedule, "log": result.log, "records": result.records,
+                 "plan": result.plan, "trace": result.trace, "cost": result.cost}  # fmt: skip
+        if result.compiled_allreduces is not None:  # --compiled-autograd: what the compiled backward ran
+            saved |= {"compiled_allreduces": result.compiled_allreduces,
+                      "compiled_buckets": result.compiled_buckets}  # fmt: skip
+        atomic_write_json(cfg.records_json, saved)
     return result
 
 
