@@ -16,7 +16,8 @@ per split and per held-out set, and the worst row of each. Then it prices one 10
 ``dgx-h100:128`` (1,024 GPUs) with every schedule, each in a fresh model, and
 records the wall seconds. Writes ``<out>/data/netsim_multigpu.json``. ``--round-trip`` only fits each
 published table of several servers on itself as ``dpcomm calibrate --from-nccl-tests`` does (this is fitting,
-not validation) and prints what was fitted and the worst row of 64 MiB and up.
+not validation) and prints what was fitted (the size ranges where one set of values did not reproduce the
+table: ``dpcomm.sim.network.fit_ranges``) and the worst row of 64 MiB and up.
 """
 
 from __future__ import annotations
@@ -107,6 +108,14 @@ def round_trip(published: dict) -> None:
         what = f"nic_eff {t.nic_fraction:.3f}, intra_eff {t.intra_eff:.3f}"
         what += f", lat_scale {t.lat_scale:.3g}" if t.lat_scale is not None else ""
         what += f", channels {t.channels}" if t.channels else ""
+        if t.ranges:  # calibrate's size ranges: the spec's values below the first, each range's from its size
+            what = f"< {t.ranges[0].from_bytes >> 20} MiB: {t.algo or 'nccl'}, {what}"
+            for r in t.ranges:
+                own = ", ".join(f"{k} {getattr(r, k):.3g}" for k in ("lat_scale", "nic_eff", "intra_eff") if
+                                getattr(r, k) is not None)  # fmt: skip
+                ch = f" x{r.channels}" if r.channels else ""
+                what += f"; from {r.from_bytes >> 20} MiB: {r.algo or 'nccl'}{ch}"
+                what += f", {own}" if own else ""
         algo = fit.algorithm + (" (forced)" if forced else "")
         print(f"| {c['name']} | {algo} | {what} | {max(abs(e) for e in fit.errors()):.1%} |", flush=True)
 

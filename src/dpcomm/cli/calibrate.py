@@ -8,7 +8,8 @@ Sizes take K/M/G suffixes (powers of 1024): ``--sizes 4K 64K 1M``.
 ``all_reduce_perf`` output and fits that cluster's start-up (from its rows of 8 B to 64 KiB), and its
 achievable NIC and intra-server fractions, the latency of its bandwidth-bound calls and, where the log
 forced none, the algorithm that explains it best (from its rows of 64 MiB and up) on the topology
-(:mod:`dpcomm.sim.network.fit`); the file then serves ``plan --network``, and ``simulate``/``netsim
+(:mod:`dpcomm.sim.network.fit`), in up to 3 size ranges where one set of values leaves a row more than 5%
+off (:mod:`dpcomm.sim.network.fit_ranges`); the file then serves ``plan --network``, and ``simulate``/``netsim
 --network mycluster.json --topology dgx-h100:S`` on any server count of that cluster.
 """
 
@@ -182,6 +183,12 @@ def _from_nccl_tests(args: argparse.Namespace) -> int:
         f"{len(errs)} rows of {LARGE >> 20} MiB and up within {max(errs):.1%}",
         highlight=False,
     )
+    if t.ranges:  # one set of values left a large row more than 5% off (dpcomm.sim.network.fit_ranges)
+        console.print(
+            f"size ranges (as NCCL's tuner takes them; fitted, not validated): the values above below "
+            f"{t.ranges[0].from_bytes:,} B, then " + "; ".join(f"from {r.text}" for r in t.ranges),
+            highlight=False,
+        )
     if len(fit.tried) > 1:
         rms = ", ".join(f"{k} {v:.1%}" for k, v in fit.tried.items())
         console.print(f"algorithm: {fit.algorithm}, the best fit of: {rms} (rms log error)", highlight=False)

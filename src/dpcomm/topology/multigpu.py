@@ -39,7 +39,8 @@ lays them out:
   one that explained its table), which NCCL's own choice (``nccl``) is narrowed to; ``channels=C``, NCCL's
   ring and tree channels where its search makes more than this model's simplification of it;
   ``lat_scale=F`` (>= 0), NCCL's latency of a bandwidth-bound (LL128 or Simple) all-reduce times ``F``,
-  replacing the start-up per message there (:mod:`dpcomm.sim.network.nccl`);
+  replacing the start-up per message there (:mod:`dpcomm.sim.network.nccl`); ``ranges=FROM:key=value...+...``,
+  other values of those (and of the fractions) from a message size on (:mod:`dpcomm.topology.size_ranges`);
 * **network**: ``net=rail`` (default): rail-optimised, NIC ``n`` of every server on rail switch ``n``
   (non-blocking); a transfer to another server leaves through the NIC on the *destination* GPU's rail,
   reaching it over the intra-server fabric first when that is not the sender's own NIC (NCCL's PXN,
@@ -61,6 +62,7 @@ from dataclasses import dataclass
 
 from dpcomm.errors import UserError
 from dpcomm.topology.gpu_presets import PRESETS
+from dpcomm.topology.size_ranges import SizeRange, check, format_ranges, parse_ranges
 from dpcomm.topology.transports import TRANSPORTS, Transport
 
 __all__ = [
@@ -126,6 +128,9 @@ class MultiGPU:
     lat_scale: float | None = None
     """A calibration's factor on NCCL's latency of an LL128 or Simple all-reduce (None: no factor; the
     start-up per message or NCCL's latency as they are)."""
+    ranges: tuple[SizeRange, ...] = ()
+    """A calibration's size ranges: from each one's size on, its own values of the keys above
+    (:mod:`dpcomm.topology.size_ranges`); none: the spec's values at every size."""
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus < 1:
@@ -155,6 +160,7 @@ class MultiGPU:
             raise ValueError(
                 f"lat_scale={self.lat_scale:g} must be from 0 to 10000 (a factor on NCCL's latency)"
             )
+        check(self.ranges)
         for what, bps in (("intra-server rate", self.intra_bps), ("NIC rate", self.nic_bps)):
             if bps is not None and not 8e3 <= bps <= 1e15:
                 raise ValueError(f"{what} {bps:g} bit/s is outside 8kbit..1000tbit")
@@ -212,6 +218,7 @@ class MultiGPU:
             (f",algo={self.algo}" if self.algo else "")
             + (f",channels={self.channels}" if self.channels else "")
             + (f",lat_scale={self.lat_scale!r}" if self.lat_scale is not None else "")
+            + (f",ranges={format_ranges(self.ranges)}" if self.ranges else "")
         )
         return (
             f"gpus:{self.hosts},{self.gpus},{self.intra}={_fmt(self.intra_bps)}{ie},"
@@ -246,7 +253,7 @@ _BITS = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
 _EFF = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,17})?)\s*(?:/\s*(\d{1,9}(?:\.\d{1,17})?)\s*)?$")
 _KEYS = (
     "keys: nvlink, pcie, loopback, intra_eff, nics, nic, nic_eff, net, transport, arch, sharp, algo, "
-    "channels, lat_scale"
+    "channels, lat_scale, ranges"
 )
 _FORM = (
     "gpus:S,G[,nvlink=RATE|pcie=RATE|loopback=RATE][,intra_eff=F][,nics=N][,nic=RATE][,nic_eff=F][,net=rail|star]"
@@ -314,6 +321,8 @@ def parse_multigpu(spec: str) -> MultiGPU:
             fields[key] = value
         elif key == "lat_scale":
             fields[key] = _eff(key, value, shown)
+        elif key == "ranges":
+            fields[key] = parse_ranges(value, shown)
         elif key == "sharp":
             if value not in ("0", "1"):
                 raise UserError(f"bad topology '{shown}': sharp={value} is 0 or 1")

@@ -31,10 +31,17 @@
    simplification joins; more channels lift NCCL's per-channel caps), kept only where that halves the
    squared error.
 
+4. **Size ranges**, only where the above leaves a row of 64 MiB and up more than 5% off: as NCCL's tuner
+   plugin takes them, 2, else 3, contiguous ranges of the large rows, each with its own algorithm,
+   channels and latency factor, and its own fractions only where those are not enough (:mod:`.fit_ranges`;
+   written as ``ranges=``, :mod:`dpcomm.topology.size_ranges`). Fitting, not validation: a range is kept
+   because it reproduces the rows it was fitted on; the held-out comparison of docs/netsim.md uses none.
+
 The result names the fitted topology (a ``gpus:`` spec with ``nic_eff=``, ``intra_eff=`` and what else was
-fitted: ``lat_scale=``, ``algo=``, ``channels=``) and every
+fitted: ``lat_scale=``, ``algo=``, ``channels=``, ``ranges=``) and every
 row's measured and predicted time, so the caller can show how well it fits; :func:`apply_fit` puts a
-fitted file's fractions, latency factor, algorithm and channels on another size of the same cluster.
+fitted file's fractions, latency factor, algorithm, channels and size ranges on another size of the same
+cluster.
 """
 
 from __future__ import annotations
@@ -52,6 +59,7 @@ from dpcomm.sim.network.nccl_tests import NcclTestsLog
 from dpcomm.sim.network.nccl_tuning import algorithms_for, graph
 from dpcomm.sim.network.pricing import default_model
 from dpcomm.topology.multigpu import MultiGPU, is_multigpu_spec, parse_multigpu
+from dpcomm.topology.size_ranges import ranges_from_json, ranges_to_json
 
 __all__ = [
     "LARGE",
@@ -73,6 +81,7 @@ _LOW = 0.02  # the least fraction the fit tries
 _MAX_LAT_SCALE = 1e4  # the most lat_scale may be (MultiGPU's own bound)
 _GOLDEN_STEPS = 18  # golden-section steps: 0.618^18 = 1.7e-4 of the range
 _FULL_FITS = 3  # candidates fitted in full after the quick ranking
+_TOL = 0.05  # the worst error on a large row that needs size ranges (fit_ranges.TOL)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -110,6 +119,7 @@ class FabricFit:
             "alpha_s": self.alpha_s,
             "startup_s": self.startup_s,
             "gpus_per_server": t.gpus,
+            **({"ranges": ranges_to_json(t.ranges)} if t.ranges else {}),
         }
 
 
@@ -274,6 +284,13 @@ def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> Fab
     if forced != "nccl" and topo.algo is None:
         topo = dataclasses.replace(topo, algo=forced)  # later runs on this fabric take it as NCCL_ALGO
     got = _predict(topo, best, alpha, p, [n for n, _ in log.rows])
+    if any(abs(g / t - 1) >= _TOL for (n, t), g in zip(log.rows, got, strict=True) if n >= LARGE):
+        from dpcomm.sim.network import fit_ranges as _ranges
+
+        ranged = _ranges.split(topo, parse_multigpu(spec), names, alpha, p, large)  # point 4
+        if ranged is not None:
+            topo, best = ranged
+            got = _predict(topo, best, alpha, p, [n for n, _ in log.rows])
     rows = tuple((n, t, g) for (n, t), g in zip(log.rows, got, strict=True))
     fits = {k: math.sqrt(v[1][3] / len(large)) for k, v in tried.items()}
     return FabricFit(topology=topo, algorithm=best, alpha_s=alpha, startup_s=start, rows=rows, tried=fits)
@@ -288,6 +305,7 @@ def apply_fit(topo: MultiGPU, fabric: dict) -> MultiGPU:
             f"the network file was fitted on servers of {want} GPUs, the topology has {topo.gpus} per server"
         )
     scale, channels = fabric.get("lat_scale"), fabric.get("channels")
+    ranges = ranges_from_json(fabric["ranges"], "the network file") if "ranges" in fabric else topo.ranges
     try:
         return dataclasses.replace(
             topo,
@@ -296,6 +314,7 @@ def apply_fit(topo: MultiGPU, fabric: dict) -> MultiGPU:
             algo=fabric.get("algo") or topo.algo,
             channels=int(channels) if channels is not None else topo.channels,
             lat_scale=float(scale) if scale is not None else topo.lat_scale,
+            ranges=ranges,
         )
     except (TypeError, ValueError) as exc:
         raise UserError(f"the network file's fitted fabric does not fit {topo.spec}: {exc}") from None

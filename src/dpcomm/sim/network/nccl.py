@@ -17,6 +17,7 @@ Price of one all-reduce of ``S`` bytes on ``P`` ranks: ``T = L + T_flow``, where
   Simple call's ``L`` is ``F`` times NCCL's latency whatever the start-up, and its messages pay none (the
   latency of a bandwidth-bound call, which the small rows' LL start-up does not tell, fitted to the
   table's large rows: :mod:`.fit`); ``algo=`` narrows ``nccl`` to one algorithm, as ``NCCL_ALGO`` does;
+  with ``ranges=``, a message takes the values of the range its size falls in (:mod:`.size_model`);
 * ``T_flow`` is the flow model's time of the algorithm's messages (:mod:`.nccl_ring`, :mod:`.nccl_tree`,
   :mod:`.nvls`; NVLSTree's streaming step stretched by its pipeline's fill, ``(n + D - 1) / n`` for ``n``
   rounds of NCCL's chunks through ``D`` stages, :func:`.nvls.nvls_tree_rounds`), their bytes grown by the
@@ -37,7 +38,7 @@ import math
 
 from dpcomm.errors import UserError
 from dpcomm.messages import Step
-from dpcomm.sim.network import nccl_ring, nccl_tree, nccl_tuning, nvls
+from dpcomm.sim.network import nccl_ring, nccl_tree, nccl_tuning, nvls, size_model
 from dpcomm.sim.network._gpuparts import shape
 from dpcomm.topology.multigpu import MultiGPU
 
@@ -164,8 +165,10 @@ def _hops(t: MultiGPU, algorithm: str) -> int:
 def price(model, name: str, protocol: str | None, nbytes: int, p: int) -> tuple[float, list[Step], Picked]:
     """``(seconds, steps, picked)`` of ``name``'s all-reduce of ``nbytes`` on ``p`` ranks of ``model``'s
     fabric (module docstring)."""
+    t: MultiGPU = model.fabric.topology
+    if t.ranges:  # a calibration's size ranges: this size's values (dpcomm.topology.size_ranges)
+        model, t = size_model.at_size(model, nbytes)
     fabric = model.fabric
-    t: MultiGPU = fabric.topology
     picked = pick(t, name, protocol, nbytes, p, fabric.rate_bps)
     st = steps(t, picked, p, nbytes, fabric.servers)
     # a calibration's factor on NCCL's latency of a bandwidth-bound call replaces the start-up per message
