@@ -104,10 +104,18 @@ def _medians(path: Path, nproc: int) -> dict[str, float]:
         f"{k}_median_s": statistics.median(r[k] or 0.0 for r in steady)
         for k in ("forward_s", "backward_s", "exposed_comm_s", "step_s", "update_s")
     }
+    cost = saved.get("cost") or {}
+    if cost.get("overlap_per_byte_s") is not None:  # --probe-overlap: the prediction without it, beside
+        out["overlap_per_byte_s"] = cost["overlap_per_byte_s"]
+        bare = SimpleNamespace(trace=saved.get("trace"), plan=saved.get("plan"), update_s=out["update_s_median_s"],
+                               cost={k: v for k, v in cost.items() if k != "overlap_per_byte_s"}, nproc=nproc)  # fmt: skip
+        sim = predict(bare)
+        if sim is not None:
+            out["predicted_unprobed_t_iter_s"] = sim.t_iter_s
     if any(r.get("compiled_autograd") for r in steady):  # one backward graph with its all-reduces in it:
         out["exposed_comm_s_median_s"] = None  # not measured, and no steady-compute prediction
         return out | _profile(saved)
-    run = SimpleNamespace(trace=saved.get("trace"), plan=saved.get("plan"), cost=saved.get("cost"),
+    run = SimpleNamespace(trace=saved.get("trace"), plan=saved.get("plan"), cost=cost,
                           forward_s=out["forward_s_median_s"], backward_s=out["backward_s_median_s"],
                           update_s=out["update_s_median_s"], nproc=nproc)  # fmt: skip
     sim = predict(run, steady_compute=True)
@@ -152,7 +160,7 @@ def run(args: argparse.Namespace) -> dict:
     sigterm_exits()  # a killed run still takes its testbed down (finally)
     rows = []
     try:
-        up(TestbedConfig(name=name, topology=args.topology, rate_bps=parse_rate(args.rate)))
+        up(TestbedConfig(name=name, topology=args.topology, rate_bps=parse_rate(args.rate), mtu=args.mtu))
         state = load_state(name)
         port = 29700
         for rnd in range(args.repeats):
@@ -164,6 +172,8 @@ def run(args: argparse.Namespace) -> dict:
                         "--iters", str(args.iters), "--schedule", schedule, "--threads", str(threads),
                         "--timeout", wait, "--json", "--records-json", str(records),
                         *_compile_args(mode, args.backend)]  # fmt: skip
+                if args.probe_overlap and ":" in schedule:
+                    argv.append("--probe-overlap")
                 load0, ticks0, t0 = loadavg(), cpu_ticks(), time.time()
                 res = launch_workers(state, argv, master_port=port, timeout_s=args.timeout,
                                      env={"TORCHINDUCTOR_CACHE_DIR": str(cache)})  # fmt: skip
@@ -222,6 +232,7 @@ def table(rows: list[dict], backend: str) -> list[dict]:
         preds = [r for r in mine if r.get("predicted_t_iter_s")]
         predicted = [r["predicted_t_iter_s"] for r in preds]
         steady_rows = [r for r in mine if "predicted_steady_t_iter_s" in r]
+        unprobed = [r for r in mine if "predicted_unprobed_t_iter_s" in r]
         steady = [r["predicted_steady_t_iter_s"] for r in steady_rows]
         out.append({
             "config": key,
@@ -234,6 +245,10 @@ def table(rows: list[dict], backend: str) -> list[dict]:
             if preds else None,
             "exposed_comm_s": statistics.median(exposed) if exposed else None,
             "compiled_allreduces": fused or None,
+            "unprobed_prediction_error": statistics.median(
+                r["predicted_unprobed_t_iter_s"] / r["t_iter_s"] - 1 for r in unprobed
+            ) if unprobed else None,
+            "overlap_per_byte_s": statistics.median(r["overlap_per_byte_s"] for r in unprobed) if unprobed else None,
             "predicted_steady_t_iter_s": statistics.median(steady) if steady else None,
             "steady_prediction_error": statistics.median(
                 r["predicted_steady_t_iter_s"] / r["t_iter_s"] - 1 for r in steady_rows
@@ -246,6 +261,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--topology", default="star:2")
     p.add_argument("--rate", default="100mbit")
+    p.add_argument("--mtu", type=int, default=1500, help="the testbed's MTU (9000: jumbo frames)")
     p.add_argument("--model", default="gpt2-tiny")
     p.add_argument("--batch", type=int, default=96, help="samples per worker")
     p.add_argument("--iters", type=int, default=30, help="per launch (the first is never steady)")
@@ -257,6 +273,8 @@ def main(argv: list[str] | None = None) -> int:
         "--modes", default="ddp_optimizer", help=f"compile modes, comma-separated: {', '.join(MODES)}"
     )
     p.add_argument("--inductor-cache", default=None, help="TORCHINDUCTOR_CACHE_DIR of every launch")
+    p.add_argument("--probe-overlap", action="store_true",
+                   help="ddp:PLANNER: dpcomm train --probe-overlap (backward slowed beside all-reduces)")
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -276,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
                "machine": f"2-core VM ({platform.machine()}), {os.cpu_count()} CPU cores",
                "torch": torch.__version__, "python": platform.python_version(),
                "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "topology": args.topology,
-               "rate": args.rate, "model": args.model, "batch": args.batch, "iters": args.iters,
+               "rate": args.rate, "mtu": args.mtu, "model": args.model, "batch": args.batch, "iters": args.iters,
                "modes": args.modes}  # fmt: skip
     for t in result["table"]:
         if "error" in t:
@@ -287,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
         fused = f"  all-reduces {t['compiled_allreduces']}" if t["compiled_allreduces"] else ""
         pred = (f"predicted {t['predicted_t_iter_s'] * 1e3:7.1f} ms ({t['prediction_error']:+.1%})"
                 if t["predicted_t_iter_s"] else "")  # fmt: skip
+        if t["unprobed_prediction_error"] is not None:
+            pred += f", without the probe {t['unprobed_prediction_error']:+.1%}"
         if t["predicted_steady_t_iter_s"]:
             pred += (
                 f", steady compute {t['predicted_steady_t_iter_s'] * 1e3:7.1f} ms "

@@ -219,6 +219,7 @@ CASES = [
     ([*_FSDP, "ddp", "--compile", "aot_eager", "--compiled-autograd"], "got --compile aot_eager"),
     ([*_FSDP, "fsdp:per-block", "--compile", "--compiled-autograd"], "use ddp or ddp:PLANNER, not fsdp:"),
     ([*_FSDP, "mgwfbp", "--compile", "--compiled-autograd"], "--compile runs PyTorch's DDP or FSDP2"),
+    ([*_FSDP, "ddp", "--probe-overlap"], "--probe-overlap measures for ddp:PLANNER's prediction; no ddp:"),
     ([*_FSDP, "ddp:wfbp", "--compile", "--compiled-autograd", "--replan-every", "2"], "the backward"),
     ([*_FSDP, "ddp:wfbp", "--compile", "--compiled-autograd", "--collective", "ring"], "ring cannot run"),
     ([*_FSDP, "ddp", "--compile", "--compiled-autograd", "--collective", "ring"], "needs a dpcomm schedule"),

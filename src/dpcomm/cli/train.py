@@ -93,6 +93,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "all-reduces fused in the compiled backward (ddp: inductor's 25 MB buckets; ddp:PLANNER: the plan's)",
     )
     p.add_argument(
+        "--probe-overlap",
+        action="store_true",
+        help="ddp:PLANNER: measure backward's slowdown beside all-reduces and use it in predicted_t_iter_s",
+    )
+    p.add_argument(
         "--replan-every",
         type=int,
         default=0,

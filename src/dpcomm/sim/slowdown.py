@@ -25,7 +25,7 @@ from typing import Any
 from dpcomm.plan import Plan
 from dpcomm.trace.format import Trace
 
-__all__ = ["Slowdown", "fit_from_results", "fit_slowdown", "slowed_trace"]
+__all__ = ["Slowdown", "fit_from_results", "fit_slowdown", "overlap_slowed", "slowed_trace"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,3 +76,26 @@ def slowed_trace(trace: Trace, plan: Plan, slowdown: Slowdown) -> Trace:
         back[min(g)] += slowdown.per_msg_s + slowdown.per_byte_s * nbytes
     layers = tuple(replace(x, backward_s=b) for x, b in zip(trace.layers, back, strict=True))
     return replace(trace, layers=layers)
+
+
+def overlap_slowed(
+    trace: Trace, plan: Plan, cost: Any, nodes: int, per_byte_s: float, update_s: float = 0.0, rounds: int = 3
+) -> Any:
+    """The simulator's result with backward slowed by the bytes in flight beside it: each group's bytes
+    that the simulation has on the wire before backward ends, times ``per_byte_s`` (measured by
+    :func:`dpcomm.ddp.overlap_probe.probe_slowdown`), added to the backward of the layer that issues the
+    group. A slower backward keeps more bytes in flight, so the charge is recomputed from the previous
+    result, ``rounds`` times (from the unslowed simulation). Bytes sent after backward slow nothing."""
+    from dpcomm.sim import simulate
+
+    sim = simulate(trace, plan, cost, nodes, update_s=update_s)
+    for _ in range(rounds):
+        end = max((ev.end_s for ev in sim.compute if ev.phase == "backward"), default=0.0)
+        back = [layer.backward_s for layer in trace.layers]
+        for ev in sim.comm:
+            span = ev.end_s - ev.start_s
+            share = 1.0 if span <= 0 else min(1.0, max(0.0, (end - ev.start_s) / span))
+            back[min(ev.layers)] += per_byte_s * ev.nbytes * share
+        layers = tuple(replace(x, backward_s=b) for x, b in zip(trace.layers, back, strict=True))
+        sim = simulate(replace(trace, layers=layers), plan, cost, nodes, update_s=update_s)
+    return sim

@@ -102,6 +102,10 @@ class TrainConfig:
     backward traced with DDP's all-reduces in it and compiled by inductor, whose post-grad pass fuses them:
     DDP's greedy 25 MB buckets for ``ddp``, the plan's groups for ``ddp:PLANNER``, :mod:`dpcomm.ddp.
     compiled_autograd`); False: compiled DDP (``DDPOptimizer``) when ``compile`` is given."""
+    probe_overlap: bool = False
+    """``ddp:PLANNER``: after planning, measure how much backward slows per byte all-reduced beside it
+    (:mod:`dpcomm.ddp.overlap_probe`, ``2 * 3 + 1`` extra training passes of a copy) and charge it in
+    ``predicted_t_iter_s`` (:func:`dpcomm.sim.slowdown.overlap_slowed`); the plan is not changed."""
     replan_every: int = 0
     """Re-plan every this many steady iterations (dpcomm's runtime with a planner name): time the layers
     and the all-reduce again, plan on the root, switch when the model predicts a gain (see

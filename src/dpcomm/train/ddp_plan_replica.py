@@ -73,6 +73,7 @@ class DDPPlanReplica(DDPTimedReplica):
         saved = (ctx.state or {}).get("plan")
         self._resume_plan = Plan.from_dict(saved) if saved is not None else None
         self._steady = 0  # steady iterations since the plan in use was adopted
+        self.overlap_per_byte_s: float | None = None  # --probe-overlap's measure
         stamp = self._stamp
         for p in self.model.parameters():  # the last gradient accumulated marks the end of backward compute
             if p.requires_grad and self._backward is None:  # compiled autograd would trace the hook
@@ -104,6 +105,21 @@ class DDPPlanReplica(DDPTimedReplica):
         )
         if w.caps.note:
             self.log.append(f"[rank {self.rank}] {w.caps.note}")
+        if cfg.probe_overlap and w.cost is not None:
+            self._probe_overlap(x)
+
+    def _probe_overlap(self, x: Any) -> None:
+        """``--probe-overlap``: backward's slowdown per byte all-reduced beside it, for the prediction."""
+        from dpcomm.ddp.overlap_probe import probe_slowdown
+        from dpcomm.train.setup import grad_bytes
+
+        t0 = time.perf_counter()
+        slow = probe_slowdown(self.model, x, self.wrapper.dpcomm.cost, grad_bytes(self.model))
+        self.overlap_per_byte_s = None if slow is None else slow.per_byte_s
+        said = "no room beside backward to measure" if slow is None else f"{slow.per_byte_s * 1e9:.2f} ns/byte"
+        self.log.append(
+            f"[rank {self.rank}] backward beside all-reduces: {said} ({time.perf_counter() - t0:.1f} s)"
+        )
 
     def _wrap_compiled_autograd(self, x: Any) -> Any:
         """``wrap`` under compiled autograd, its plan made on the eager profile scaled to a compiled copy's
@@ -201,6 +217,8 @@ class DDPPlanReplica(DDPTimedReplica):
         cost = None
         if w is not None and w.cost is not None:
             cost = {"a": getattr(w.cost, "a", None), "b": getattr(w.cost, "b", None), "points": []}
+            if self.overlap_per_byte_s is not None:
+                cost["overlap_per_byte_s"] = self.overlap_per_byte_s
         return {
             "collective": self.cfg.collective,
             "trace": w.trace.to_dict() if w is not None and w.trace is not None else None,

@@ -75,6 +75,9 @@ def predict(result: TrainResult, steady_compute: bool = False) -> Any:
     ``steady_compute=True`` first scales the trace's forward and backward layer times so that their sums
     equal the run's steady-state medians ``t_f`` and ``t_b`` (the profiled iterations may have run under a
     different machine load): the remaining error is then the communication model's and the overlap's.
+    With ``overlap_per_byte_s`` in the cost (``--probe-overlap``, :mod:`dpcomm.ddp.overlap_probe`) and
+    the profiled compute, backward is slowed by the bytes in flight beside it
+    (:func:`dpcomm.sim.slowdown.overlap_slowed`).
     """
     if result.trace is None or result.plan is None or not result.cost or result.cost.get("a") is None:
         return None
@@ -92,9 +95,13 @@ def predict(result: TrainResult, steady_compute: bool = False) -> Any:
                   for layer in obj["layers"]]  # fmt: skip
         obj = {**obj, "layers": layers}
     cost = LinearCost(result.cost["a"], result.cost["b"])
-    return simulate(
-        trace_from_dict(obj), Plan.from_dict(result.plan), cost, result.nproc, update_s=result.update_s
-    )
+    trace, plan = trace_from_dict(obj), Plan.from_dict(result.plan)
+    per_byte = result.cost.get("overlap_per_byte_s")
+    if per_byte and not steady_compute:  # measured by --probe-overlap; a steady backward already has it
+        from dpcomm.sim.slowdown import overlap_slowed
+
+        return overlap_slowed(trace, plan, cost, result.nproc, per_byte, update_s=result.update_s)
+    return simulate(trace, plan, cost, result.nproc, update_s=result.update_s)
 
 
 def summary_table(results: list[TrainResult], title: str = "dpcomm train") -> Any:
