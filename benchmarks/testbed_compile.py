@@ -1,9 +1,8 @@
 """Compiled DDP on the emulated cluster: dpcomm's plan against compiled DDP's defaults, eager beside them.
 
-    sudo .venv/bin/python benchmarks/testbed_compile.py --topology star:2 --rate 100mbit --model gpt2-tiny \\
-        --batch 96 --iters 30 --repeats 2 --json docs/data/testbed/compile.json
-    # both compile modes: compiled DDP (DDPOptimizer) and compiled autograd (python reducer, inductor)
-    sudo .venv/bin/python benchmarks/testbed_compile.py ... --modes ddp_optimizer,python_reducer
+    sudo .venv/bin/python benchmarks/testbed_compile.py --topology star:2 --rate 80mbit --mtu 9000 \\
+        --model gpt2-tiny --batch 96 --iters 30 --repeats 3 --modes ddp_optimizer,python_reducer \\
+        --probe-overlap --json docs/data/testbed/compile_mtu9000.json          # docs/compile.md's table
 
 Needs root. The testbed is built once (named ``tc<pid in hex>``, removed at the end, also on an error or
 SIGTERM) and every configuration is one launch of ``dpcomm train --json`` per server (``--threads``
@@ -39,6 +38,10 @@ else compiled autograd's). Under compiled autograd the backward is one graph wit
 record's backward is the whole of it and the exposed communication is not measured (``-``), nor is the
 steady-compute prediction made (it would scale the profile to a backward that includes communication);
 each row has ``compiled_allreduces`` (and for a plan ``compiled_buckets``) from ``dpcomm train --json``.
+``--probe-overlap`` runs the planned configurations with ``dpcomm train --probe-overlap``: their
+prediction charges backward's measured slowdown beside the all-reduces (``dpcomm.ddp.overlap_probe``), and
+each row also has the prediction without it (``predicted_unprobed_t_iter_s``). ``--mtu`` sets the
+testbed's frames (9000: jumbo; fewer packets, less CPU taken from compute, docs/compile.md).
 Inductor's CPU compile takes minutes per worker here: every launch shares one ``TORCHINDUCTOR_CACHE_DIR``
 (``--inductor-cache``, default a folder of the run's scratch), so later rounds reuse what inductor cached
 (``fuse_by_plan`` makes inductor bypass its FX graph cache, so the planned runs compile their graphs anew),
