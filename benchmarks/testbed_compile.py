@@ -110,8 +110,9 @@ def _medians(path: Path, nproc: int) -> dict[str, float]:
     cost = saved.get("cost") or {}
     if cost.get("overlap_per_byte_s") is not None:  # --probe-overlap: the prediction without it, beside
         out["overlap_per_byte_s"] = cost["overlap_per_byte_s"]
-        bare = SimpleNamespace(trace=saved.get("trace"), plan=saved.get("plan"), update_s=out["update_s_median_s"],
-                               cost={k: v for k, v in cost.items() if k != "overlap_per_byte_s"}, nproc=nproc)  # fmt: skip
+        bare_cost = {k: v for k, v in cost.items() if k != "overlap_per_byte_s"}
+        bare = SimpleNamespace(trace=saved.get("trace"), plan=saved.get("plan"), cost=bare_cost,
+                               update_s=out["update_s_median_s"], nproc=nproc)  # fmt: skip
         sim = predict(bare)
         if sim is not None:
             out["predicted_unprobed_t_iter_s"] = sim.t_iter_s
@@ -251,7 +252,8 @@ def table(rows: list[dict], backend: str) -> list[dict]:
             "unprobed_prediction_error": statistics.median(
                 r["predicted_unprobed_t_iter_s"] / r["t_iter_s"] - 1 for r in unprobed
             ) if unprobed else None,
-            "overlap_per_byte_s": statistics.median(r["overlap_per_byte_s"] for r in unprobed) if unprobed else None,
+            "overlap_per_byte_s": statistics.median(r["overlap_per_byte_s"] for r in unprobed)
+            if unprobed else None,
             "predicted_steady_t_iter_s": statistics.median(steady) if steady else None,
             "steady_prediction_error": statistics.median(
                 r["predicted_steady_t_iter_s"] / r["t_iter_s"] - 1 for r in steady_rows
@@ -276,8 +278,11 @@ def main(argv: list[str] | None = None) -> int:
         "--modes", default="ddp_optimizer", help=f"compile modes, comma-separated: {', '.join(MODES)}"
     )
     p.add_argument("--inductor-cache", default=None, help="TORCHINDUCTOR_CACHE_DIR of every launch")
-    p.add_argument("--probe-overlap", action="store_true",
-                   help="ddp:PLANNER: dpcomm train --probe-overlap (backward slowed beside all-reduces)")
+    p.add_argument(
+        "--probe-overlap",
+        action="store_true",
+        help="ddp:PLANNER: dpcomm train --probe-overlap (backward slowed beside all-reduces)",
+    )
     p.add_argument("--json", default=None, help="write the results here")
     args = p.parse_args(argv)
     args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -297,7 +302,8 @@ def main(argv: list[str] | None = None) -> int:
                "machine": f"2-core VM ({platform.machine()}), {os.cpu_count()} CPU cores",
                "torch": torch.__version__, "python": platform.python_version(),
                "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()), "topology": args.topology,
-               "rate": args.rate, "mtu": args.mtu, "model": args.model, "batch": args.batch, "iters": args.iters,
+               "rate": args.rate, "mtu": args.mtu, "model": args.model, "batch": args.batch,
+               "iters": args.iters,
                "modes": args.modes}  # fmt: skip
     for t in result["table"]:
         if "error" in t:

@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-_WORKER = r'''
+_WORKER = r"""
 import json, os, threading, time
 import torch, torch.distributed as dist
 torch.set_num_threads(1)
@@ -59,10 +59,11 @@ c0, t0 = time.process_time(), time.perf_counter()
 for _ in range(3):
     for w in [dist.all_reduce(p, async_op=True) for p in pieces]:
         w.wait()
-out["comm_alone"] = {"wall_s": (time.perf_counter() - t0) / 3, "process_cpu_s": (time.process_time() - c0) / 3}
+wall, cpu = (time.perf_counter() - t0) / 3, (time.process_time() - c0) / 3
+out["comm_alone"] = {"wall_s": wall, "process_cpu_s": cpu}
 print(json.dumps(out))
 dist.destroy_process_group()
-'''
+"""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -94,12 +95,17 @@ def main(argv: list[str] | None = None) -> int:
     for r in ranks:
         for kind in ("alone", "beside"):
             print(f"rank {r['rank']} {kind:<6} " + "  ".join(
-                f"{x['backward_s'] * 1e3:4.0f}/{x['until_comm_done_s'] * 1e3:4.0f} ms cpu {x['thread_cpu_s'] * 1e3:4.0f} "
+                f"{x['backward_s'] * 1e3:4.0f}/{x['until_comm_done_s'] * 1e3:4.0f} ms "
+                f"cpu {x['thread_cpu_s'] * 1e3:4.0f} "
                 f"inv {x['involuntary']:4d}" for x in r[kind]))  # fmt: skip
         c = r["comm_alone"]
-        print(f"rank {r['rank']} all-reduces alone: {c['wall_s'] * 1e3:.0f} ms, CPU {c['process_cpu_s'] * 1e3:.0f} ms")
+        print(
+            f"rank {r['rank']} all-reduces alone: {c['wall_s'] * 1e3:.0f} ms, "
+            f"CPU {c['process_cpu_s'] * 1e3:.0f} ms"
+        )
     if args.json:
-        meta = {"rate": args.rate, "mtu": args.mtu, "date_utc": time.strftime("%Y-%m-%d %H:%M", time.gmtime()),
+        when = time.strftime("%Y-%m-%d %H:%M", time.gmtime())
+        meta = {"rate": args.rate, "mtu": args.mtu, "date_utc": when,
                 "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:])}  # fmt: skip
         Path(args.json).write_text(json.dumps({**meta, "ranks": ranks}, indent=1) + "\n")
     return 0

@@ -97,7 +97,8 @@ def compiled_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ddp = wrap(compiled, case["planner"], example=batch[0], profile_iters=1, verify_iters=1,
                            network="10gbe")  # fmt: skip
                 r["untouched"] = torch.equal(rng, torch.get_rng_state()) and all(
-                    p.grad is None for p in model.parameters())  # the compiled copy's timing left no trace
+                    p.grad is None for p in model.parameters()
+                )  # the compiled copy's timing left no trace
                 torch.manual_seed(7)
                 with _backward_compiled(mode, backward):
                     losses, _ = _train(ddp, batch, None)

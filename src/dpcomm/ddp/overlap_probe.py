@@ -84,7 +84,6 @@ def probe_slowdown(
         room = _SHARE * alone - MESSAGES * a
         nbytes = int(min(grad_bytes, room / b if b > 0 else grad_bytes)) // (4 * MESSAGES) * 4 * MESSAGES
         if nbytes < _MIN_BYTES:
-            del replica
             return None
         scratch = torch.zeros(nbytes // 4, device=device)
         pieces = scratch.chunk(MESSAGES)
@@ -93,5 +92,4 @@ def probe_slowdown(
             return [dist.all_reduce(p, async_op=True, group=group) for p in pieces]
 
         beside = statistics.median(_slowest([backward(stream) for _ in range(reps)], group))
-        del replica, scratch
     return Slowdown(per_msg_s=0.0, per_byte_s=max(0.0, beside - alone) / nbytes, runs=reps)

@@ -176,4 +176,3 @@ def llama(shape: str = "tinyllama-1.1b", **fields) -> Llama:
     if shape not in SHAPES:
         raise ValueError(f"unknown Llama shape {shape!r}: one of {', '.join(SHAPES)}")
     return Llama(replace(SHAPES[shape], **fields))
-

@@ -69,7 +69,9 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
                 f"--collective {cfg.collective} cannot run, use native"
             )
     if cfg.probe_overlap and not any(str(s).strip().startswith("ddp:") for s, _ in parsed):
-        raise UserError("--probe-overlap measures for ddp:PLANNER's prediction; no ddp:PLANNER schedule is given")
+        raise UserError(
+            "--probe-overlap measures for ddp:PLANNER's prediction; no ddp:PLANNER schedule is given"
+        )
     if cfg.memory is not None and not any(str(s).strip().startswith("fsdp:") for s, _ in parsed):
         raise UserError("--memory is the budget of fsdp:PLANNER schedules; none is given")
     if servers:

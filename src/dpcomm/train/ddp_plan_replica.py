@@ -116,7 +116,7 @@ class DDPPlanReplica(DDPTimedReplica):
         t0 = time.perf_counter()
         slow = probe_slowdown(self.model, x, self.wrapper.dpcomm.cost, grad_bytes(self.model))
         self.overlap_per_byte_s = None if slow is None else slow.per_byte_s
-        said = "no room beside backward to measure" if slow is None else f"{slow.per_byte_s * 1e9:.2f} ns/byte"
+        said = "no room beside backward" if slow is None else f"{slow.per_byte_s * 1e9:.2f} ns/byte"
         self.log.append(
             f"[rank {self.rank}] backward beside all-reduces: {said} ({time.perf_counter() - t0:.1f} s)"
         )
