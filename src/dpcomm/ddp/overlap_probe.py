@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import copy
 import statistics
-import time
 from typing import Any
 
 import torch
@@ -29,6 +28,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpcomm.sim.slowdown import Slowdown
+from dpcomm.timing import now, slowest
 from dpcomm.trace.profiler import default_loss
 from dpcomm.utils.user_run import untouched
 
@@ -38,12 +38,6 @@ MESSAGES = 8
 """All-reduces issued beside each probed backward (K)."""
 _SHARE = 0.75  # the probe's all-reduces end within this share of a backward pass (by the fitted line)
 _MIN_BYTES = 64 * 1024  # below this the probe cannot resolve a per-byte cost: None
-
-
-def _slowest(times: list[float], group: Any) -> list[float]:
-    t = torch.tensor(times, dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-    return t.tolist()
 
 
 def probe_slowdown(
@@ -67,19 +61,17 @@ def probe_slowdown(
         def backward(comm: Any = None) -> float:
             loss = loss_fn(replica(example))
             dist.barrier(group=group)
-            t0 = time.perf_counter()
+            t0 = now(device)
             works = comm() if comm is not None else []
             loss.backward()
-            if device.type == "cuda":
-                torch.cuda.synchronize(device)
-            t = time.perf_counter() - t0
+            t = now(device) - t0  # a GPU's backward ends when its queued kernels have run
             for w in works:
                 w.wait()
             replica.zero_grad(set_to_none=True)
             return t
 
         backward()  # warm-up
-        alone = statistics.median(_slowest([backward() for _ in range(reps)], group))
+        alone = statistics.median(slowest([backward() for _ in range(reps)], group))
         a, b = float(getattr(cost, "a", 0.0)), float(getattr(cost, "b", 0.0))
         room = _SHARE * alone - MESSAGES * a
         nbytes = int(min(grad_bytes, room / b if b > 0 else grad_bytes)) // (4 * MESSAGES) * 4 * MESSAGES
@@ -91,5 +83,5 @@ def probe_slowdown(
         def stream() -> list[Any]:
             return [dist.all_reduce(p, async_op=True, group=group) for p in pieces]
 
-        beside = statistics.median(_slowest([backward(stream) for _ in range(reps)], group))
+        beside = statistics.median(slowest([backward(stream) for _ in range(reps)], group))
     return Slowdown(per_msg_s=0.0, per_byte_s=max(0.0, beside - alone) / nbytes, runs=reps)

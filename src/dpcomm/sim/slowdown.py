@@ -74,6 +74,11 @@ def slowed_trace(trace: Trace, plan: Plan, slowdown: Slowdown) -> Trace:
     for g in plan.groups:
         nbytes = sum(trace.layer_bytes(i) for i in g)
         back[min(g)] += slowdown.per_msg_s + slowdown.per_byte_s * nbytes
+    return _with_backward(trace, back)
+
+
+def _with_backward(trace: Trace, back: list[float]) -> Trace:
+    """``trace`` with its layers' backward times replaced by ``back`` (forward order)."""
     layers = tuple(replace(x, backward_s=b) for x, b in zip(trace.layers, back, strict=True))
     return replace(trace, layers=layers)
 
@@ -96,6 +101,5 @@ def overlap_slowed(
             span = ev.end_s - ev.start_s
             share = 1.0 if span <= 0 else min(1.0, max(0.0, (end - ev.start_s) / span))
             back[min(ev.layers)] += per_byte_s * ev.nbytes * share
-        layers = tuple(replace(x, backward_s=b) for x, b in zip(trace.layers, back, strict=True))
-        sim = simulate(replace(trace, layers=layers), plan, cost, nodes, update_s=update_s)
+        sim = simulate(_with_backward(trace, back), plan, cost, nodes, update_s=update_s)
     return sim
