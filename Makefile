@@ -4,7 +4,7 @@ VENV    := .venv
 BIN     := $(VENV)/bin
 STAMP   := $(VENV)/.dpcomm-installed
 
-.PHONY: demo test test-fast test-slow lint clean
+.PHONY: demo test test-fast test-slow test-compat lint clean
 
 # Keep bytecode (__pycache__ is git-ignored) even where the environment sets PYTHONDONTWRITEBYTECODE: else
 # every process, the slow tier's hundreds of spawned workers included, compiles dpcomm from source, and
@@ -15,7 +15,8 @@ unexport PYTHONDONTWRITEBYTECODE
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
-# torch==2.13.0 is the CPU wheel this machine serves locally; the package itself asks for torch>=2.4.
+# torch==2.13.0 is the CPU wheel this machine serves locally; the package itself asks for torch>=$(COMPAT_TORCH)
+# (the oldest it supports, tested by `make test-compat`).
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q torch==2.13.0
@@ -43,8 +44,32 @@ test-fast: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "not ($(FAST))"
 
+# The compatibility tier: the oldest torch dpcomm supports (dpcomm.compat.MIN_TORCH and pyproject's torch>=
+# say the same; tests/test_compat.py checks that the three agree), in a virtual environment of its own. The
+# registry serves it as a CUDA wheel (about 530 MB and NVIDIA's libraries, which install in 2-3 minutes here);
+# it runs on the CPU. Then the fast tier and the slow tests that launch workers, `wrap`, `shard`, and
+# `dpcomm train` for each kind (dp, ddp, ddp:PLANNER, fsdp:PLANNER, ps).
+COMPAT_TORCH := 2.11.0
+COMPAT_VENV  := .venv-compat
+COMPAT_STAMP := $(COMPAT_VENV)/.dpcomm-installed
+COMPAT_SLOW  := tests/test_launch.py tests/test_ddp.py tests/test_fsdp.py tests/test_ddp_train.py \
+                tests/test_ps_replica.py
+
+$(COMPAT_VENV)/bin/python:
+	$(PY) -m venv $(COMPAT_VENV)
+
+$(COMPAT_STAMP): $(COMPAT_VENV)/bin/python pyproject.toml
+	$(COMPAT_VENV)/bin/pip install -q --upgrade pip
+	$(COMPAT_VENV)/bin/pip install -q torch==$(COMPAT_TORCH)
+	$(COMPAT_VENV)/bin/pip install -q -e '.[dev]'
+	touch $(COMPAT_STAMP)
+
+test-compat: $(COMPAT_STAMP)
+	$(COMPAT_VENV)/bin/python -m pytest -m "$(FAST)" -n auto --maxprocesses 4 --dist loadfile
+	$(COMPAT_VENV)/bin/python -m pytest -m slow $(COMPAT_SLOW)
+
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) build src/*.egg-info .pytest_cache

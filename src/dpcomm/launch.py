@@ -7,7 +7,10 @@ interface of node 0) and returns their results by local rank. The store, workers
 and one-line interrupts are :mod:`dpcomm.lifecycle`'s; the scratch folder (and a killed launcher's, removed
 by the next launch) :mod:`dpcomm.scratch`'s.
 Inside a worker, :func:`init_worker` joins the default process group. ``fn`` must be a module-level
-function (workers are spawned).
+function (workers are spawned). On GPUs (``device="cuda"``) a worker is one process per GPU, as ``torchrun``
+runs them: the GPU of its ``LOCAL_RANK`` (:mod:`dpcomm.devices`) is made current before the group, which is
+bound to it (``device_id=`` where torch takes it, :mod:`dpcomm.compat`), so NCCL's communicator and every
+barrier use that GPU.
 
 A worker that fails makes the launch raise :class:`WorkerFailure`, whose one-line message names the rank
 and its exception.
@@ -32,7 +35,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dpcomm import lifecycle, scratch
+from dpcomm import compat, lifecycle, scratch
+from dpcomm.devices import worker_device
 from dpcomm.errors import Interrupted, UserError
 
 __all__ = [
@@ -234,7 +238,7 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+    from torch.distributed.launcher.api import elastic_launch
 
     opts = nproc if isinstance(nproc, LaunchOptions) else LaunchOptions(nproc=nproc)
     if opts.nnodes > 1 and opts.node_rank == 0:
@@ -256,7 +260,8 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
             logs_specs=DefaultLogsSpecs(log_dir=str(folder)),
             signals_to_handle=_AGENT_SIGNALS,
             # SIGTERM, then SIGKILL this much later (torch's default is 30 s): a stopped (SIGSTOP) or hung
-            # worker cannot act on SIGTERM, and dpcomm's workers need no time to clean up (they die on it)
+            # worker cannot act on SIGTERM, and dpcomm's workers need no time to clean up (they die on it);
+            # a torch without the keyword keeps its 30 s (dpcomm.compat.launch_config)
             shutdown_timeout=_SHUTDOWN_S,
         )
         if opts.nnodes == 1:
@@ -266,7 +271,7 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
                 opts.master_addr
             ):
                 env["GLOO_SOCKET_IFNAME"] = "lo"  # gloo's own listeners on loopback too, not the host name's
-            cfg = LaunchConfig(
+            cfg = compat.launch_config(
                 min_nodes=1,
                 max_nodes=1,
                 run_id=f"dpcomm-{uuid.uuid4().hex[:8]}",
@@ -277,7 +282,7 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
                 **common,
             )
         else:
-            cfg = LaunchConfig(
+            cfg = compat.launch_config(
                 min_nodes=opts.nnodes,
                 max_nodes=opts.nnodes,
                 run_id="dpcomm",
@@ -308,15 +313,25 @@ def _is_loopback(addr: str) -> bool:
         return addr == "localhost"
 
 
-def init_worker(backend: str = "gloo", timeout_s: float = 60.0) -> tuple[int, int]:
+def init_worker(
+    backend: str | None = None, timeout_s: float = 60.0, *, device: str = "cpu"
+) -> tuple[int, int]:
     """Join the default process group from the launcher's environment; returns ``(rank, world_size)``.
 
     ``timeout_s`` bounds every collective and point-to-point wait of the group, so a peer that dies turns
-    into an error on the others instead of a hang.
+    into an error on the others instead of a hang. ``device``: ``cpu``, or ``cuda``: this worker's GPU
+    (:func:`dpcomm.devices.worker_device`) becomes the current device *before* the group is made, and the
+    group is bound to it. ``backend``: default gloo on the CPU, NCCL on GPUs.
     """
+    import torch
     import torch.distributed as dist
 
+    dev = worker_device(device)
+    backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
     if not dist.is_initialized():
+        if dev.type == "cuda":
+            torch.cuda.set_device(dev)  # before the group: NCCL's communicator and barriers take this GPU
+        bind = compat.process_group_kwargs(dev)
         timeout = datetime.timedelta(seconds=timeout_s)
         addr = os.environ.get("DPCOMM_STORE")
         if addr:  # a local launch: the launcher's store on loopback (dpcomm.lifecycle)
@@ -325,8 +340,9 @@ def init_worker(backend: str = "gloo", timeout_s: float = 60.0) -> tuple[int, in
             prefix = f"dpcomm/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/workers"
             rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
             dist.init_process_group(
-                backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, timeout=timeout
-            )
+                backend, store=dist.PrefixStore(prefix, store), rank=rank, world_size=world, timeout=timeout,
+                **bind,
+            )  # fmt: skip
         else:
-            dist.init_process_group(backend, timeout=timeout)
+            dist.init_process_group(backend, timeout=timeout, **bind)
     return dist.get_rank(), dist.get_world_size()

@@ -1,11 +1,12 @@
 """The two collectives FSDP2 runs, measured on the real group and fitted to ``T(B) = a + b B``.
 
 FSDP2 (torch 2.13, ``torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py``) gathers a unit with
-``dist.all_gather_single`` (``all_gather_into_tensor``: each rank's ``B/P`` bytes into one flat
-``B``-byte buffer) and reduces its gradients with ``dist.reduce_scatter_single``
-(``reduce_scatter_tensor`` of ``B`` bytes, ``ReduceOp.AVG`` for fp32 and bf16 gradients). Gloo on CPU
-implements both, ``AVG`` included (checked on 2 and 3 ranks). ``B`` is the unit's *full* bytes, the
-argument of the planner's costs (:mod:`dpcomm.planner.fsdp_model`): sizes here are full bytes.
+``dist.all_gather_single`` (each rank's ``B/P`` bytes into one flat ``B``-byte buffer) and reduces its
+gradients with ``dist.reduce_scatter_single`` (of ``B`` bytes, ``ReduceOp.AVG`` for fp32 and bf16
+gradients); torch 2.11 and older name them ``all_gather_into_tensor`` and ``reduce_scatter_tensor``, so both
+go through :mod:`dpcomm.compat`. Gloo on CPU implements both, ``AVG`` included (checked on 2 and 3 ranks).
+``B`` is the unit's *full* bytes, the argument of the planner's costs (:mod:`dpcomm.planner.fsdp_model`):
+sizes here are full bytes.
 
 Sizes go down from the model's parameter bytes by factors of 4 (at most 5), each a multiple of ``P``
 elements; each is warmed up once and timed ``reps`` times (:func:`dpcomm.timing.time_calls`), the
@@ -21,6 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from dpcomm import compat
 from dpcomm.costmodel.base import LinearCost
 from dpcomm.planner.autoplan import fit_linear
 from dpcomm.timing import group_device, slowest, time_calls
@@ -53,10 +55,10 @@ def measure_fsdp_collectives(
         )
 
         def gather(full=full, shard=shard) -> None:
-            dist.all_gather_single(full, shard, group=group)
+            compat.all_gather_single(full, shard, group=group)
 
         def scatter(full=full, shard=shard) -> None:
-            dist.reduce_scatter_single(shard, full, op=dist.ReduceOp.AVG, group=group)
+            compat.reduce_scatter_single(shard, full, op=dist.ReduceOp.AVG, group=group)
 
         for call, out in ((gather, ag), (scatter, rs)):
             call()  # warm-up

@@ -30,14 +30,24 @@ split into two units, or one with unused parameters); for a CNN that is the laye
 Per-layer sums therefore equal the instrumented iteration, and the medians over iterations are scaled to
 add up to its median (:func:`layer_medians`). Each measured (hooked) iteration is followed by a
 plain one without hooks; the trace records the plain iterations' median forward and backward times
-(``iteration_forward_s``, ``iteration_backward_s``) so a reader can see the hooks' overhead. Warm-up
-iterations come first (after one forward that orders the layers and one that counts their FLOPs, see
+(``iteration_forward_s``, ``iteration_backward_s``). The hooks and marks stretch an iteration whose device
+waits for the host (a launch-bound GPU iteration: bf16 on an H200 ran 1.12-1.60x the hookless one), so the
+hooked iteration gives each unit's *share* of a pass and the hookless one the pass's *time*: every pass's
+shares are scaled to the hookless median (:func:`dpcomm.trace.shares.to_iteration`), and the units' forward
+and backward times sum to the iteration that training runs (the hooked medians stay in ``hooked_forward_s``
+and ``hooked_backward_s``, their ratio to the hookless ones is the stretch; docs/traces.md argues the choice).
+Warm-up iterations come first (after one forward that orders the layers and one that counts their FLOPs, see
 :mod:`dpcomm.trace.analytic`); times are medians.
 On CUDA, marks are CUDA events on the current stream, read after a synchronize.
+
+``autocast`` (``bf16``, ``fp16``) runs every forward and loss under ``torch.autocast`` on the device, as mixed
+precision training does; without it the caller's own autocast (``with torch.autocast(...): wrap(...)``) is
+what the forward runs under, and the trace's ``autocast`` field records either.
 """
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -50,9 +60,18 @@ from dpcomm.errors import UserError, first_line
 from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.trace.analytic import layer_costs
 from dpcomm.trace.format import Layer, Trace
+from dpcomm.trace.shares import to_iteration
 from dpcomm.trace.units import gradient_units, unit_params
 
-__all__ = ["profile", "default_loss", "layer_medians", "time_iteration", "TIMERS"]
+__all__ = [
+    "AUTOCAST",
+    "TIMERS",
+    "autocast_dtype",
+    "default_loss",
+    "layer_medians",
+    "profile",
+    "time_iteration",
+]
 
 Progress = Callable[[int, int], None]
 """``progress(done, total)`` after every iteration (warm-up included)."""
@@ -80,6 +99,30 @@ TIMERS = ("wall", "thread")
 """``wall``: elapsed time (``perf_counter``; CUDA events on a GPU). ``thread``: CPU time of the calling thread
 (``thread_time``), CPU only: on a shared machine it leaves out the time other processes hold the core, but it
 sees only this thread's work, so use it with ``torch.set_num_threads(1)``."""
+
+
+AUTOCAST = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp16": "float16", "float16": "float16"}
+"""``autocast`` spellings and the torch dtype each names (mixed precision: parameters stay as they are)."""
+
+
+def autocast_dtype(value: str | torch.dtype | None) -> torch.dtype | None:
+    """The dtype an ``autocast`` argument names (None: none); an unknown one is a one-line error."""
+    if value is None or isinstance(value, torch.dtype):
+        return value
+    name = AUTOCAST.get(str(value).strip().lower())
+    if name is None:
+        raise UserError(f"autocast {value!r}: choose one of {', '.join(AUTOCAST)}")
+    return getattr(torch, name)
+
+
+def _amp(dev: torch.device, dtype: torch.dtype | None) -> contextlib.AbstractContextManager:
+    """``torch.autocast`` on ``dev`` in ``dtype``; None: the caller's own state, untouched."""
+    return contextlib.nullcontext() if dtype is None else torch.autocast(dev.type, dtype=dtype)
+
+
+def _ambient(dev: torch.device) -> torch.dtype | None:
+    """The caller's autocast dtype on ``dev``'s type, None when autocast is off there."""
+    return torch.get_autocast_dtype(dev.type) if torch.is_autocast_enabled(dev.type) else None
 
 
 class _Clock:
@@ -131,11 +174,12 @@ def _call(module: nn.Module, example: Any) -> Any:
     return module(*example) if isinstance(example, tuple) else module(example)
 
 
-def _iteration(module, example, loss_fn, params, clock) -> tuple[Any, Any, Any]:
+def _iteration(module, example, loss_fn, params, clock, amp=None) -> tuple[Any, Any, Any]:
     for p in params:
         p.grad = None
     t0 = clock.mark()
-    loss = loss_fn(_call(module, example))
+    with _amp(clock.device, amp):
+        loss = loss_fn(_call(module, example))
     t1 = clock.mark()
     loss.backward()
     t2 = clock.mark()
@@ -175,15 +219,18 @@ def time_iteration(
     device: str | torch.device = "cpu",
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     timer: str = "wall",
+    autocast: str | torch.dtype | None = None,
 ) -> tuple[float, float]:
-    """Median ``(forward_s, backward_s)`` of whole training iterations, no hooks (an independent check)."""
+    """Median ``(forward_s, backward_s)`` of whole training iterations, no hooks (an independent check);
+    ``autocast`` as :func:`profile`'s."""
     dev = _resolve_device(device)
+    amp = autocast_dtype(autocast)
     module.to(dev).train()
     example = _to(example_batch, dev)
     params = [p for p in module.parameters() if p.requires_grad]
     clock, fwd, bwd = _Clock(dev, timer), [], []
     for i in range(warmup + iters):
-        t0, t1, t2 = _iteration(module, example, loss_fn or default_loss, params, clock)
+        t0, t1, t2 = _iteration(module, example, loss_fn or default_loss, params, clock, amp)
         clock.sync()
         if i >= warmup:
             fwd.append(clock.seconds(t0, t1))
@@ -214,6 +261,7 @@ def profile(
     loss_fn: Callable[[Any], torch.Tensor] | None = None,
     timer: str = "wall",
     progress: Progress | None = None,
+    autocast: str | torch.dtype | None = None,
 ) -> Trace:
     """Measure every gradient unit's forward and backward time (medians of ``iters`` after ``warmup``).
 
@@ -221,10 +269,15 @@ def profile(
     tensors (its first dimension is the batch size). ``loss_fn(output) -> scalar`` defaults to
     :func:`default_loss`. The trace's layers are the units of :func:`dpcomm.trace.units.gradient_units`, in
     forward order (for a CNN, :func:`dpcomm.models.learnable_layers`). ``timer`` is one of :data:`TIMERS`.
+    ``autocast``: a key of :data:`AUTOCAST` (or a dtype) to run the forward under ``torch.autocast``; None:
+    the caller's autocast, if any. The units' times add up to the hookless iteration
+    (:func:`dpcomm.trace.shares.to_iteration`).
     """
     if iters < 1 or warmup < 0:
         raise UserError(f"iters must be >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
+    amp = autocast_dtype(autocast)
     dev = _resolve_device(device)
+    amp_used = amp or _ambient(dev)
     clock = _Clock(dev, timer)
     module.to(dev).train()
     example = _to(example_batch, dev)
@@ -280,7 +333,7 @@ def profile(
         fwd_marks.clear()
         bwd_marks.clear()
         try:
-            t0, t1, t2 = _iteration(module, example, loss_fn, params, clock)
+            t0, t1, t2 = _iteration(module, example, loss_fn, params, clock, amp)
         finally:
             for h in handles:
                 h.remove()
@@ -312,7 +365,7 @@ def profile(
                 extra={"type": type(layers[i][1]).__name__, "flops": round(flops[i] * share[u])},
             )
         )
-    return Trace(
+    trace = Trace(
         model=model_name or type(module).__name__,
         batch_size=batch_size,
         device=_device_label(dev),
@@ -322,6 +375,7 @@ def profile(
             "units": "gradient-ready (dpcomm.trace.units)",
             "iteration_forward_s": statistics.median(plain_f),
             "iteration_backward_s": statistics.median(plain_b),
+            "autocast": str(amp_used).removeprefix("torch.") if amp_used is not None else None,
             "iters": iters,
             "warmup": warmup,
             "torch": torch.__version__,
@@ -330,3 +384,4 @@ def profile(
             "loss": "default (sum of output means)" if loss_fn is default_loss else "user",
         },
     )
+    return to_iteration(trace)
