@@ -52,8 +52,8 @@ test-slow: $(STAMP)
 COMPAT_TORCH := 2.11.0
 COMPAT_VENV  := .venv-compat
 COMPAT_STAMP := $(COMPAT_VENV)/.dpcomm-installed
-COMPAT_SLOW  := tests/test_launch.py tests/test_ddp.py tests/test_fsdp.py tests/test_ddp_train.py \
-                tests/test_ps_replica.py
+COMPAT_SLOW  := tests/test_compat.py tests/test_fsdp_costs.py tests/test_launch.py tests/test_ddp.py \
+                tests/test_fsdp.py tests/test_ddp_train.py tests/test_ps_replica.py
 
 $(COMPAT_VENV)/bin/python:
 	$(PY) -m venv $(COMPAT_VENV)

@@ -1,6 +1,7 @@
 """Time the collective algorithms on P local workers, nccl-tests style: time, algbw, busbw, check.
 
-Example: ``dpcomm bench --nproc 4 --algos ring,lp,native --ops allreduce --sizes 64K,1M,16M --check``.
+Example: ``dpcomm bench --nproc 4 --algos ring,lp,native --ops allreduce --sizes 64K,1M,16M --check``;
+on 8 GPUs (one process each, NCCL): ``dpcomm bench --nproc 8 --device cuda --algos native,ring --check``.
 Across machines as ``torchrun`` does (and as ``dpcomm testbed launch -- dpcomm bench ...`` runs it):
 ``--nnodes N --node-rank R --master-addr HOST0 --master-port PORT``; every machine prints the same table.
 Sizes take K/M/G suffixes (powers of 1024). ``--fit net.json`` also fits alpha, beta, gamma to the rows and
@@ -60,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timeout", default="120", metavar="S", help="seconds before a stuck peer fails the run"
     )
+    parser.add_argument(
+        "--device", default="cpu", help="cpu (default; gloo) or cuda: one process per GPU, NCCL"
+    )
     add_launch_arguments(parser)
 
 
@@ -111,6 +115,7 @@ def config_from_args(args: argparse.Namespace):
         master_addr=where.master_addr,
         master_port=where.master_port,
         progress=not args.json and sys.stderr.isatty(),
+        device=args.device,
     )
 
 
@@ -141,8 +146,9 @@ def run(args: argparse.Namespace) -> int:
     for note in cfg.notes:
         err.print(f"note: {note}", highlight=False)
     if not args.json:
+        backend = "nccl" if cfg.device == "cuda" else "gloo"
         err.print(
-            f"{cfg.world} workers (gloo, {cfg.master_addr}), {cfg.dtype}, {len(cfg.ops)} ops x "
+            f"{cfg.world} workers ({backend}, {cfg.master_addr}), {cfg.dtype}, {len(cfg.ops)} ops x "
             f"{len(cfg.sizes)} sizes x {len(cfg.algos)} algos, {cfg.warmup} warm-up + {cfg.iters} timed "
             "calls each",
             highlight=False,

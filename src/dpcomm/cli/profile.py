@@ -77,6 +77,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--device", default="cpu", metavar="DEV", help="cpu (default) or cuda[:N]")
     parser.add_argument(
+        "--autocast",
+        metavar="DTYPE",
+        help="bf16 or fp16: forward and loss under torch.autocast (mixed precision, as GPU training runs)",
+    )
+    parser.add_argument(
         "--iters", type=int, default=10, metavar="N",
         help="measured iterations (default 10), each followed by one without hooks (whole-iteration time)",
     )  # fmt: skip
@@ -154,7 +159,9 @@ def _make(args: argparse.Namespace, user: bool):
     import torch
 
     from dpcomm.models import example_input, get_model
-    from dpcomm.trace.profiler import profile
+    from dpcomm.trace.profiler import autocast_dtype, profile
+
+    autocast_dtype(args.autocast)  # a bad --autocast is one line before the model is built
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
@@ -328,7 +335,7 @@ def _measure(profile, model, batch, args):
     try:
         return profile(
             model, batch, iters=args.iters, warmup=args.warmup, device=args.device, model_name=args.model,
-            loss_fn=None, timer=args.timer, progress=_tick,
+            loss_fn=None, timer=args.timer, progress=_tick, autocast=args.autocast,
         )  # fmt: skip
     finally:
         if bar.live.is_started:

@@ -6,6 +6,7 @@ Examples::
     dpcomm train --nproc 2 --model resnet20 --schedule ddp --iters 30 --json
     dpcomm train --nproc 2 --model gpt2-tiny --schedule ddp:optimal --compile inductor --compiled-autograd
     dpcomm train --nproc 2 --schedule wfbp --checkpoint ckpt --checkpoint-every 10 --iters 100 [--resume]
+    dpcomm train --nproc 8 --device cuda --autocast bf16 --model gpt2 --schedule ddp:optimal  # 8 GPUs
     # on each of two machines (as torchrun):
     dpcomm train --nproc 4 --nnodes 2 --node-rank R --master-addr HOST0 --master-port 29500 ...
 
@@ -105,6 +106,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="re-measure and re-plan every K steady iterations, switch on a predicted gain (0: off)",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default cores/nproc)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help="cpu (default; gloo) or cuda: one process per GPU, NCCL (ddp, ddp:PLANNER, fsdp:PLANNER)",
+    )
+    p.add_argument(
+        "--autocast", default=None, metavar="DTYPE", help="bf16 or fp16: mixed precision (torch.autocast)"
+    )
     p.add_argument(
         "--timeout",
         dest="timeout_s",

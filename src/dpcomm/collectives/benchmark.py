@@ -97,12 +97,16 @@ class BenchConfig:
     """0 picks a free port (one machine only)."""
     notes: tuple[str, ...] = field(default=())
     """Filled by :meth:`resolved`: what was left out and why."""
+    device: str = "cpu"
+    """``cpu`` (gloo) or ``cuda``: one process per GPU, NCCL, the messages in GPU memory."""
 
     def __post_init__(self) -> None:
         from dpcomm.collectives.base import resolve
+        from dpcomm.devices import check_device
         from dpcomm.launch import check_launch
 
         check_launch(self.nproc, self.nnodes, self.node_rank, self.master_port, master_addr=self.master_addr)
+        check_device(self.device, self.nproc)
         if not self.algos:
             raise UserError("--algos: give at least one algorithm")
         canonical = tuple(dict.fromkeys(resolve(a, what="--algos") for a in self.algos))
@@ -222,7 +226,7 @@ def _worker(
     from dpcomm.launch import init_worker
     from dpcomm.timing import call_op, group_device, rank_input, time_calls, wait
 
-    rank, world = init_worker(timeout_s=cfg.timeout_s)
+    rank, world = init_worker(timeout_s=cfg.timeout_s, device=cfg.device)  # cuda: LOCAL_RANK's GPU, NCCL
     device = group_device()  # NCCL takes CUDA tensors only; gloo: the CPU
     dtype = getattr(torch, cfg.dtype)
     esize = torch.empty((), dtype=dtype).element_size()

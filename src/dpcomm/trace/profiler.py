@@ -285,9 +285,10 @@ def profile(
     batch_size = int(first.shape[0]) if first.dim() > 0 else 1
     loss_fn = loss_fn or default_loss
     try:
-        layers = learnable_layers(module, example)
-        flops = [c.fwd_flops for c in layer_costs(module, example)]
-        units = gradient_units(module, example, loss_fn) if layers else []
+        with _amp(dev, amp):  # the passes that find the layers and units run as the measured ones
+            layers = learnable_layers(module, example)
+            flops = [c.fwd_flops for c in layer_costs(module, example)]
+            units = gradient_units(module, example, loss_fn) if layers else []
     except (ValueError, RuntimeError) as exc:  # e.g. a shape mismatch or batch norm on a batch of 1
         raise UserError(f"model forward failed at batch size {batch_size}: {first_line(exc)}") from None
     if not layers:

@@ -36,10 +36,10 @@ def to_iteration(trace: Trace) -> Trace:
     """``trace`` with each pass's unit times scaled to add up to its hookless iteration
     (``iteration_forward_s``, ``iteration_backward_s``): each unit keeps its share of the pass as the hooked
     iterations measured it, the pass takes the time it takes without hooks. The hooked sums before scaling
-    are kept as ``hooked_forward_s``/``hooked_backward_s`` (scaling twice changes nothing). A trace without
-    the two fields (analytic, re-timed, from ``torch.profiler``) is returned as it is."""
+    are kept as ``hooked_forward_s``/``hooked_backward_s``. A trace without the two fields (analytic), one
+    from ``torch.profiler`` (whose fields are its own sums) or one already scaled is returned as it is."""
     extra = dict(trace.extra)
-    if sum_ratios(trace) is None or extra.get("measured_by") == "torch.profiler":
+    if sum_ratios(trace) is None or extra.get("measured_by") == "torch.profiler" or extra.get("attribution"):
         return trace
     sums = (sum(x.forward_s for x in trace.layers), sum(x.backward_s for x in trace.layers))
     want = (float(extra["iteration_forward_s"]), float(extra["iteration_backward_s"]))

@@ -21,6 +21,7 @@ __all__ = [
     "DTYPES",
     "torch_dtype",
     "SCHEDULE_DDP",
+    "autocast_context",
     "TrainConfig",
     "TrainResult",
     "compat",
@@ -124,6 +125,12 @@ class TrainConfig:
     """Torch intra-op threads per worker; default: ``$OMP_NUM_THREADS``, else CPU cores / local workers."""
     progress: bool = True
     """Show rank 0's progress bar on stderr (only when stderr is a terminal)."""
+    device: str = "cpu"
+    """``cpu`` (gloo workers) or ``cuda``: one process per GPU under NCCL (``--nproc`` GPUs on each machine,
+    :mod:`dpcomm.devices`), for ``ddp``, ``ddp:PLANNER`` and ``fsdp:PLANNER``."""
+    autocast: str | None = None
+    """``bf16`` or ``fp16``: every iteration under ``torch.autocast`` on the device (mixed precision: the
+    parameters, gradients and their communication stay in ``dtype``); the layers are profiled under it too."""
 
     def __post_init__(self) -> None:
         def need(ok: bool, msg: str) -> None:
@@ -149,6 +156,7 @@ class TrainConfig:
         need(self.timeout_s > 0, f"timeout must be positive, got {self.timeout_s}")
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         need(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        self._check_device()
         need(
             not self.compiled_autograd or self.compile == "inductor",
             "--compiled-autograd needs --compile inductor: only inductor fuses the all-reduces compiled "
@@ -167,6 +175,23 @@ class TrainConfig:
             self.compile is None or (self.compile.replace("_", "").isalnum() and self.compile.islower()),
             f"--compile takes a torch.compile backend name (inductor, aot_eager), got {self.compile!r}",
         )
+
+    def _check_device(self) -> None:
+        from dpcomm.devices import check_device
+
+        if self.autocast is not None:
+            from dpcomm.trace.profiler import AUTOCAST
+
+            if self.autocast.strip().lower() not in AUTOCAST:
+                raise UserError(f"--autocast must be one of {', '.join(AUTOCAST)}, got {self.autocast!r}")
+        if self.device == "cuda" and not (
+            self.schedule == SCHEDULE_DDP or self.schedule.startswith(("ddp:", "fsdp:"))
+        ):
+            raise UserError(
+                f"--device cuda runs ddp, ddp:PLANNER and fsdp:PLANNER; --schedule {self.schedule} runs "
+                "dpcomm's own runtime, on the CPU"
+            )
+        check_device(self.device, self.nproc)  # no GPU, or fewer than --nproc: one line, before any worker
 
     @property
     def world_size(self) -> int:
@@ -268,6 +293,19 @@ def torch_dtype(cfg: TrainConfig):
     import torch
 
     return getattr(torch, DTYPES[cfg.dtype])
+
+
+def autocast_context(cfg: TrainConfig):
+    """``torch.autocast`` on the run's device in ``cfg.autocast``'s dtype; a null context without it."""
+    import contextlib
+
+    import torch
+
+    if cfg.autocast is None:
+        return contextlib.nullcontext()
+    from dpcomm.trace.profiler import autocast_dtype
+
+    return torch.autocast(cfg.device, dtype=autocast_dtype(cfg.autocast))
 
 
 def total_iterations(cfg: TrainConfig) -> int:

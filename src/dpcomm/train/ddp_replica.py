@@ -27,6 +27,7 @@ from dpcomm.errors import UserError
 from dpcomm.models.loss import classification_loss
 from dpcomm.plan import Plan
 from dpcomm.runtime.records import Phase, Span
+from dpcomm.timing import now
 from dpcomm.train.config import SCHEDULE_DDP, TrainConfig
 from dpcomm.train.replica import ReplicaContext
 from dpcomm.train.setup import build_model, params_sha256
@@ -88,18 +89,19 @@ class DDPTimedReplica:
         """Forward, loss, backward and step of ``wrapper``, timed; one record and one timeline entry."""
         self.optimizer.zero_grad(set_to_none=True)
         self._update.reset()
-        t0 = time.perf_counter()
+        dev = x.device if x.device.type == "cuda" else None  # --device cuda: each time after the GPU's work
+        t0 = now(dev)
         out = self.wrapper(x)
-        t1 = time.perf_counter()
+        t1 = now(dev)
         loss = classification_loss(out, y)
         if self._backward is None:
             loss.backward()
         else:  # one compiled graph, DDP's all-reduces traced in, fused by inductor: compute ends inside it
             with torch._dynamo.compiled_autograd._enable(self._backward):
                 loss.backward()
-        t2 = time.perf_counter()
+        t2 = now(dev)
         self.optimizer.step()
-        t3 = time.perf_counter()
+        t3 = now(dev)
         ready = t2 if self._backward is not None else min(max(self.ready_s, t1), t2)
         self.records.append(
             {"iteration": len(self.records), "forward_s": t1 - t0, "backward_s": ready - t1,

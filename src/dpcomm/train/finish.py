@@ -84,10 +84,10 @@ def _test_accuracy(model: Any, data: Any) -> float:
     model.eval()
     correct = seen = 0
     with torch.no_grad():
-        dtype = next(model.parameters()).dtype  # --dtype: the inputs in the parameters' dtype
+        p = next(model.parameters())  # --dtype, --device: the inputs where the parameters are
         for x, y in data.test_batches():
-            x = x.to(dtype) if x.is_floating_point() else x
-            correct += int((model(x).argmax(1) == y).sum())
+            x = x.to(p.device, p.dtype if x.is_floating_point() else x.dtype)
+            correct += int((model(x).argmax(1).cpu() == y).sum())
             seen += len(y)
     model.train(was)
     return correct / max(1, seen)

@@ -44,7 +44,15 @@ from typing import Any
 
 from dpcomm.errors import UserError, first_line
 from dpcomm.train.checks import check
-from dpcomm.train.config import TrainConfig, TrainResult, compat, data_args, torch_dtype, total_iterations
+from dpcomm.train.config import (
+    TrainConfig,
+    TrainResult,
+    autocast_context,
+    compat,
+    data_args,
+    torch_dtype,
+    total_iterations,
+)
 from dpcomm.train.replica import Replica
 
 __all__ = ["compare_schedules", "train"]
@@ -133,7 +141,7 @@ def _worker(cfg: TrainConfig, schedules: list[tuple[str, Any]], servers: int = 0
 
     from dpcomm.launch import init_worker
 
-    rank, world = init_worker("gloo", timeout_s=cfg.timeout_s)
+    rank, world = init_worker(timeout_s=cfg.timeout_s, device=cfg.device)  # cuda: LOCAL_RANK's GPU, NCCL
     local = int(os.environ.get("LOCAL_WORLD_SIZE", cfg.nproc))
     torch.set_num_threads(_threads(cfg, local))
     where = {"iteration": None}
@@ -197,7 +205,9 @@ def _train_rank(
     ]
     start = replicas[0].start
     kill, stall = _test_point(_KILL_ENV, rank), _test_point(_STALL_ENV, rank)
-    dtype = torch_dtype(cfg)
+    from dpcomm.devices import worker_device
+
+    dtype, device = torch_dtype(cfg), worker_device(cfg.device)
     due = False  # a periodic checkpoint is owed (it waits until the plan is kept)
     bar = Progress(cfg, [s for s, _ in schedules], start, total) if rank == 0 else None
     try:
@@ -208,11 +218,13 @@ def _train_rank(
             if stall == it:
                 time.sleep(3600)
             x, y = data.batch(it) if data is not None else (None, None)
-            if x is not None and x.is_floating_point():
-                x = x.to(dtype)  # --dtype: the inputs in the parameters' dtype (token ids stay int64)
+            if x is not None:  # --dtype: the inputs in the parameters' dtype (token ids stay int64)
+                x = x.to(device, dtype if x.is_floating_point() else x.dtype)
+                y = y.to(device)
             for rep in replicas:
                 torch.manual_seed(derive_seed(cfg.seed, rank, it))  # dropout: same masks for every schedule
-                rep.iteration(x, y)
+                with autocast_context(cfg):  # --autocast: planning's profile passes and the training pass
+                    rep.iteration(x, y)
             if rank == 0 and cfg.checkpoint:
                 due = due or bool(cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0)
                 if it + 1 == total or (due and replicas[0].settled):

@@ -51,12 +51,14 @@ class Setup:
 def build_model(ctx: ReplicaContext) -> Setup:
     """``torch.manual_seed(seed)``, the zoo model (10 classes on digits), SGD with the config's lr and
     momentum; the checkpoint's model and optimizer state loaded when resuming."""
+    from dpcomm.devices import worker_device
     from dpcomm.models import get_model
     from dpcomm.train.config import torch_dtype
 
     cfg = ctx.cfg
     torch.manual_seed(cfg.seed)
-    model = get_model(cfg.model, 10 if cfg.data == "digits" else None).to(torch_dtype(cfg))
+    model = get_model(cfg.model, 10 if cfg.data == "digits" else None)
+    model = model.to(worker_device(cfg.device), torch_dtype(cfg))  # --device cuda: this rank's GPU
     optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=cfg.momentum)
     update = UpdateTimer(optimizer)
     start = 0
@@ -72,7 +74,7 @@ def params_sha256(model: nn.Module) -> str:
     h = hashlib.sha256()
     for name, p in model.named_parameters():
         h.update(name.encode())
-        h.update(p.detach().contiguous().view(-1).view(dtype=torch.uint8).numpy().tobytes())
+        h.update(p.detach().contiguous().view(-1).view(dtype=torch.uint8).cpu().numpy().tobytes())
     return h.hexdigest()
 
 
