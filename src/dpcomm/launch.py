@@ -35,7 +35,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from dpcomm import compat, lifecycle, scratch
+from dpcomm import lifecycle, scratch
 from dpcomm.devices import worker_device
 from dpcomm.errors import Interrupted, UserError
 
@@ -240,6 +240,8 @@ def launch(fn: Callable[..., Any], nproc: int | LaunchOptions, *args: Any) -> li
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
 
+    from dpcomm import compat  # imports torch: not at module level (netsim's CLI reads the flags above)
+
     opts = nproc if isinstance(nproc, LaunchOptions) else LaunchOptions(nproc=nproc)
     if opts.nnodes > 1 and opts.node_rank == 0:
         lifecycle.check_port_free(opts.master_port)  # torch's store: *:port
@@ -325,6 +327,8 @@ def init_worker(
     """
     import torch
     import torch.distributed as dist
+
+    from dpcomm import compat
 
     dev = worker_device(device)
     backend = backend or ("nccl" if dev.type == "cuda" else "gloo")
