@@ -3,9 +3,6 @@ process per GPU: ``LOCAL_RANK``'s GPU made current before the process group, NCC
 torch's CUDA and process-group calls replaced by recorders. The GPU run itself is ``benchmarks/gpu_check.py``
 and ``dpcomm train --device cuda`` on a machine that has one (docs/gpu.md)."""
 
-import subprocess
-import sys
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -119,9 +116,11 @@ def test_autocast_in_train_context(two_gpus):
         assert not torch.is_autocast_enabled("cpu")
 
 
-def _dpcomm(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dpcomm.cli.main", *args], capture_output=True, text=True,
-                          timeout=120)  # fmt: skip
+def _dpcomm(capsys, *args: str) -> tuple[int, list[str]]:
+    from dpcomm.cli.main import main
+
+    code = main(list(args))
+    return code, capsys.readouterr().err.strip().splitlines()
 
 
 @NO_GPU
@@ -133,11 +132,10 @@ def _dpcomm(*args: str) -> subprocess.CompletedProcess:
         ("bench", "--nproc", "2", "--device", "cuda"),
     ],
 )
-def test_the_cli_without_a_gpu_is_one_line_and_exit_2(args):
-    run = _dpcomm(*args)
-    assert run.returncode == 2 and run.stderr.strip().splitlines() == [
-        "dpcomm: error: --device cuda: no CUDA GPU here (torch.cuda.is_available() is False)"
-    ]
+def test_the_cli_without_a_gpu_is_one_line_and_exit_2(capsys, args):
+    assert _dpcomm(capsys, *args) == (
+        2, ["dpcomm: error: --device cuda: no CUDA GPU here (torch.cuda.is_available() is False)"]
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -148,6 +146,6 @@ def test_the_cli_without_a_gpu_is_one_line_and_exit_2(args):
         (("train", "--autocast", "fp8"), "--autocast must be one of"),
     ],
 )
-def test_bad_device_flags_are_one_line(args, needle):
-    run = _dpcomm(*args)
-    assert run.returncode == 2 and len(run.stderr.strip().splitlines()) == 1 and needle in run.stderr
+def test_bad_device_flags_are_one_line(capsys, args, needle):
+    code, err = _dpcomm(capsys, *args)
+    assert code == 2 and len(err) == 1 and needle in err[0]

@@ -2,8 +2,6 @@
 and ``autocast`` (``dpcomm profile --autocast``) runs the forward in mixed precision and says so."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -69,17 +67,15 @@ def test_an_unknown_autocast_is_one_line(bad):
         profile(_many_small_layers(), torch.randn(4, 8), iters=1, warmup=0, autocast=bad)
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "dpcomm.cli.main", "profile", *args],
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+def test_dpcomm_profile_autocast(tmp_path, capsys):
+    from dpcomm.cli.main import main
 
-
-def test_dpcomm_profile_autocast(tmp_path):
     out = tmp_path / "t.json"
-    run = _cli("--model", "lenet5", "--batch-size", "4", "--iters", "1", "--warmup", "0", "--autocast",
-               "bf16", "-o", str(out))  # fmt: skip
-    assert run.returncode == 0, run.stderr
+    args = ["profile", "--model", "lenet5", "--batch-size", "4", "--iters", "1", "--warmup", "0"]
+    assert main([*args, "--autocast", "bf16", "-o", str(out)]) == 0
     data = json.loads(out.read_text())
     assert data["autocast"] == "bfloat16" and data["attribution"] == SCALED
-    bad = _cli("--model", "lenet5", "--batch-size", "4", "--autocast", "fp8")
-    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and "fp8" in bad.stderr
+    capsys.readouterr()
+    assert main([*args, "--autocast", "fp8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "fp8" in err[0]
