@@ -357,6 +357,9 @@ def _summary(trace, path: str) -> None:
         f, b = trace.extra["iteration_forward_s"], trace.extra["iteration_backward_s"]
         k = trace.extra["iterations"]
         line += f" (the profiler's own totals, mean of {k}: {f * ms:.2f} + {b * ms:.2f} ms)"
+    elif "hooked_forward_s" in trace.extra:  # the units scaled to the passes timed without hooks
+        f, b = trace.extra["hooked_forward_s"], trace.extra["hooked_backward_s"]
+        line += f" (scaled to the iterations without hooks; with hooks: {f * ms:.2f} + {b * ms:.2f} ms)"
     elif "iteration_forward_s" in trace.extra:
         f, b = trace.extra["iteration_forward_s"], trace.extra["iteration_backward_s"]
         line += f" (whole iterations without hooks: {f * ms:.2f} + {b * ms:.2f} ms)"
