@@ -46,7 +46,7 @@ test-slow: $(STAMP)
 
 # The compatibility tier: the oldest torch dpcomm supports (dpcomm.compat.MIN_TORCH and pyproject's torch>=
 # say the same; tests/test_compat.py checks that the three agree), in a virtual environment of its own. The
-# registry serves it as a CUDA wheel (876 MB and 3 GB of NVIDIA libraries installed: 216 s on the 2-core VM);
+# registry serves it as a CUDA wheel (530 MB, and 2.7 GB of NVIDIA libraries once installed: 216 s here);
 # it runs on the CPU. Then the fast tier and the slow tests that launch workers, `wrap`, `shard`, and
 # `dpcomm train` for each kind (dp, ddp, ddp:PLANNER, fsdp:PLANNER, ps).
 COMPAT_TORCH := 2.11.0
