@@ -4,10 +4,10 @@ Names come from :mod:`dpcomm.registry`, the one table ``bench``, ``train --colle
 the cost model read: a name or an alias (``bml`` = ``bcube``) resolves there, and :data:`SCHEDULES` says
 which registered algorithms have a flow schedule. ``ring``, ``be``, ``mst``, ``lp``, ``ps``: the
 ``steps()`` of :mod:`dpcomm.collectives` (the messages the real algorithms send, rank ``i`` on server
-``i``; imported when first needed, since those modules import torch). ``native`` (torch.distributed's
-own allreduce) is scheduled as ``ring``, as the cost model prices it. ``bcube`` (alias ``bml``): BML on
-BCube, only on a ``bcube:n,k`` fabric (:mod:`.bml`). ``ps-dedicated[:S]`` is not another algorithm but a
-flow-schedule option of the registry's ``ps``: the parameter server on ``S`` dedicated servers (the last
+``i``), kept without torch in :mod:`dpcomm.schedules`, so pricing them imports no torch. ``native``
+(torch.distributed's own allreduce) is scheduled as ``ring``, as the cost model prices it.
+``bcube`` (alias ``bml``): BML on BCube, only on a ``bcube:n,k`` fabric (:mod:`.bml`). ``ps-dedicated[:S]``
+is not another algorithm but a flow-schedule option of the registry's ``ps``: the parameter server on ``S`` dedicated servers (the last
 ``S`` servers; default half) and ``P - S`` workers (BML sec. 2's "two clusters"). ``auto``, ``noop`` and
 the cost-only formulas have no flow schedule.
 
@@ -25,11 +25,10 @@ over all steps.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import dpcomm.costmodel.collective  # noqa: F401 - fills the registry's cost formulas (ALGORITHMS is checked)
-from dpcomm import registry
+from dpcomm import registry, schedules
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.messages import Step
@@ -63,8 +62,14 @@ MAX_FLOW_STEPS = 200_000_000
 """Most flows over a whole schedule (the sum of its steps' flows): what bounds the memory (~18 bytes a
 flow) and time of one simulated allreduce. A ring on 8,192 servers is 134 M; on 16,384, 537 M, refused."""
 
-_MODULES = {"ring": "ring", "be": "be", "mst": "mst", "ps": "ps", "native": "ring", "lp": "lp"}
-"""The :mod:`dpcomm.collectives` module whose ``steps()`` each name runs (imported when first needed)."""
+_STEPS = {
+    "ring": schedules.ring_steps,
+    "be": schedules.be_steps,
+    "mst": schedules.mst_steps,
+    "ps": schedules.ps_steps,
+    "native": schedules.ring_steps,
+}
+"""The schedule each name runs (its :mod:`dpcomm.collectives` module's ``steps()``; LP's takes a block)."""
 SCHEDULES = ("ring", "be", "mst", "lp", "ps", "bcube", "native")
 """Registered algorithms (canonical names of :mod:`dpcomm.registry`) that have a flow schedule."""
 _VARIANTS = {"ps-dedicated": "ps"}  # flow-schedule options of a registered algorithm, and which one
@@ -80,11 +85,6 @@ for _name in (*SCHEDULES, *_VARIANTS.values()):  # one table: every schedule is 
 
 def _choices() -> str:
     return registry.describe(list(ALGORITHMS))
-
-
-def _collective(name: str):
-    """The :mod:`dpcomm.collectives` module behind ``name`` (it imports torch: only when needed)."""
-    return importlib.import_module(f"dpcomm.collectives.{_MODULES[name]}")
 
 
 def parse_algorithm(text: str) -> tuple[str, int | str | None]:
@@ -196,8 +196,7 @@ def check_allreduce(
     if name == "lp":  # LP's own default block: the cost model's optimum on this link (<= lp.MAX_BLOCKS)
         beta = 8 / (fabric.rate_bps * fabric.goodput.one_way)  # as the testbed tells lp (link_network)
         net = Network(name=f"{fabric.topology.spec}@{fabric.rate_bps:g}", alpha=alpha_s, beta=beta)
-        pipe = _collective("lp").LinearPipeline(network=net, block_bytes=block_bytes)
-        block_bytes = pipe.block_size(int(nbytes), p, "allreduce")
+        block_bytes = schedules.lp_block(int(nbytes), p, net, "allreduce", block_bytes)
         blocks = max(1, -(-numel // max(1, block_bytes // ELEM)))  # as lp.steps cuts them
     check_work(checked, p, blocks=blocks, cube=cube, gpus=gpus)
     return block_bytes if name == "lp" else None
@@ -219,9 +218,9 @@ def schedule(
     p, numel = fabric.servers if ranks is None else ranks, int(nbytes) // ELEM
     cube = fabric.topology if isinstance(fabric.topology, BCube) else None
     if name == "lp":
-        return _collective("lp").steps(p, numel, ELEM, block_bytes=block_bytes)
-    if name in _MODULES:
-        return _collective(name).steps(p, numel, ELEM)
+        return schedules.lp_steps(p, numel, ELEM, block_bytes=block_bytes)
+    if name in _STEPS:
+        return _STEPS[name](p, numel, ELEM)
     if name == "hierarchical":  # one ring per rail
         return hierarchical.steps(p, fabric.topology.gpus, numel, ELEM)
     if name in nccl.NAMES:
@@ -230,7 +229,7 @@ def schedule(
         return nccl.steps(topo, picked, p, int(nbytes), fabric.servers)
     if name == "ps-dedicated":
         servers = arg if arg is not None else max(1, p // 2)
-        return _collective("ps").dedicated_steps(p - servers, servers, numel, ELEM)
+        return schedules.ps_dedicated_steps(p - servers, servers, numel, ELEM)
     return bml_steps(cube, numel, ELEM)
 
 
