@@ -7,9 +7,9 @@ which registered algorithms have a flow schedule. ``ring``, ``be``, ``mst``, ``l
 ``i``), kept without torch in :mod:`dpcomm.schedules`, so pricing them imports no torch. ``native``
 (torch.distributed's own allreduce) is scheduled as ``ring``, as the cost model prices it.
 ``bcube`` (alias ``bml``): BML on BCube, only on a ``bcube:n,k`` fabric (:mod:`.bml`). ``ps-dedicated[:S]``
-is not another algorithm but a flow-schedule option of the registry's ``ps``: the parameter server on ``S`` dedicated servers (the last
-``S`` servers; default half) and ``P - S`` workers (BML sec. 2's "two clusters"). ``auto``, ``noop`` and
-the cost-only formulas have no flow schedule.
+is not another algorithm but a flow-schedule option of the registry's ``ps``: the parameter server on
+``S`` dedicated servers (the last ``S`` servers; default half) and ``P - S`` workers (BML sec. 2's "two
+clusters"). ``auto``, ``noop`` and the cost-only formulas have no flow schedule.
 
 On servers of several GPUs (``gpus:``/``dgx-*``) also ``hierarchical`` (:mod:`.hierarchical`) and NCCL's
 all-reduce as NCCL runs it (:mod:`.nccl`): ``nccl`` (NCCL's own choice of algorithm, protocol and
