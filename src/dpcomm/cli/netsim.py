@@ -209,6 +209,9 @@ def run(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     from rich.progress import Progress
 
+    from dpcomm.sim.network.memory import tune_memory
+
+    tune_memory()  # large schedules: reuse freed memory instead of faulting it in again (no result changes)
     rows, runs = [], []
     t0 = time.perf_counter()
     with Progress(transient=True, disable=args.json or not sys.stderr.isatty()) as bar:
