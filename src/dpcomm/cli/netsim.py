@@ -80,6 +80,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a network file: its start-up (and, fitted by calibrate --from-nccl-tests, its fabric's rates)",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="apply a --network file fitted on other hardware or another NCCL/plugin version anyway",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
     parser.add_argument("--plot", metavar="PNG", help="write link utilisation per algorithm (largest size)")
 
@@ -108,7 +113,8 @@ def fabric_for(args: argparse.Namespace, net=None):
     if net is not None and net.fabric and isinstance(topo, MultiGPU):
         from dpcomm.sim.network.fit import apply_fit
 
-        topo = apply_fit(topo, net.fabric)
+        where = f"--network {getattr(args, 'network', None) or 'file'}"
+        topo = apply_fit(topo, net.fabric, force=bool(getattr(args, "force", False)), where=where)
     if isinstance(topo, MultiGPU):
         if args.rate is not None and topo.nic_bps is not None:
             raise UserError(
@@ -196,6 +202,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--algorithms: give at least one")
     for a in algos:
         parse_algorithm(a)
+    if block is not None and not any(parse_algorithm(a)[0] == "lp" for a in algos):
+        raise UserError(
+            f"--block-bytes {args.block_bytes} sets LP's block, and lp is not among the algorithms"
+        )
     model = default_model(fabric, alpha)
     for a in algos:  # every case's flows are bounded before the first is simulated
         for s in sizes:
@@ -267,7 +277,7 @@ def _print(fabric, rows, written, wall: float, model, spec: str) -> None:
     for r in rows:
         table.add_row(
             "allreduce",
-            r.algorithm,
+            r.algorithm if not r.asked else f"{r.algorithm} (asked {r.asked})",
             *((r.ran,) if ran else ()),
             f"{r.bytes:,}",
             _time(r.time_s),

@@ -83,6 +83,10 @@ INTRA = ("nvlink", "pcie", "loopback")
 """Intra-server fabrics (see the module docstring)."""
 ARCHS = ("volta", "ampere", "hopper", "blackwell")
 NCCL_ALGOS = ("ring", "tree", "nvls", "nvlstree", "collnet")
+NCCL_PROTOS = ("LL", "LL128", "Simple")
+"""``proto=`` values: NCCL's protocols as ``NCCL_PROTO`` names them."""
+_VERSION = re.compile(r"^\d{1,3}\.\d{1,3}(?:\.\d{1,3})?$")
+_PLUGIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,79}$")
 """``algo=`` values: NCCL's all-reduce algorithms as ``NCCL_ALGO`` names them (lower case; dpcomm's
 ``nccl-ring``, ... without the prefix)."""
 """GPU generations, as NCCL's tuning tables are indexed (compute capability 7.x, 8.x, 9.x, 10.x)."""
@@ -131,6 +135,20 @@ class MultiGPU:
     ranges: tuple[SizeRange, ...] = ()
     """A calibration's size ranges: from each one's size on, its own values of the keys above
     (:mod:`dpcomm.topology.size_ranges`); none: the spec's values at every size."""
+    row_factors: tuple[tuple[int, float], ...] = ()
+    """A calibration's factors per measured size on the modelled time of :attr:`row_algo` (every row of
+    its nccl-tests table kept, :mod:`dpcomm.sim.network.fit_rows`); none: the model as it is. Not part of
+    :attr:`spec` (a network file carries them)."""
+    row_algo: str | None = None
+    """The schedule the factors were fitted for (``nccl``, ``nccl-ring``, ``nccl-ring:LL128``)."""
+    proto: str | None = None
+    """NCCL's protocol narrowed to this one (the cluster's ``NCCL_PROTO``: :data:`NCCL_PROTOS`); None: its
+    own choice."""
+    nccl: str | None = None
+    """The NCCL version the cluster runs (``2.23.4``; read from a log's ``NCCL version`` line); None: not
+    stated. What NCCL achieves depends on it (a calibrated file is refused on another)."""
+    net_plugin: str | None = None
+    """The network plugin and its version (``aws-ofi-nccl-1.13.2-aws``); None: not stated, or NCCL's own."""
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus < 1:
@@ -161,6 +179,19 @@ class MultiGPU:
                 f"lat_scale={self.lat_scale:g} must be from 0 to 10000 (a factor on NCCL's latency)"
             )
         check(self.ranges)
+        if self.proto is not None and self.proto not in NCCL_PROTOS:
+            raise ValueError(f"proto is one of {', '.join(NCCL_PROTOS)}, not {self.proto!r}")
+        if self.nccl is not None and not _VERSION.match(self.nccl):
+            raise ValueError(f"nccl={self.nccl} is not a version (e.g. 2.23.4)")
+        if self.net_plugin is not None and not _PLUGIN.match(self.net_plugin):
+            raise ValueError(f"plugin={self.net_plugin} is not a name-version (e.g. aws-ofi-nccl-1.13.2)")
+        sizes = [n for n, _ in self.row_factors]
+        if (
+            any(not (0 < c < 1e6) for _, c in self.row_factors)
+            or sizes != sorted(set(sizes))
+            or (self.row_factors and self.row_algo is None)
+        ):
+            raise ValueError("row factors are positive, at increasing sizes, with the algorithm they fit")
         for what, bps in (("intra-server rate", self.intra_bps), ("NIC rate", self.nic_bps)):
             if bps is not None and not 8e3 <= bps <= 1e15:
                 raise ValueError(f"{what} {bps:g} bit/s is outside 8kbit..1000tbit")
@@ -219,6 +250,9 @@ class MultiGPU:
             + (f",channels={self.channels}" if self.channels else "")
             + (f",lat_scale={self.lat_scale!r}" if self.lat_scale is not None else "")
             + (f",ranges={format_ranges(self.ranges)}" if self.ranges else "")
+            + (f",proto={self.proto}" if self.proto else "")
+            + (f",nccl={self.nccl}" if self.nccl else "")
+            + (f",plugin={self.net_plugin}" if self.net_plugin else "")
         )
         return (
             f"gpus:{self.hosts},{self.gpus},{self.intra}={_fmt(self.intra_bps)}{ie},"
@@ -253,7 +287,7 @@ _BITS = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
 _EFF = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,17})?)\s*(?:/\s*(\d{1,9}(?:\.\d{1,17})?)\s*)?$")
 _KEYS = (
     "keys: nvlink, pcie, loopback, intra_eff, nics, nic, nic_eff, net, transport, arch, sharp, algo, "
-    "channels, lat_scale, ranges"
+    "channels, lat_scale, ranges, proto, nccl, plugin"
 )
 _FORM = (
     "gpus:S,G[,nvlink=RATE|pcie=RATE|loopback=RATE][,intra_eff=F][,nics=N][,nic=RATE][,nic_eff=F][,net=rail|star]"
@@ -317,8 +351,10 @@ def parse_multigpu(spec: str) -> MultiGPU:
             if not _INT.match(value):
                 raise UserError(f"bad topology '{shown}': {key}={value} is not a whole number")
             fields[key] = int(value)
-        elif key in ("net", "transport", "arch", "algo"):
+        elif key in ("net", "transport", "arch", "algo", "proto", "nccl"):
             fields[key] = value
+        elif key == "plugin":
+            fields["net_plugin"] = value
         elif key == "lat_scale":
             fields[key] = _eff(key, value, shown)
         elif key == "ranges":

@@ -32,7 +32,7 @@ from dpcomm import registry, schedules
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.messages import Step
-from dpcomm.sim.network import hierarchical, nccl
+from dpcomm.sim.network import fit_rows, hierarchical, nccl
 from dpcomm.sim.network.bml import bml_steps
 from dpcomm.sim.network.engine import FlowModel, FlowRun
 from dpcomm.sim.network.fabric import Fabric
@@ -233,13 +233,32 @@ def schedule(
     return bml_steps(cube, numel, ELEM)
 
 
+def _row_fitted(topo, name: str, arg: int | str | None) -> bool:
+    """Whether a calibration's per-size factors (:mod:`.fit_rows`) price ``name`` (with protocol ``arg``) on
+    ``topo``: what runs is what they were fitted for (``nccl`` narrowed by ``algo=`` to the fitted
+    ``nccl-ring`` counts, as does the protocol ``proto=`` narrows to)."""
+    if not isinstance(topo, MultiGPU) or not topo.row_factors or not topo.row_algo:
+        return False
+
+    def runs(n: str, proto: str | None) -> tuple[str, str | None]:
+        return (f"nccl-{topo.algo}" if n == "nccl" and topo.algo else n), (proto or topo.proto)
+
+    base, _, proto = topo.row_algo.partition(":")
+    return runs(name, arg if isinstance(arg, str) else None) == runs(base, proto or None)
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class NetsimRow:
     """One simulated allreduce, in nccl-tests' columns."""
 
     topology: str
     algorithm: str
+    """What ran: the name asked for, or what the topology narrowed it to (``nccl`` on a fabric with
+    ``algo=ring``, a calibration's pick, runs ``nccl-ring``)."""
     servers: int
+    """Physical servers the ranks occupy (a multi-GPU fabric's hosts; elsewhere one rank per server)."""
+    ranks: int
+    """Ranks (GPUs on a multi-GPU fabric)."""
     bytes: int
     time_s: float
     algbw_GBps: float
@@ -249,6 +268,8 @@ class NetsimRow:
     steps: int
     ran: str = ""
     """For ``nccl*``: the algorithm, protocol and channels that ran (``nvls_tree/Simple x8``)."""
+    asked: str = ""
+    """The name asked for where the topology made it run another (else empty)."""
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -273,10 +294,18 @@ def simulate_allreduce(
     if name in nccl.NAMES:
         check_allreduce(algo, fabric, nbytes, model.alpha_s, block_bytes, ranks)
         t, steps, picked = nccl.price(model, name, arg, int(nbytes), p)
-        run = FlowRun(time_s=t, step_s=(t,), labels=(picked.label,), link_bytes=None)
+        label = picked.label
+        if _row_fitted(fabric.topology, name, arg):  # a calibration's factors per measured size
+            key = (name, arg, p)
+            t = fit_rows.correct(
+                model, key, int(nbytes), t, fabric.topology.row_factors,
+                lambda n: nccl.price(model, name, arg, n, p)[0],
+            )  # fmt: skip
+            label = f"{label}, row-fitted"
+        run = FlowRun(time_s=t, step_s=(t,), labels=(label,), link_bytes=None)
         if links:
-            run = FlowRun(time_s=t, step_s=(t,), labels=(picked.label,), link_bytes=model.link_bytes(steps))
-        ran = picked.label
+            run = FlowRun(time_s=t, step_s=(t,), labels=(label,), link_bytes=model.link_bytes(steps))
+        ran = label
     else:
         steps = schedule(algo, fabric, nbytes, model.alpha_s, block_bytes, ranks)
         run = model.run(steps, links=links)
@@ -284,10 +313,18 @@ def simulate_allreduce(
     workers = p - (arg if arg is not None else max(1, p // 2)) if name == "ps-dedicated" else p
     algbw = nbytes / t / 1e9 if t > 0 else 0.0  # one rank: nothing moves, reported as 0 (as JSON allows)
     busbw = algbw * 2 * (workers - 1) / workers if workers > 1 else 0.0
+    topo = fabric.topology
+    actual = algo
+    if isinstance(topo, MultiGPU) and name in nccl.NAMES:  # the file's or spec's algo= and proto= narrow it
+        run_name = f"nccl-{topo.algo}" if name == "nccl" and topo.algo else name
+        proto = arg or topo.proto
+        actual = f"{run_name}:{proto}" if proto else run_name
     row = NetsimRow(
         topology=fabric.topology.spec,
-        algorithm=algo,
-        servers=p,
+        algorithm=actual,
+        asked=algo if actual != algo else "",
+        servers=-(-p // topo.gpus) if isinstance(topo, MultiGPU) else p,
+        ranks=p,
         bytes=int(nbytes),
         time_s=t,
         algbw_GBps=algbw,
