@@ -170,7 +170,7 @@ def test_from_nccl_tests_round_trips(tmp_path, capsys, truth, given, algo):
     if "nics=4" in truth:
         assert net.fabric["nic_eff"] == pytest.approx(0.81, rel=0.01)
     assert net.allreduce_tables[p][0] == (8.0, pytest.approx(rows[0][1], rel=1e-3))
-    assert "within" in capsys.readouterr().out
+    assert "rows of 4 KiB and up" in capsys.readouterr().out
 
 
 _PUBLISHED = Path(__file__).resolve().parent.parent / "docs/data/netsim_multigpu_published.json"

@@ -38,6 +38,9 @@ __all__ = ["fabric_for", "flow_cost_for", "network_startup", "tcp_note"]
 COMMAND = "netsim"
 HELP = "flow-level simulation of allreduce on star, fattree, bcube, leafspine and multi-GPU (NCCL) clusters"
 
+from dpcomm.topology.gpu_presets import preset_names  # noqa: E402 - plain data, no torch
+
+_PRESETS = preset_names()
 _MAX_ALPHA_US = 1e6  # a start-up of 1 s: beyond any network
 _MAX_MTU = 65_535  # IPv4's largest packet
 
@@ -47,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--topology",
         required=True,
         metavar="T",
-        help="star:N, fattree:k, bcube:n,k, leafspine:L,H,R, gpus:S,G,... or dgx-h100:S / dgx-a100:S",
+        help="star:N, fattree:k, bcube:n,k, leafspine:L,H,R, gpus:S,G,... or a preset of S servers: "
+        + _PRESETS,
     )
     parser.add_argument(
         "--algorithms",

@@ -58,10 +58,10 @@ Attention: a fabric's ``servers`` are its endpoints, so :attr:`MultiGPU.servers`
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dpcomm.errors import UserError
-from dpcomm.topology.gpu_presets import PRESETS
+from dpcomm.topology.gpu_presets import PRESETS, preset_names
 from dpcomm.topology.size_ranges import SizeRange, check, format_ranges, parse_ranges
 from dpcomm.topology.transports import TRANSPORTS, Transport
 
@@ -149,6 +149,9 @@ class MultiGPU:
     stated. What NCCL achieves depends on it (a calibrated file is refused on another)."""
     net_plugin: str | None = None
     """The network plugin and its version (``aws-ofi-nccl-1.13.2-aws``); None: not stated, or NCCL's own."""
+    assumed: tuple[str, ...] = field(default=(), compare=False)
+    """Defaults a hand-written ``gpus:`` spec took where a preset states its own (``intra_eff=1``,
+    ``net=rail``): :meth:`describe` says them, so a header shows what was assumed."""
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus < 1:
@@ -230,10 +233,11 @@ class MultiGPU:
         intra = {"nvlink": "NVLink", "pcie": "PCIe bus", "loopback": "loopback bus"}[self.intra]
         nics = "s" if self.nic_count > 1 else ""
         plural = "s" if self.hosts != 1 else ""
+        assumed = f" (assumed, as no preset does: {', '.join(self.assumed)})" if self.assumed else ""
         return (
             f"{self.hosts} server{plural} x {self.gpus} GPUs ({self.servers} ranks), {intra} "
             f"{_fmt(self.intra_bps).replace('GB/s', ' GB/s')} x {self.intra_eff:.0%}, {nic}{nics} x "
-            f"{self.nic_fraction:.0%}, {self.arch}{', SHARP' if self.sharp else ''}"
+            f"{self.nic_fraction:.0%}, {self.arch}{', SHARP' if self.sharp else ''}, net={self.net}{assumed}"
         )
 
     @property
@@ -291,7 +295,7 @@ _KEYS = (
 )
 _FORM = (
     "gpus:S,G[,nvlink=RATE|pcie=RATE|loopback=RATE][,intra_eff=F][,nics=N][,nic=RATE][,nic_eff=F][,net=rail|star]"
-    "[,transport=ib|roce|efa|tcp][,arch=A][,sharp=0|1] or dgx-h100:S / dgx-a100:S"
+    "[,transport=ib|roce|efa|tcp][,arch=A][,sharp=0|1] or a preset"
 )
 
 
@@ -323,7 +327,7 @@ def parse_multigpu(spec: str) -> MultiGPU:
     shown = spec if len(spec or "") <= 80 else f"{spec[:77]}..."
     m = _HEAD.match(spec or "")
     if not m or not (m.group(1) == "gpus" or m.group(1) in PRESETS):
-        raise UserError(f"bad topology '{shown}' (expected {_FORM})")
+        raise UserError(f"bad topology '{shown}' (expected {_FORM}: {preset_names()})")
     kind, parts = m.group(1), [x.strip() for x in m.group(2).split(",")]
     counts = 2 if kind == "gpus" else 1
     if len(parts) < counts or any(not _INT.match(x) for x in parts[:counts]):
@@ -365,6 +369,15 @@ def parse_multigpu(spec: str) -> MultiGPU:
             fields["sharp"] = value == "1"
         else:
             raise UserError(f"bad topology '{shown}': unknown key '{key}' ({_KEYS})")
+    if kind == "gpus":  # what a preset would have stated, taken by default: said in the header
+        fields["assumed"] = tuple(
+            text
+            for key, text in (
+                ("intra_eff", "intra_eff=1, the line rate (presets: NCCL's achievable NVLink fraction)"),
+                ("net", "net=rail (presets: star)"),
+            )
+            if key not in seen
+        )
     from dpcomm.topology import check_servers  # the package imports this module
 
     check_servers(int(fields["hosts"]) * int(fields.get("gpus", 1)), shown.strip())
