@@ -209,16 +209,13 @@ def lp_steps(p: int, numel: int, elem_size: int = 4, *, block_bytes: int) -> lis
         u0, u1 = max(0, t - nb + 1), min(p - 1, t + 1)
         d0, d1 = max(1, 2 * p - 2 - t), min(p, 2 * p - 2 - t + nb)
         u1, d1 = max(u0, u1), max(d0, d1)
-        out.append(
-            Step(
-                label=f"stage {t}",
-                src=np.concatenate([c[u0:u1], c[d0:d1]]),
-                dst=np.concatenate([c[u0 + 1 : u1 + 1], c[d0 - 1 : d1 - 1]]),
-                nbytes=np.concatenate(
-                    [rev[nb - 1 - t + u0 : nb - 1 - t + u1], size[t - 2 * p + 2 + d0 : t - 2 * p + 2 + d1]]
-                ),
-            )
-        )
+        up = (c[u0:u1], c[u0 + 1 : u1 + 1], rev[nb - 1 - t + u0 : nb - 1 - t + u1])
+        down = (c[d0:d1], c[d0 - 1 : d1 - 1], size[t - 2 * p + 2 + d0 : t - 2 * p + 2 + d1])
+        if d1 == d0 or u1 == u0:  # one run (the fill and the drain: most stages): views, no copies
+            src, dst, nbytes = up if d1 == d0 else down
+        else:
+            src, dst, nbytes = (np.concatenate([a, b]) for a, b in zip(up, down, strict=True))
+        out.append(Step(label=f"stage {t}", src=src, dst=dst, nbytes=nbytes))
     return out
 
 

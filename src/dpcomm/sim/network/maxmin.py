@@ -201,9 +201,9 @@ def fill_paired(
         if not keep.any():
             break
         flow_of, link_of = flow_of[keep], link_of[keep]
-    rate = np.full(f_count, np.inf)  # a flow without entries: inf
-    done = froze > 0
-    rate[done] = np.stack(levels)[froze[done], prob_of[done]]
+    table = np.stack(levels)  # (rounds + 1, problems): row 0 stands for "never froze"
+    table[0] = np.inf  # a flow without entries: inf
+    rate = table.ravel()[froze.astype(np.int64) * table.shape[1] + prob_of]
     return rate, froze, full_at
 
 
