@@ -68,9 +68,11 @@ _CHUNK_ENTRIES = 1 << 22  # (flow, link) entries per chunk of a step too large t
 _BATCH_FLOWS = 1 << 17  # flows of the steps priced together (a few hundred bytes each while they are)
 _BATCH_LINKS = 1 << 23  # steps x links of a batch (the dense index that numbers each step's links)
 _HOLD_BYTES = 1 << 29  # a large step's forward links kept between rounds up to this size (512 MiB)
-THREADS = max(1, min(2, os.cpu_count() or 1, int(os.environ.get("DPCOMM_NETSIM_THREADS", "2") or 1)))
-"""Threads that price batches of steps (``$DPCOMM_NETSIM_THREADS``, default 2, at most the cores): the
-same results on any count."""
+THREADS = max(1, min(2, os.cpu_count() or 1, int(os.environ.get("DPCOMM_NETSIM_THREADS", "1") or 1)))
+"""Threads that price batches of steps (``$DPCOMM_NETSIM_THREADS``, default 1, at most 2 and the cores):
+the same results on any count. Not on by default: on the 2-core VM with one core busy elsewhere, LP at
+4,096 servers took 8.3 s wall and 5.8 CPU s on 2 threads against 5.9 and 5.0 on one (numpy holds the GIL
+in enough of each batch that the threads mostly wait); ``benchmarks/netsim_endtoend.py`` compares them."""
 
 
 def _hasher(*arrays: np.ndarray):
