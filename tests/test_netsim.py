@@ -442,3 +442,31 @@ def test_engine_threads_give_the_same_times(monkeypatch):
         monkeypatch.setattr(engine, "_BATCH_FLOWS", 512)  # many batches, so two run at once
         got[threads] = FlowModel(fabric, 1e-6).run(steps).step_s
     assert got[1] == got[2] and len(got[1]) == len(steps)
+
+
+@pytest.mark.parametrize("spec", ["star:24", "leafspine:4,6,2", "fattree:8"])
+def test_steps_alike_up_to_a_shift_of_servers_are_priced_once_with_the_same_times(spec, monkeypatch):
+    # LP's stages between its fill and turn-around are one another moved down the chain: one of them priced,
+    # and every schedule's seconds the same, bit for bit, as pricing each step itself
+    from dpcomm.sim.network import engine
+    from dpcomm.sim.network.algorithms import schedule
+    from dpcomm.sim.network.symmetry import shift_period
+
+    fabric = make_fabric(spec, 10e9)
+    assert shift_period(fabric) == {"star": 1, "leafspine": 6, "fattree": 16}[spec.split(":")[0]]
+    cases = [("lp", 1 << 20, 1 << 14), ("lp", 3 * 1000 * 1003, 1 << 18), ("lp", 1 << 22, None)]
+    cases += [(a, 4 * 1009 * 24, None) for a in ("ring", "be", "mst", "ps")]
+    for algo, nbytes, block in cases:
+        blocks = len(schedule(algo, fabric, nbytes, 1e-6, block_bytes=block)) - 2 * fabric.servers + 2
+        steps = schedule(algo, fabric, nbytes, 1e-6, block_bytes=block)
+        shifted = FlowModel(fabric, 1e-6)
+        got = shifted.run(steps).step_s
+        with monkeypatch.context() as m:
+            m.setattr(engine, "shift_period", lambda fab: 0)
+            plain = FlowModel(fabric, 1e-6)
+            want = plain.run(steps).step_s
+        assert got == want, (spec, algo, nbytes)
+        if algo == "lp" and blocks + shift_period(fabric) < fabric.servers - 1:  # stages that slide
+            assert shifted.rate_solves < plain.rate_solves, (spec, nbytes)
+    fabric.capacity[2] /= 2  # a server link slowed by hand: its shifts no longer cost the same
+    assert shift_period(fabric) == 0

@@ -15,7 +15,9 @@ Speed and memory (4,096 servers: every algorithm in a few seconds, under 2 GB):
 
 * Caches keyed by a digest of the arrays (BLAKE2b, 20 bytes), not by their bytes: the rates of a set of
   flows by its ``(src, dst)``, a whole step's time by ``(src, dst, bytes, lane)``. A ring's ``2(P-1)``
-  steps, all alike, cost one rate computation. The rate cache holds at most :data:`_CACHE_FLOWS` flows'
+  steps, all alike, cost one rate computation. On a star, leaf-spine or fat-tree a step is keyed moved
+  down by whole periods of servers (:mod:`.symmetry`: the same problem, the same times bit for bit), so
+  LP's sliding stages are priced once. The rate cache holds at most :data:`_CACHE_FLOWS` flows'
   rates, the step cache :data:`_CACHE_MAX` entries.
 * Steps are priced many at once (:meth:`FlowModel.step_times`): up to :data:`_BATCH_FLOWS` flows of
   distinct steps are filled together as independent problems (:func:`.maxmin.fill_paired`: each its own
@@ -56,6 +58,7 @@ import numpy as np
 from dpcomm.messages import Step
 from dpcomm.sim.network.fabric import Fabric
 from dpcomm.sim.network.maxmin import _TIE, fill_paired
+from dpcomm.sim.network.symmetry import shift_period
 
 __all__ = ["THREADS", "FlowModel", "FlowRun"]
 
@@ -138,6 +141,7 @@ class FlowModel:
         self._held: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # the arrays of rates keyed by identity
         self._lock = threading.Lock()
         self._reset_table()
+        self._period = shift_period(fabric)
         self.rate_solves = 0
         """How many max-min problems were filled (the rest came from the cache or kept their rates)."""
 
@@ -567,7 +571,8 @@ class FlowModel:
         return self._times([(src, dst, np.asarray(nbytes), _key)])[0]
 
     def _step_key(self, step: Step) -> tuple[bytes | None, bytes]:
-        """``(step key, rates key)``: digests of ``(src, dst, bytes, lane)`` and of ``(src, dst)``. A step
+        """``(step key, rates key)``: digests of ``(src, dst, bytes, lane)`` and of ``(src, dst)``, a step
+        moved down by whole periods of the fabric first (:func:`.symmetry.shift_period`). A step
         too large to batch (a parameter server's millions of flows) is not hashed (that took longer than
         pricing it): no step key, and its rates keyed by its ``src`` and ``dst`` arrays themselves (held
         with the rates, so a parameter server's pull reuses its push's rates)."""
@@ -575,7 +580,13 @@ class FlowModel:
             ident = b"id:%d:%d" % (id(step.src), id(step.dst))
             self._held[ident] = (step.src, step.dst)
             return None, ident
-        h = _hasher(step.src * self.fabric.endpoints + step.dst)
+        p, k = self.fabric.endpoints, self._period
+        pair = step.src * p + step.dst
+        if k and len(pair):  # the step moved down by whole periods (:mod:`.symmetry`): the same cost
+            o = min(int(step.src.min()), int(step.dst.min())) // k * k
+            if o:
+                pair -= o * (p + 1)
+        h = _hasher(pair)
         rates_key = h.copy().digest()  # the flows' signature, as :meth:`rates` keys it
         lane = step.lane if step.lane is not None else np.zeros(0, dtype=np.int64)
         h.update(b"|")
