@@ -47,14 +47,25 @@ def busbw(nbytes: float, p: int, t: float) -> float:
     return 2 * (p - 1) / p * nbytes / t / 1e9
 
 
+def _spec(case: dict, **fmt) -> str:
+    """The case's topology with the NCCL and plugin versions its source states (``nccl=``, ``plugin=``: what
+    EFA achieves depends on them, :mod:`dpcomm.topology.transports`)."""
+    spec = case["topology"].format(**fmt)
+    if case.get("nccl_version"):
+        spec += f",nccl={case['nccl_version']}"
+    if case.get("net_plugin"):
+        spec += f",plugin={case['net_plugin']}"
+    return spec
+
+
 def _rows(case: dict) -> list[tuple[str, int, int, float]]:
     """``(topology, ranks, bytes, seconds)`` of a case's compared rows (64 MiB and up)."""
     if "per_server_rows" in case:
         return [
-            (case["topology"].format(servers=r["servers"]), 8 * r["servers"], r["bytes"], r["time_us"] * 1e-6)
+            (_spec(case, servers=r["servers"]), 8 * r["servers"], r["bytes"], r["time_us"] * 1e-6)
             for r in case["per_server_rows"]
         ]
-    out = [(case["topology"], case["gpus"], r["bytes"], r["time_us"] * 1e-6) for r in case["rows"]]
+    out = [(_spec(case), case["gpus"], r["bytes"], r["time_us"] * 1e-6) for r in case["rows"]]
     return [r for r in out if r[2] >= LARGE]
 
 

@@ -205,8 +205,8 @@ class MultiGPU:
 
     @property
     def nic_fraction(self) -> float:
-        """``nic_eff``, or the transport's published fraction when the spec gives none."""
-        return self.nic_eff if self.nic_eff is not None else self.link.fraction
+        """``nic_eff``, or the transport's fraction for the stated NCCL version when the spec gives none."""
+        return self.nic_eff if self.nic_eff is not None else self.link.fraction_for(self.nccl)
 
     @property
     def link(self) -> Transport:
