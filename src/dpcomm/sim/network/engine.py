@@ -45,7 +45,6 @@ Speed and memory (4,096 servers: every algorithm in a few seconds, under 2 GB):
 
 from __future__ import annotations
 
-import hashlib
 import os
 import threading
 from collections import deque
@@ -58,7 +57,8 @@ import numpy as np
 from dpcomm.messages import Step
 from dpcomm.sim.network.fabric import Fabric
 from dpcomm.sim.network.maxmin import _TIE, fill_paired
-from dpcomm.sim.network.symmetry import shift_period
+from dpcomm.sim.network.symmetry import hasher as _hasher
+from dpcomm.sim.network.symmetry import shift_period, step_digests
 
 __all__ = ["THREADS", "FlowModel", "FlowRun"]
 
@@ -76,18 +76,6 @@ THREADS = max(1, min(2, os.cpu_count() or 1, int(os.environ.get("DPCOMM_NETSIM_T
 the same results on any count. Not on by default: on the 2-core VM with one core busy elsewhere, LP at
 4,096 servers took 8.3 s wall and 5.8 CPU s on 2 threads against 5.9 and 5.0 on one (numpy holds the GIL
 in enough of each batch that the threads mostly wait); ``benchmarks/netsim_endtoend.py`` compares them."""
-
-
-def _hasher(*arrays: np.ndarray):
-    """SHA-256 over the arrays' lengths and bytes: the caches' keys (a digest, not the bytes, so a cached
-    16.8 M-flow step costs 32 bytes of key). Not BLAKE2b: on the 2-core VM (x86_64, SHA extensions) SHA-256
-    hashes 1.1 GB/s against BLAKE2b's 0.55, and LP's 11,008 stages at 4,096 servers are 23 M flows."""
-    h = hashlib.sha256()
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(memoryview(a).cast("B"))
-    return h
 
 
 def _segments(owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -581,20 +569,7 @@ class FlowModel:
             ident = b"id:%d:%d" % (id(step.src), id(step.dst))
             self._held[ident] = (step.src, step.dst)
             return None, ident
-        p, k = self.fabric.endpoints, self._period
-        pair = step.src * p + step.dst
-        if k and len(pair):  # the step moved down by whole periods (:mod:`.symmetry`): the same cost
-            o = min(int(step.src.min()), int(step.dst.min())) // k * k
-            if o:
-                pair -= o * (p + 1)
-        h = _hasher(pair)
-        rates_key = h.copy().digest()  # the flows' signature, as :meth:`rates` keys it
-        lane = step.lane if step.lane is not None else np.zeros(0, dtype=np.int64)
-        h.update(b"|")
-        for a in (step.nbytes, lane):
-            h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(memoryview(np.ascontiguousarray(a)).cast("B"))
-        return h.digest(), rates_key
+        return step_digests(step, self.fabric.endpoints, self._period)
 
     def _step_keys(self, steps: Sequence[Step]) -> list[tuple[bytes | None, bytes]]:
         """:meth:`_step_key` of each step, hashed on :data:`THREADS` threads where there are many (SHA-256
