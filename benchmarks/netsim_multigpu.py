@@ -47,14 +47,25 @@ def busbw(nbytes: float, p: int, t: float) -> float:
     return 2 * (p - 1) / p * nbytes / t / 1e9
 
 
+def _spec(case: dict, **fmt) -> str:
+    """The case's topology with the NCCL and plugin versions its source states (``nccl=``, ``plugin=``: what
+    EFA achieves depends on them, :mod:`dpcomm.topology.transports`)."""
+    spec = case["topology"].format(**fmt)
+    if case.get("nccl_version"):
+        spec += f",nccl={case['nccl_version']}"
+    if case.get("net_plugin"):
+        spec += f",plugin={case['net_plugin']}"
+    return spec
+
+
 def _rows(case: dict) -> list[tuple[str, int, int, float]]:
     """``(topology, ranks, bytes, seconds)`` of a case's compared rows (64 MiB and up)."""
     if "per_server_rows" in case:
         return [
-            (case["topology"].format(servers=r["servers"]), 8 * r["servers"], r["bytes"], r["time_us"] * 1e-6)
+            (_spec(case, servers=r["servers"]), 8 * r["servers"], r["bytes"], r["time_us"] * 1e-6)
             for r in case["per_server_rows"]
         ]
-    out = [(case["topology"], case["gpus"], r["bytes"], r["time_us"] * 1e-6) for r in case["rows"]]
+    out = [(_spec(case), case["gpus"], r["bytes"], r["time_us"] * 1e-6) for r in case["rows"]]
     return [r for r in out if r[2] >= LARGE]
 
 
@@ -91,33 +102,56 @@ def validate(published: dict) -> list[dict]:
     return rows
 
 
-def round_trip(published: dict) -> None:
-    """Each table of several servers fitted on itself (calibrate's fit): algorithm, fit, worst row."""
-    from dpcomm.sim.network.fit import fit_nccl_tests
-    from dpcomm.sim.network.nccl_tests import NcclTestsLog
+def _fitted_what(fit) -> str:
+    t = fit.topology
+    what = f"nic_eff {t.nic_fraction:.3f}, intra_eff {t.intra_eff:.3f}"
+    what += f", lat_scale {t.lat_scale:.3g}" if t.lat_scale is not None else ""
+    what += f", channels {t.channels}" if t.channels else ""
+    if t.ranges:  # calibrate's size ranges: the spec's values below the first, each range's from its size
+        what = f"< {t.ranges[0].from_bytes >> 20} MiB: {t.algo or 'nccl'}, {what}"
+        for r in t.ranges:
+            own = ", ".join(f"{k} {getattr(r, k):.3g}" for k in ("lat_scale", "nic_eff", "intra_eff") if
+                            getattr(r, k) is not None)  # fmt: skip
+            ch = f" x{r.channels}" if r.channels else ""
+            what += f"; from {r.from_bytes >> 20} MiB: {r.algo or 'nccl'}{ch}"
+            what += f", {own}" if own else ""
+    return what
 
-    print("| table | algorithm | fitted | worst row, 64 MiB and up |")
-    print("| --- | --- | --- | --- |")
+
+def round_trip(published: dict) -> None:
+    """Each table of several servers fitted on itself (calibrate's fit), and the whole published logs of
+    tests/data: the algorithm, the fit, every row's residual (model and fitted), the worst of 4 KiB and up
+    and of 64 MiB and up, and whether the fitted times grow with size."""
+    from dpcomm.sim.network.fit import fit_nccl_tests
+    from dpcomm.sim.network.nccl_tests import NcclTestsLog, read_log
+
+    cases = []
     for c in published["cases"]:
         if not c.get("rows") or (c.get("gpus") or 1) <= 8:
             continue
         rows = tuple(sorted((r["bytes"], r["time_us"] * 1e-6) for r in c.get("latency_rows", []) + c["rows"]))
         forced = None if c["algorithm"] == "nccl" else c["algorithm"]
-        fit = fit_nccl_tests(NcclTestsLog(rows=rows, ranks=c["gpus"]), c["topology"], forced)
-        t = fit.topology
-        what = f"nic_eff {t.nic_fraction:.3f}, intra_eff {t.intra_eff:.3f}"
-        what += f", lat_scale {t.lat_scale:.3g}" if t.lat_scale is not None else ""
-        what += f", channels {t.channels}" if t.channels else ""
-        if t.ranges:  # calibrate's size ranges: the spec's values below the first, each range's from its size
-            what = f"< {t.ranges[0].from_bytes >> 20} MiB: {t.algo or 'nccl'}, {what}"
-            for r in t.ranges:
-                own = ", ".join(f"{k} {getattr(r, k):.3g}" for k in ("lat_scale", "nic_eff", "intra_eff") if
-                                getattr(r, k) is not None)  # fmt: skip
-                ch = f" x{r.channels}" if r.channels else ""
-                what += f"; from {r.from_bytes >> 20} MiB: {r.algo or 'nccl'}{ch}"
-                what += f", {own}" if own else ""
-        algo = fit.algorithm + (" (forced)" if forced else "")
-        print(f"| {c['name']} | {algo} | {what} | {max(abs(e) for e in fit.errors()):.1%} |", flush=True)
+        cases.append((c["name"], NcclTestsLog(rows=rows, ranks=c["gpus"]), c["topology"], forced))
+    for name in sorted((ROOT / "tests/data").glob("nccl_tests_*.log")):
+        cases.append((name.stem, read_log(name), "p4d:2", "nccl-ring"))  # their job forced the ring
+    summary = []
+    for name, log, spec, forced in cases:
+        fit = fit_nccl_tests(log, spec, forced)
+        version = f", NCCL {log.nccl_version}" if log.nccl_version else ""
+        how = f"{fit.algorithm}{' (forced)' if forced else ''}"
+        print(f"{name} ({spec}{version}): {how}, {_fitted_what(fit)}")
+        print("| bytes | measured us | model us | fitted us | residual |")
+        print("| --- | --- | --- | --- | --- |")
+        for (n, m, g), g0 in zip(fit.rows, fit.model_rows, strict=True):
+            print(f"| {n:,} | {m * 1e6:,.1f} | {g0 * 1e6:,.1f} | {g * 1e6:,.1f} | {g / m - 1:+.1%} |")
+        small = max((abs(g / m - 1) for n, m, g in fit.rows if n >= 4096), default=0.0)
+        large = max((abs(g / m - 1) for n, m, g in fit.rows if n >= LARGE), default=0.0)
+        fitted = [g for _, _, g in fit.rows]
+        summary.append((name, len(fit.rows), small, large, fitted == sorted(fitted)))
+    print("| table | rows | worst row >= 4 KiB | worst row >= 64 MiB | monotone |")
+    print("| --- | --- | --- | --- | --- |")
+    for name, n, small, large, mono in summary:
+        print(f"| {name} | {n} | {small:.1%} | {large:.1%} | {'yes' if mono else 'NO'} |", flush=True)
 
 
 def geomean(values: list[float]) -> float:

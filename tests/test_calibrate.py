@@ -170,7 +170,7 @@ def test_from_nccl_tests_round_trips(tmp_path, capsys, truth, given, algo):
     if "nics=4" in truth:
         assert net.fabric["nic_eff"] == pytest.approx(0.81, rel=0.01)
     assert net.allreduce_tables[p][0] == (8.0, pytest.approx(rows[0][1], rel=1e-3))
-    assert "within" in capsys.readouterr().out
+    assert "rows of 4 KiB and up" in capsys.readouterr().out
 
 
 _PUBLISHED = Path(__file__).resolve().parent.parent / "docs/data/netsim_multigpu_published.json"
@@ -391,3 +391,99 @@ def test_reads_old_and_tagged_nccl_tests_logs():
     log = parse_nccl_tests(text)
     assert log.rows == ((8, pytest.approx(167.5e-6)), (1073741824, pytest.approx(61556e-6)))
     assert (log.ranks, log.hosts) == (2, 2)
+
+
+_DATA = Path(__file__).resolve().parent / "data"
+
+
+@pytest.fixture(scope="module")
+def p4d_files(tmp_path_factory):
+    """Both published p4d logs (tests/data/nccl_tests_logs.json) fitted through the CLI: file, output."""
+    out = {}
+    for version in ("2.8.3", "2.9.9"):
+        path = tmp_path_factory.mktemp("cal") / f"p4d-{version}.json"
+        log = _DATA / f"nccl_tests_p4d_2x8_nccl{version}.log"
+        argv = ["calibrate", "--from-nccl-tests", str(log), "--topology", "p4d:2", "--algo", "nccl-ring"]
+        with __import__("contextlib").redirect_stdout(__import__("io").StringIO()) as printed:
+            assert main([*argv, "-o", str(path)]) == 0
+        out[version] = (path, printed.getvalue())
+    return out
+
+
+@pytest.mark.parametrize("version", ["2.8.3", "2.9.9"])
+def test_published_logs_fitted_on_every_row(p4d_files, version):
+    # before: 128 KiB priced at 232 us and 256 KiB at 33.5 us, rows of 256 KiB-32 MiB off by -23..-87%
+    path, printed = p4d_files[version]
+    assert f"NCCL {version}" in printed and "residual" in printed and "none misses" in printed
+    fabric = load_network(path).fabric
+    assert fabric["nccl_version"] == version and fabric["row_algo"] == "nccl-ring"
+    res = fabric["residuals"]
+    assert len(res) >= 28 and all(r["model_s"] > 0 for r in res)
+    assert all(abs(r["error"]) <= 0.10 for r in res if r["bytes"] >= 4096)
+    assert all(abs(r["error"]) <= 0.05 for r in res if r["bytes"] >= 64 << 20)
+    fitted = [r["fitted_s"] for r in sorted(res, key=lambda r: r["bytes"])]
+    assert fitted == sorted(fitted)  # monotone in size
+
+
+@pytest.mark.parametrize("topology", ["p4d:2", "p4d:4"])
+def test_a_row_fitted_file_prices_monotone_between_and_beyond_its_rows(p4d_files, capsys, topology):
+    path, _ = p4d_files["2.8.3"]
+    sizes = sorted({int(2 ** (k / 3)) // 4 * 4 for k in range(6, 96)})  # 3 per octave, 64 B to 2 TiB / 4
+    sizes = [s for s in sizes if 4 <= s <= 1 << 33]
+    argv = ["netsim", "--topology", topology, "--network", str(path), "--json"]
+    assert main([*argv, "--sizes", ",".join(map(str, sizes))]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    times = [r["time_s"] for r in rows]
+    assert all(b >= a for a, b in zip(times, times[1:], strict=False)), times
+    assert all(r["ran"].endswith("row-fitted") and r["algorithm"] == "nccl-ring" for r in rows)
+    if topology == "p4d:2":  # at the fitted count every measured row is priced as measured
+        measured = dict(load_network(path).allreduce_tables[16])
+        got = {r["bytes"]: r["time_s"] for r in rows}
+        for n in set(got) & set(measured):
+            if n >= 4096:
+                assert got[n] == pytest.approx(measured[n], rel=0.10)
+
+
+def test_a_file_fitted_on_other_hardware_or_nccl_is_refused_unless_forced(p4d_files, capsys):
+    path, _ = p4d_files["2.8.3"]
+    for topology, words in (
+        ("hgx-h100:2", "transport efa (file) vs ib"),
+        ("p4d:4,nccl=2.23.4", "NCCL version 2.8.3 (file) vs 2.23.4"),
+    ):
+        argv = ["netsim", "--topology", topology, "--network", str(path), "--sizes", "1M", "--json"]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert words in err and "--force" in err and err.count("\n") == 1, err
+        assert main([*argv, "--force"]) == 0
+        capsys.readouterr()
+    sim = ["simulate", "--trace", "resnet50-k80-b32", "--nodes", "16", "--topology", "hgx-h100:2"]
+    assert main([*sim, "--network", str(path), "--schedules", "ddp"]) == 2
+    assert "fitted on p4d:2" in capsys.readouterr().err
+
+
+def test_the_algorithm_column_says_what_ran(p4d_files, capsys):
+    # the file forces the ring (algo=ring): `nccl` asked, nccl-ring ran, and the row says both
+    path, _ = p4d_files["2.8.3"]
+    argv = ["netsim", "--topology", "p4d:2", "--network", str(path), "--sizes", "1M"]
+    assert main([*argv, "--json"]) == 0
+    row = json.loads(capsys.readouterr().out)[0]
+    assert (row["algorithm"], row["asked"]) == ("nccl-ring", "nccl") and row["ran"].startswith("ring/")
+    assert (row["servers"], row["ranks"]) == (2, 16)
+    assert main(argv) == 0
+    assert "nccl-ring (asked nccl)" in capsys.readouterr().out
+
+
+def test_versions_are_read_from_the_log_and_kept_in_the_spec():
+    from dpcomm.sim.network.nccl_tests import parse_nccl_tests, read_log
+    from dpcomm.topology import parse_multigpu
+
+    log = read_log(_DATA / "nccl_tests_p4d_2x8_nccl2.9.9.log")
+    assert (log.nccl_version, log.network, log.ranks, log.hosts) == ("2.9.9", "AWS Libfabric", 16, 2)
+    text = "x NCCL INFO NET/OFI Initializing aws-ofi-nccl 1.13.2-aws\n 8 2 float sum -1 9.0 0 0 0 9.0 0 0 0\n"
+    assert parse_nccl_tests(text).net_plugin == "aws-ofi-nccl-1.13.2-aws"
+    t = parse_multigpu("p4d:2,nccl=2.23.4,plugin=aws-ofi-nccl-1.13.2,proto=Simple")
+    assert parse_multigpu(t.spec) == t and (t.nccl, t.net_plugin, t.proto) == (
+        "2.23.4",
+        "aws-ofi-nccl-1.13.2",
+        "Simple",
+    )

@@ -271,7 +271,7 @@ def test_no_cycle_between_packages_even_through_lazy_imports():
 
 
 @pytest.mark.parametrize(
-    "low", ["costmodel", "topology", "timeline", "utils", "ops", "registry", "errors", "plan"]
+    "low", ["costmodel", "topology", "timeline", "utils", "ops", "registry", "errors", "plan", "schedules"]
 )
 def test_lower_layers_do_not_reach_up(low):
     """Cost models, topologies, timelines, plans and the small shared modules import neither the CLI, the

@@ -4,6 +4,8 @@ form on a network where nothing is shared. Pure functions only (a few seconds in
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections import Counter
 
 import numpy as np
@@ -411,3 +413,60 @@ def test_lp_blocks_and_every_schedule_s_flows_are_bounded_before_building():
     with pytest.raises(UserError, match="flows in one step"):
         check_work("ps", 8_192)
     check_work("ps", 4_096)  # BML's largest study fits
+
+
+def test_netsim_imports_no_torch_for_dpcomms_own_collectives():
+    # ring, be, mst, lp and ps price the schedules of dpcomm.collectives, which run on torch; their schedules
+    # are plain data (dpcomm.schedules), so pricing them must not import torch (1.2-1.4 s of a 2 s run)
+    code = (
+        "import sys; from dpcomm.cli.main import main; "
+        "main(['netsim', '--topology', 'star:8', '--algorithms', 'ring,be,mst,lp,ps,ps-dedicated,native', "
+        "'--sizes', '1M', '--json']); print('torch' in sys.modules, file=sys.stderr)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().endswith("False"), done.stderr
+    assert len(json.loads(done.stdout)) == 7
+
+
+def test_engine_threads_give_the_same_times(monkeypatch):
+    # batches of steps priced on threads: the same seconds, bit for bit, as one by one
+    from dpcomm.sim.network import engine
+    from dpcomm.sim.network.algorithms import schedule
+
+    fabric = make_fabric("fattree:8", 10e9)
+    steps = schedule("lp", fabric, 1 << 24, 1e-6, block_bytes=1 << 16)
+    got = {}
+    for threads in (1, 2):
+        monkeypatch.setattr(engine, "THREADS", threads)
+        monkeypatch.setattr(engine, "_BATCH_FLOWS", 512)  # many batches, so two run at once
+        got[threads] = FlowModel(fabric, 1e-6).run(steps).step_s
+    assert got[1] == got[2] and len(got[1]) == len(steps)
+
+
+@pytest.mark.parametrize("spec", ["star:24", "leafspine:4,6,2", "fattree:8"])
+def test_steps_alike_up_to_a_shift_of_servers_are_priced_once_with_the_same_times(spec, monkeypatch):
+    # LP's stages between its fill and turn-around are one another moved down the chain: one of them priced,
+    # and every schedule's seconds the same, bit for bit, as pricing each step itself
+    from dpcomm.sim.network import engine
+    from dpcomm.sim.network.algorithms import schedule
+    from dpcomm.sim.network.symmetry import shift_period
+
+    fabric = make_fabric(spec, 10e9)
+    assert shift_period(fabric) == {"star": 1, "leafspine": 6, "fattree": 16}[spec.split(":")[0]]
+    cases = [("lp", 1 << 20, 1 << 14), ("lp", 3 * 1000 * 1003, 1 << 18), ("lp", 1 << 22, None)]
+    cases += [(a, 4 * 1009 * 24, None) for a in ("ring", "be", "mst", "ps")]
+    for algo, nbytes, block in cases:
+        blocks = len(schedule(algo, fabric, nbytes, 1e-6, block_bytes=block)) - 2 * fabric.servers + 2
+        steps = schedule(algo, fabric, nbytes, 1e-6, block_bytes=block)
+        shifted = FlowModel(fabric, 1e-6)
+        got = shifted.run(steps).step_s
+        with monkeypatch.context() as m:
+            m.setattr(engine, "shift_period", lambda fab: 0)
+            plain = FlowModel(fabric, 1e-6)
+            want = plain.run(steps).step_s
+        assert got == want, (spec, algo, nbytes)
+        if algo == "lp" and blocks + shift_period(fabric) < fabric.servers - 1:  # stages that slide
+            assert shifted.rate_solves < plain.rate_solves, (spec, nbytes)
+    fabric.capacity[2] /= 2  # a server link slowed by hand: its shifts no longer cost the same
+    assert shift_period(fabric) == 0

@@ -232,3 +232,72 @@ def test_max_servers_admits_bml_s_largest_study():
         assert parse_topology(spec).servers <= MAX_SERVERS
     with pytest.raises(UserError, match="more than 9 digits"):
         parse_topology("star:" + "9" * 5000)
+
+
+@pytest.mark.parametrize(
+    ("name", "gpus_nics_transport"),
+    [
+        ("dgx-h200", (8, 8, "ib")),
+        ("hgx-h200", (8, 8, "ib")),
+        ("p4de", (8, 4, "efa")),
+        ("p5e", (8, 32, "efa")),
+        ("a4", (8, 8, "roce")),
+        ("a4-highgpu-8g", (8, 8, "roce")),
+        ("nd-h100-v5", (8, 8, "ib")),
+        ("oci-h100", (8, 16, "roce")),
+        ("bm-gpu-h100-8", (8, 16, "roce")),
+    ],
+)
+def test_presets_users_type(name, gpus_nics_transport):
+    from dpcomm.topology import parse_multigpu
+
+    t = parse_multigpu(f"{name}:2")
+    assert (t.gpus, t.nic_count, t.transport) == gpus_nics_transport and t.hosts == 2
+    assert t.net == "star" and t.intra_eff < 1 and not t.assumed  # as every preset: NVLink's achievable rate
+
+
+def test_an_unknown_topology_lists_every_preset(capsys):
+    from dpcomm.cli.main import main
+    from dpcomm.topology.gpu_presets import PRESETS
+
+    assert main(["netsim", "--topology", "h200:2", "--sizes", "1M"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and all(f"{n}" in err for n in PRESETS if n != "testbed"), err
+    with pytest.raises(SystemExit):
+        main(["netsim", "--help"])
+    out = capsys.readouterr().out
+    assert all(n in out for n in ("hgx-h200:S", "dgx-b200:S", "p4d:S", "p5e:S", "nd-h100-v5:S", "oci-h100:S"))
+
+
+def test_a_hand_written_spec_says_what_it_assumed_and_block_bytes_needs_lp(capsys):
+    from dpcomm.cli.main import main
+
+    assert main(["netsim", "--topology", "gpus:2,8,nic=400gbit", "--sizes", "1M"]) == 0
+    assert "assumed" in capsys.readouterr().out
+    assert main(["netsim", "--topology", "gpus:2,8,nic=400gbit,intra_eff=0.8,net=star", "--sizes", "1M"]) == 0
+    assert "assumed" not in capsys.readouterr().out
+    assert main(["netsim", "--topology", "dgx-h100:2", "--block-bytes", "64K", "--sizes", "1M"]) == 2
+    assert "lp is not among the algorithms" in capsys.readouterr().err
+
+
+def test_efa_s_fraction_follows_the_nccl_version_a_spec_states():
+    # EFA's achievable fraction depends on NCCL's version: 0.63 fitted on NCCL 2.9.9 (NVIDIA/nccl#527), where
+    # 2 p4d with NCCL 2.23.4 and aws-ofi-nccl 1.13.2 move 76.2 GB/s busbw at 1 GiB (AWS's DLAMI guide)
+    from dpcomm.sim.network import make_fabric, simulate_allreduce
+    from dpcomm.sim.network.pricing import default_model
+    from dpcomm.topology.multigpu import parse_multigpu
+    from dpcomm.topology.transports import transport
+
+    efa = transport("efa")
+    assert efa.fraction_for(None) == efa.fraction_for("2.9.9") == efa.fraction_for("2.22.3") == 0.63
+    assert efa.fraction_for("2.23.4") == efa.fraction_for("2.27.7+cuda12.9") == 0.895
+    assert parse_multigpu("p4d:2").nic_fraction == 0.63
+    assert parse_multigpu("p4d:2,nccl=2.23.4").nic_fraction == 0.895
+    assert parse_multigpu("p4d:2,nccl=2.23.4,nic_eff=0.5").nic_fraction == 0.5  # the spec's own wins
+    assert transport("ib").fraction_for("2.27.7") == transport("ib").fraction
+    busbw = {}
+    for spec in ("p4d:2", "p4d:2,nccl=2.23.4"):
+        row, _ = simulate_allreduce(default_model(make_fabric(spec, 10e9)), "nccl", 1 << 30, ranks=16)
+        busbw[spec] = row.busbw_GBps
+    assert busbw["p4d:2"] < 0.8 * 76.21  # 0.63: a quarter short
+    assert busbw["p4d:2,nccl=2.23.4"] == pytest.approx(76.21, rel=0.07)

@@ -3,9 +3,10 @@
 Each algorithm module of :mod:`dpcomm.collectives` (``ring``, ``be``, ``mst``, ``lp``, ``ps``) has a
 ``steps(p, numel, elem_size)`` function that returns the messages its allreduce sends, grouped into the
 steps its docstring numbers: the messages of one step are posted together, and a step starts when the one
-before it has ended. The steps are built from the same helpers the executing code calls (``chunk_bounds``,
-``fold_rank``, ``tree_children``, ``block_bounds``), and ``tests/test_netsim_schedules.py`` runs the real
-algorithm on spawned gloo processes, records every point-to-point send, and compares the two.
+before it has ended. The steps are built, without torch, in :mod:`dpcomm.schedules` from the same helpers
+the executing code calls (``chunk_bounds``, ``fold_rank``, ``tree_children``, ``block_bounds``), and
+``tests/test_netsim_schedules.py`` runs the real algorithm on spawned gloo processes, records every
+point-to-point send, and compares the two.
 
 The network simulator (:mod:`dpcomm.sim.network`) prices these steps as concurrent flows. This module is
 plain data without torch, so the simulator's own schedules (``nccl_ring``, ``nvls``, ...) and ``dpcomm

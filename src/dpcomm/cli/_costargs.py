@@ -40,6 +40,11 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
         help="network preset or network JSON file (default 10gbe)",
     )
     parser.add_argument(
+        "--force",
+        action="store_true",
+        help="with --topology: apply a --network file fitted on other hardware or NCCL/plugin version anyway",
+    )
+    parser.add_argument(
         "--algo",
         default="ring",
         type=cost_algorithm,

@@ -38,6 +38,9 @@ __all__ = ["fabric_for", "flow_cost_for", "network_startup", "tcp_note"]
 COMMAND = "netsim"
 HELP = "flow-level simulation of allreduce on star, fattree, bcube, leafspine and multi-GPU (NCCL) clusters"
 
+from dpcomm.topology.gpu_presets import preset_names  # noqa: E402 - plain data, no torch
+
+_PRESETS = preset_names()
 _MAX_ALPHA_US = 1e6  # a start-up of 1 s: beyond any network
 _MAX_MTU = 65_535  # IPv4's largest packet
 
@@ -47,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--topology",
         required=True,
         metavar="T",
-        help="star:N, fattree:k, bcube:n,k, leafspine:L,H,R, gpus:S,G,... or dgx-h100:S / dgx-a100:S",
+        help="star:N, fattree:k, bcube:n,k, leafspine:L,H,R, gpus:S,G,... or a preset of S servers: "
+        + _PRESETS,
     )
     parser.add_argument(
         "--algorithms",
@@ -80,6 +84,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="a network file: its start-up (and, fitted by calibrate --from-nccl-tests, its fabric's rates)",
     )
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="apply a --network file fitted on other hardware or another NCCL/plugin version anyway",
+    )
     parser.add_argument("--json", action="store_true", help="print a JSON list of rows instead of a table")
     parser.add_argument("--plot", metavar="PNG", help="write link utilisation per algorithm (largest size)")
 
@@ -108,7 +117,8 @@ def fabric_for(args: argparse.Namespace, net=None):
     if net is not None and net.fabric and isinstance(topo, MultiGPU):
         from dpcomm.sim.network.fit import apply_fit
 
-        topo = apply_fit(topo, net.fabric)
+        where = f"--network {getattr(args, 'network', None) or 'file'}"
+        topo = apply_fit(topo, net.fabric, force=bool(getattr(args, "force", False)), where=where)
     if isinstance(topo, MultiGPU):
         if args.rate is not None and topo.nic_bps is not None:
             raise UserError(
@@ -196,6 +206,10 @@ def run(args: argparse.Namespace) -> int:
         raise UserError("--algorithms: give at least one")
     for a in algos:
         parse_algorithm(a)
+    if block is not None and not any(parse_algorithm(a)[0] == "lp" for a in algos):
+        raise UserError(
+            f"--block-bytes {args.block_bytes} sets LP's block, and lp is not among the algorithms"
+        )
     model = default_model(fabric, alpha)
     for a in algos:  # every case's flows are bounded before the first is simulated
         for s in sizes:
@@ -209,6 +223,9 @@ def run(args: argparse.Namespace) -> int:
         print(note, file=sys.stderr)
     from rich.progress import Progress
 
+    from dpcomm.sim.network.memory import tune_memory
+
+    tune_memory()  # large schedules: reuse freed memory instead of faulting it in again (no result changes)
     rows, runs = [], []
     t0 = time.perf_counter()
     with Progress(transient=True, disable=args.json or not sys.stderr.isatty()) as bar:
@@ -264,7 +281,7 @@ def _print(fabric, rows, written, wall: float, model, spec: str) -> None:
     for r in rows:
         table.add_row(
             "allreduce",
-            r.algorithm,
+            r.algorithm if not r.asked else f"{r.algorithm} (asked {r.asked})",
             *((r.ran,) if ran else ()),
             f"{r.bytes:,}",
             _time(r.time_s),

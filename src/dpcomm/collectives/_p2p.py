@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 
 from dpcomm.errors import first_line
+from dpcomm.schedules import block_bounds, chunk_bounds  # noqa: F401 - the collectives import them from here
 
 __all__ = [
     "CollectiveError",
@@ -104,30 +105,6 @@ def flat_view(tensor: torch.Tensor, algo: str) -> torch.Tensor:
     if not tensor.is_contiguous():
         raise ValueError(f"{algo}: the tensor must be contiguous (got strides {tuple(tensor.stride())})")
     return tensor.view(-1)
-
-
-def chunk_bounds(n: int, k: int) -> list[tuple[int, int]]:
-    """Cut ``n`` elements into ``k`` pieces, the first ``n % k`` one element longer: ``[(start, stop)]``."""
-    if k < 1 or n < 0:
-        raise ValueError(f"need n >= 0 and k >= 1, got n={n}, k={k}")
-    q, rem = divmod(n, k)
-    out, start = [], 0
-    for i in range(k):
-        stop = start + q + (1 if i < rem else 0)
-        out.append((start, stop))
-        start = stop
-    return out
-
-
-def block_bounds(n: int, elem_size: int, block_bytes: int) -> list[tuple[int, int]]:
-    """Cut ``n`` elements into blocks of ``block_bytes`` bytes (rounded down to whole elements, at least
-    one element); the last block may be shorter. ``n == 0`` gives one empty block."""
-    if block_bytes < 1:
-        raise ValueError(f"block_bytes must be >= 1, got {block_bytes}")
-    per = max(1, block_bytes // elem_size)
-    if n == 0:
-        return [(0, 0)]
-    return [(s, min(s + per, n)) for s in range(0, n, per)]
 
 
 # Elements per torch add: at most torch's intra-op grain size (at::internal::GRAIN_SIZE = 32768), so the sum

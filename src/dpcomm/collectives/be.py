@@ -56,62 +56,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from dpcomm.collectives._p2p import P2P, begin, chunk_bounds, reduce_into, scratch
 from dpcomm.collectives.base import register
-from dpcomm.collectives.mst import tree_children, tree_parent
 from dpcomm.collectives.ring import ring_allgather
-from dpcomm.collectives.schedule import Step
+from dpcomm.schedules import be_steps as steps
+from dpcomm.schedules import fold_rank, tree_children, tree_parent
+from dpcomm.schedules import unfold_rank as _unfold
 
 __all__ = ["BidirectionalExchange", "fold_rank", "steps"]
-
-
-def fold_rank(v: int, p: int) -> int | None:
-    """New rank ``u`` among the ``p' = 2^floor(log2 p)`` ranks after the fold, or None if ``v`` sits out."""
-    r = p - (1 << (p.bit_length() - 1))
-    if v < 2 * r:
-        return None if v % 2 else v // 2
-    return v - r
-
-
-def _unfold(u: int, p: int) -> int:
-    r = p - (1 << (p.bit_length() - 1))
-    return 2 * u if u < r else u + r
-
-
-def steps(p: int, numel: int, elem_size: int = 4) -> list[Step]:
-    """The allreduce's steps: fold, ``L`` halving steps, ``L`` doubling steps, unfold (as
-    :class:`_Halving` and :meth:`BidirectionalExchange.allreduce` walk them, ``root = 0``)."""
-    if p < 2 or numel == 0:
-        return []
-    q = 1 << (p.bit_length() - 1)
-    r = p - q
-    ends = np.array([0] + [b for _, b in chunk_bounds(numel, q)], dtype=np.int64) * elem_size
-    real = np.array([_unfold(u, p) for u in range(q)], dtype=np.int64)
-    u = np.arange(q, dtype=np.int64)
-    whole = np.full(r, numel * elem_size, dtype=np.int64)
-    out = []
-    if r:
-        odd = np.arange(1, 2 * r, 2, dtype=np.int64)
-        out.append(Step(label="fold", src=odd, dst=odd - 1, nbytes=whole))
-    lo, hi, m = np.zeros(q, dtype=np.int64), np.full(q, q, dtype=np.int64), q >> 1
-    while m:  # recursive halving: send the half of [lo, hi) that does not hold u
-        mid = lo + m
-        up = (u & m) != 0
-        glo, ghi = np.where(up, lo, mid), np.where(up, mid, hi)
-        out.append(Step(label=f"halving {m}", src=real, dst=real[u ^ m], nbytes=ends[ghi] - ends[glo]))
-        lo, hi, m = np.where(up, mid, lo), np.where(up, hi, mid), m >> 1
-    m = 1
-    while m < q:  # recursive doubling: send the aligned run of m chunks holding u
-        mine = u & ~(m - 1)
-        out.append(Step(label=f"doubling {m}", src=real, dst=real[u ^ m], nbytes=ends[mine + m] - ends[mine]))
-        m <<= 1
-    if r:
-        even = np.arange(0, 2 * r, 2, dtype=np.int64)
-        out.append(Step(label="unfold", src=even, dst=even + 1, nbytes=whole))
-    return out
 
 
 class _Halving:

@@ -58,49 +58,17 @@ from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from dpcomm.collectives._p2p import P2P, Pending, begin, block_bounds, reduce_into, scratch
 from dpcomm.collectives.base import register
-from dpcomm.collectives.schedule import Step
-from dpcomm.costmodel.lp import least_block, lp_optimal_block
 from dpcomm.costmodel.network import Network, resolve_network
+from dpcomm.schedules import lp_block
+from dpcomm.schedules import lp_steps as steps
 
 __all__ = ["LinearPipeline", "steps"]
 
 _SENDS_IN_FLIGHT = 2  # "two in flight": send block i while block i-1 may still be on the wire
-
-
-def steps(p: int, numel: int, elem_size: int = 4, *, block_bytes: int) -> list[Step]:
-    """The allreduce's pipeline stages (:meth:`LinearPipeline.allreduce`): in stage ``t`` position
-    ``c < p - 1`` sends up-block ``t - c`` to ``c + 1`` and position ``c >= 1`` sends down-block
-    ``t - 2p + 2 + c`` to ``c - 1`` (the chain's end turns block ``i`` around in stage ``i + p - 1``), for
-    the blocks that exist; the blocks are :func:`~dpcomm.collectives._p2p.block_bounds`'."""
-    if p < 2 or numel == 0:
-        return []
-    size = np.array([b - a for a, b in block_bounds(numel, elem_size, block_bytes)], dtype=np.int64)
-    size *= elem_size
-    nb = len(size)
-    c = np.arange(p + 1, dtype=np.int64)
-    rev = size[::-1]  # up-block t - c for c = lo..hi is rev[nb - 1 - t + lo : nb - t + hi]
-    out = []
-    for t in range(nb + 2 * p - 2):
-        # the positions that send are two runs: up senders c in [u0, u1), down senders c in [d0, d1)
-        u0, u1 = max(0, t - nb + 1), min(p - 1, t + 1)
-        d0, d1 = max(1, 2 * p - 2 - t), min(p, 2 * p - 2 - t + nb)
-        u1, d1 = max(u0, u1), max(d0, d1)
-        out.append(
-            Step(
-                label=f"stage {t}",
-                src=np.concatenate([c[u0:u1], c[d0:d1]]),
-                dst=np.concatenate([c[u0 + 1 : u1 + 1], c[d0 - 1 : d1 - 1]]),
-                nbytes=np.concatenate(
-                    [rev[nb - 1 - t + u0 : nb - 1 - t + u1], size[t - 2 * p + 2 + d0 : t - 2 * p + 2 + d1]]
-                ),
-            )
-        )
-    return out
 
 
 class _Sends:
@@ -142,10 +110,8 @@ class LinearPipeline:
     def block_size(self, nbytes: int, p: int, op: str) -> int:
         """Block ``b`` in bytes used for a message of ``nbytes`` on ``p`` ranks: ``block_bytes`` or the
         optimum, raised where needed so the message is at most ``costmodel.lp.MAX_BLOCKS`` blocks."""
-        if self.block_bytes is not None:
-            return max(int(self.block_bytes), int(least_block(nbytes)))
         assert isinstance(self.network, Network)
-        return max(1, int(lp_optimal_block(max(nbytes, 1), p, self.network, op)))
+        return lp_block(nbytes, p, self.network, op, self.block_bytes)
 
     def _blocks(self, comm: P2P, flat: torch.Tensor, op: str) -> list[tuple[int, int]]:
         e = flat.element_size()

@@ -45,54 +45,11 @@ import torch
 
 from dpcomm.collectives._p2p import P2P, begin, reduce_into, scratch
 from dpcomm.collectives.base import register
-from dpcomm.collectives.schedule import Step
+from dpcomm.schedules import mst_round as _round
+from dpcomm.schedules import mst_steps as steps
+from dpcomm.schedules import tree_children, tree_parent
 
 __all__ = ["BinomialTree", "steps", "tree_children", "tree_parent"]
-
-
-def _low(v: int, p: int) -> int:
-    if v == 0:
-        return 1 << max(p - 1, 0).bit_length()  # 2^ceil(log2 p)
-    return v & -v
-
-
-def tree_parent(v: int) -> int:
-    """Parent of relative rank ``v > 0`` in the binomial tree rooted at 0."""
-    return v - (v & -v)
-
-
-def tree_children(v: int, p: int) -> list[int]:
-    """Children of relative rank ``v`` in the binomial tree on ``p`` ranks, farthest first."""
-    out, m = [], _low(v, p) >> 1
-    while m:
-        if v + m < p:
-            out.append(v + m)
-        m >>= 1
-    return out
-
-
-def _round(m: int, p: int, down: bool) -> int:
-    """1-based round of an edge of span ``m``: broadcast sends the largest span first, reduce the smallest."""
-    d = max(p - 1, 0).bit_length()
-    return d - m.bit_length() + 1 if down else m.bit_length()
-
-
-def _rounds(p: int, nbytes: int, down: bool, label: str) -> list[Step]:
-    """The tree's edges by :func:`_round`: (parent, child) for broadcast, (child, parent) for reduce."""
-    d = max(p - 1, 0).bit_length()
-    edges: list[list[tuple[int, int, int]]] = [[] for _ in range(d)]
-    for v in range(p):
-        for k in tree_children(v, p):
-            edges[_round(k - v, p, down) - 1].append((v, k, nbytes) if down else (k, v, nbytes))
-    return [Step.of(f"{label} {i + 1}", e) for i, e in enumerate(edges) if e]
-
-
-def steps(p: int, numel: int, elem_size: int = 4) -> list[Step]:
-    """The allreduce's rounds: :func:`tree_reduce` to rank 0 (nearest child first, one child per round),
-    then :func:`tree_broadcast` from it (farthest first); every message is the whole vector."""
-    if p < 2 or numel == 0:
-        return []
-    return _rounds(p, numel * elem_size, False, "reduce") + _rounds(p, numel * elem_size, True, "broadcast")
 
 
 def tree_broadcast(comm: P2P, flat: torch.Tensor, root: int) -> None:

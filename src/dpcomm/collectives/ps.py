@@ -44,49 +44,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from dpcomm.collectives._p2p import P2P, begin, chunk_bounds, reduce_into, scratch
 from dpcomm.collectives.base import register
-from dpcomm.collectives.schedule import Step
+from dpcomm.schedules import ps_dedicated_steps as dedicated_steps
+from dpcomm.schedules import ps_steps as steps
 
 __all__ = ["ParameterServer", "dedicated_steps", "steps"]
-
-
-def _all_pairs(p: int) -> tuple[np.ndarray, np.ndarray]:
-    """``(src, dst)`` of every ordered pair, each rank's peers in the order ``rank + 1, rank + 2, ..``."""
-    src = np.repeat(np.arange(p, dtype=np.int64), p - 1)
-    dst = (src + np.tile(np.arange(1, p, dtype=np.int64), p)) % p
-    return src, dst
-
-
-def steps(p: int, numel: int, elem_size: int = 4) -> list[Step]:
-    """The allreduce's two steps: push (rank ``i`` sends shard ``j`` to each ``j != i``, :func:`_push`),
-    pull (rank ``j`` sends its summed shard ``j`` to each ``i != j``); every rank posts its ``p - 1``
-    messages of a step at once."""
-    if p < 2 or numel == 0:
-        return []
-    shard = np.array([b - a for a, b in chunk_bounds(numel, p)], dtype=np.int64) * elem_size
-    src, dst = _all_pairs(p)
-    return [
-        Step(label="push", src=src, dst=dst, nbytes=shard[dst]),
-        Step(label="pull", src=src, dst=dst, nbytes=shard[src]),
-    ]
-
-
-def dedicated_steps(workers: int, servers: int, numel: int, elem_size: int = 4) -> list[Step]:
-    """Push and pull with dedicated servers: worker ``i < W`` sends shard ``j`` (of ``S``) to server
-    ``W + j``, which sends the sum back to every worker."""
-    if workers < 1 or servers < 1 or numel == 0:
-        return []
-    shard = np.array([b - a for a, b in chunk_bounds(numel, servers)], dtype=np.int64) * elem_size
-    w = np.repeat(np.arange(workers, dtype=np.int64), servers)
-    j = np.tile(np.arange(servers, dtype=np.int64), workers)
-    return [
-        Step(label="push", src=w, dst=workers + j, nbytes=shard[j]),
-        Step(label="pull", src=workers + j, dst=w, nbytes=shard[j]),
-    ]
 
 
 def _push(comm: P2P, flat: torch.Tensor, bounds: list[tuple[int, int]]) -> None:

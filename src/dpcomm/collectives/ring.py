@@ -49,33 +49,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import torch
 
 from dpcomm.collectives._p2p import P2P, begin, block_bounds, chunk_bounds, reduce_into, scratch
 from dpcomm.collectives.base import register
-from dpcomm.collectives.schedule import Step
+from dpcomm.schedules import ring_steps as steps
 
 __all__ = ["Ring", "ring_allgather", "ring_reduce_scatter", "steps"]
-
-
-def steps(p: int, numel: int, elem_size: int = 4) -> list[Step]:
-    """The allreduce's ``2(P-1)`` steps: in reduce-scatter step ``s`` rank ``v`` sends chunk ``v - s`` to
-    ``v + 1``, in allgather step ``s`` chunk ``v + 1 - s`` (:func:`ring_reduce_scatter`,
-    :func:`ring_allgather` with ``own=1``; ``segment_bytes`` cuts messages, not bytes, and is not shown)."""
-    if p < 2 or numel == 0:
-        return []
-    size = np.array([b - a for a, b in chunk_bounds(numel, p)], dtype=np.int64) * elem_size
-    v = np.arange(p, dtype=np.int64)
-    out = [
-        Step(label=f"reduce-scatter {s}", src=v, dst=(v + 1) % p, nbytes=size[(v - s) % p])
-        for s in range(p - 1)
-    ]
-    out += [
-        Step(label=f"allgather {s}", src=v, dst=(v + 1) % p, nbytes=size[(v + 1 - s) % p])
-        for s in range(p - 1)
-    ]
-    return out
 
 
 def ring_reduce_scatter(

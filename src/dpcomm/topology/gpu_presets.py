@@ -5,7 +5,7 @@ server holds and what each part achieves, every number with its source. Plain da
 
 from __future__ import annotations
 
-__all__ = ["PRESETS"]
+__all__ = ["ALIASES", "PRESETS", "preset_names"]
 
 _GB = 8e9  # bits/s in 1 GB/s
 
@@ -119,9 +119,54 @@ PRESETS["testbed"] = {
 PRESETS["hgx-h100"] = PRESETS["dgx-h100"]  # the HGX board is the DGX's GPU tray: same GPUs and NVSwitch
 PRESETS["hgx-a100"] = PRESETS["dgx-a100"]
 PRESETS["hgx-b200"] = PRESETS["dgx-b200"]
+# DGX/HGX H200: 8 H200 SXM on the H100's NVSwitch board ("18x 4th Gen NVLink, 900GB/s" per GPU, NVIDIA's
+# MLPerf Inference v4.1 system description H200-SXM-141GBx8, github.com/mlcommons/inference_results_v4.1
+# closed/NVIDIA/systems/H200-SXM-141GBx8_TRT_MaxQ.json) and 8 x 400 Gb/s ConnectX-7 compute NICs (NVIDIA DGX
+# H200 datasheet: "8x single-port NVIDIA ConnectX-7 VPI, up to 400Gb/s InfiniBand/Ethernet"): the H100
+# preset's parts (the same GH100 die; only the memory differs).
+PRESETS["dgx-h200"] = PRESETS["dgx-h100"]
+PRESETS["hgx-h200"] = PRESETS["dgx-h100"]
+# AWS p4de.24xlarge: p4d with A100 80GB: the same NVSwitch and 4 x 100 Gb/s EFA (AWS EC2 P4 instances page:
+# p4de.24xlarge, 8 A100 80GB, 400 Gbps EFA, 600 GB/s NVSwitch; torchx's named_resources_aws lists it beside
+# p4d.24xlarge with the same 4 EFA devices).
+PRESETS["p4de"] = PRESETS["p4d"]
+# AWS p5e.48xlarge: 8 H200 on NVSwitch and p5's 32 EFA NICs, 3,200 Gbps ("P5 and P5e instances support up to
+# 32 network cards and can provide up to 3,200 Gbps", AWS EC2 User Guide, p5-efa.html; "p5.48xlarge /
+# p5e.48xlarge: 8x H100 / H200", NVIDIA Dynamo's AWS EFA guide, docs.nvidia.com/dynamo).
+PRESETS["p5e"] = PRESETS["p5"]
+# Google Cloud A4 (a4-highgpu-8g): 8 B200 on NVSwitch, 8 ConnectX-7 NICs on RoCE, 3.2 Tbps (github.com/
+# dstackai/dstack examples/clusters/a4/README.md: "eight NVIDIA ConnectX-7 (CX-7) NICs that utilize RDMA over
+# Converged Ethernet (RoCE)"; examples/clusters/gcp/README.md: A4, B200:8, 3.2 Tbps, RoCE).
+PRESETS["a4"] = {**PRESETS["dgx-b200"], "transport": "roce"}
+# Google Cloud A3 (High, Mega, Ultra) is not here: A3 High and Mega reach other VMs by GPUDirect-TCPX/TCPXO,
+# and no stored source states the per-NIC rate of any of the three (docs/netsim.md's A3 Mega table assumes
+# 200 Gbit/s, uncited); write it as gpus:S,8,...,nics=8,nic=RATE.
+# Azure ND H100 v5: 8 H100 with NVLink 4.0, "Each GPU within the VM is provided with its own dedicated,
+# topology-agnostic 400 Gb/s NVIDIA Quantum-2 CX7 InfiniBand connection", 3.2 Tbps per VM (Microsoft Learn,
+# ND-H100-v5 size series).
+PRESETS["nd-h100-v5"] = PRESETS["dgx-h100"]
+# OCI BM.GPU.H100.8: 8 H100 SXM on NVSwitch, 16 RDMA ports of 200 Gb/s on OCI's RoCEv2 cluster network
+# (16 ports: the NCCL_IB_HCA of github.com/oracle-japan/ocitutorials tutorials/_hpc/benchmark/
+# run-nccltests-h100.md, "全16ポートのRDMAインタフェース"; 3,200 Gbps of RDMA network: OCI's GPU shape table).
+# OCI's H200 shape (BM.GPU.H200.8) is not here: no stored source states its NICs.
+PRESETS["oci-h100"] = {**PRESETS["dgx-h100"], "nics": 16, "nic_bps": 200e9, "transport": "roce"}
+ALIASES = {"a4-highgpu-8g": "a4", "nd-h100v5": "nd-h100-v5", "bm-gpu-h100-8": "oci-h100"}
+"""Other names of the presets (the clouds' own machine and shape names, lower case)."""
+for _alias, _name in ALIASES.items():
+    PRESETS[_alias] = PRESETS[_name]
 # Why net=star on the presets: a DGX SuperPOD's rail switches are leaves under spine switches, a
 # full-bisection fat tree (the DGX SuperPOD reference architectures), so a NIC reaches any NIC, and
 # NCCL's rings leave a server by the last GPU's own NIC (NCCL_CROSS_NIC) rather than over NVLink to the
 # first GPU's rail: measured 2 x 8 H100 rings reach 384-392 GB/s busbw (NCCL_ALGO=RING,
 # github.com/wutz/k8s-in-action mpi-operator/README.md), above NVLink's 370, which they could not if every
 # exit crossed NVLink (docs/netsim.md, in-sample tables). net=rail is a rail-only network (no spine).
+
+
+def preset_names() -> str:
+    """The presets a user may type, for help texts and errors: ``dgx-h100:S, hgx-h100:S, ...`` (the clouds'
+    own names after their preset, in parentheses)."""
+    alias_of: dict[str, list[str]] = {}
+    for alias, name in ALIASES.items():
+        alias_of.setdefault(name, []).append(alias)
+    names = [n for n in PRESETS if n not in ALIASES and n != "testbed"]
+    return ", ".join(f"{n}:S" + (f" ({', '.join(alias_of[n])})" if n in alias_of else "") for n in names)

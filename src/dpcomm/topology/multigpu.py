@@ -58,10 +58,10 @@ Attention: a fabric's ``servers`` are its endpoints, so :attr:`MultiGPU.servers`
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from dpcomm.errors import UserError
-from dpcomm.topology.gpu_presets import PRESETS
+from dpcomm.topology.gpu_presets import PRESETS, preset_names
 from dpcomm.topology.size_ranges import SizeRange, check, format_ranges, parse_ranges
 from dpcomm.topology.transports import TRANSPORTS, Transport
 
@@ -83,6 +83,10 @@ INTRA = ("nvlink", "pcie", "loopback")
 """Intra-server fabrics (see the module docstring)."""
 ARCHS = ("volta", "ampere", "hopper", "blackwell")
 NCCL_ALGOS = ("ring", "tree", "nvls", "nvlstree", "collnet")
+NCCL_PROTOS = ("LL", "LL128", "Simple")
+"""``proto=`` values: NCCL's protocols as ``NCCL_PROTO`` names them."""
+_VERSION = re.compile(r"^\d{1,3}\.\d{1,3}(?:\.\d{1,3})?$")
+_PLUGIN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,79}$")
 """``algo=`` values: NCCL's all-reduce algorithms as ``NCCL_ALGO`` names them (lower case; dpcomm's
 ``nccl-ring``, ... without the prefix)."""
 """GPU generations, as NCCL's tuning tables are indexed (compute capability 7.x, 8.x, 9.x, 10.x)."""
@@ -131,6 +135,23 @@ class MultiGPU:
     ranges: tuple[SizeRange, ...] = ()
     """A calibration's size ranges: from each one's size on, its own values of the keys above
     (:mod:`dpcomm.topology.size_ranges`); none: the spec's values at every size."""
+    row_factors: tuple[tuple[int, float], ...] = ()
+    """A calibration's factors per measured size on the modelled time of :attr:`row_algo` (every row of
+    its nccl-tests table kept, :mod:`dpcomm.sim.network.fit_rows`); none: the model as it is. Not part of
+    :attr:`spec` (a network file carries them)."""
+    row_algo: str | None = None
+    """The schedule the factors were fitted for (``nccl``, ``nccl-ring``, ``nccl-ring:LL128``)."""
+    proto: str | None = None
+    """NCCL's protocol narrowed to this one (the cluster's ``NCCL_PROTO``: :data:`NCCL_PROTOS`); None: its
+    own choice."""
+    nccl: str | None = None
+    """The NCCL version the cluster runs (``2.23.4``; read from a log's ``NCCL version`` line); None: not
+    stated. What NCCL achieves depends on it (a calibrated file is refused on another)."""
+    net_plugin: str | None = None
+    """The network plugin and its version (``aws-ofi-nccl-1.13.2-aws``); None: not stated, or NCCL's own."""
+    assumed: tuple[str, ...] = field(default=(), compare=False)
+    """Defaults a hand-written ``gpus:`` spec took where a preset states its own (``intra_eff=1``,
+    ``net=rail``): :meth:`describe` says them, so a header shows what was assumed."""
 
     def __post_init__(self) -> None:
         if self.hosts < 1 or self.gpus < 1:
@@ -161,6 +182,19 @@ class MultiGPU:
                 f"lat_scale={self.lat_scale:g} must be from 0 to 10000 (a factor on NCCL's latency)"
             )
         check(self.ranges)
+        if self.proto is not None and self.proto not in NCCL_PROTOS:
+            raise ValueError(f"proto is one of {', '.join(NCCL_PROTOS)}, not {self.proto!r}")
+        if self.nccl is not None and not _VERSION.match(self.nccl):
+            raise ValueError(f"nccl={self.nccl} is not a version (e.g. 2.23.4)")
+        if self.net_plugin is not None and not _PLUGIN.match(self.net_plugin):
+            raise ValueError(f"plugin={self.net_plugin} is not a name-version (e.g. aws-ofi-nccl-1.13.2)")
+        sizes = [n for n, _ in self.row_factors]
+        if (
+            any(not (0 < c < 1e6) for _, c in self.row_factors)
+            or sizes != sorted(set(sizes))
+            or (self.row_factors and self.row_algo is None)
+        ):
+            raise ValueError("row factors are positive, at increasing sizes, with the algorithm they fit")
         for what, bps in (("intra-server rate", self.intra_bps), ("NIC rate", self.nic_bps)):
             if bps is not None and not 8e3 <= bps <= 1e15:
                 raise ValueError(f"{what} {bps:g} bit/s is outside 8kbit..1000tbit")
@@ -171,8 +205,8 @@ class MultiGPU:
 
     @property
     def nic_fraction(self) -> float:
-        """``nic_eff``, or the transport's published fraction when the spec gives none."""
-        return self.nic_eff if self.nic_eff is not None else self.link.fraction
+        """``nic_eff``, or the transport's fraction for the stated NCCL version when the spec gives none."""
+        return self.nic_eff if self.nic_eff is not None else self.link.fraction_for(self.nccl)
 
     @property
     def link(self) -> Transport:
@@ -199,10 +233,11 @@ class MultiGPU:
         intra = {"nvlink": "NVLink", "pcie": "PCIe bus", "loopback": "loopback bus"}[self.intra]
         nics = "s" if self.nic_count > 1 else ""
         plural = "s" if self.hosts != 1 else ""
+        assumed = f" (assumed, as no preset does: {', '.join(self.assumed)})" if self.assumed else ""
         return (
             f"{self.hosts} server{plural} x {self.gpus} GPUs ({self.servers} ranks), {intra} "
             f"{_fmt(self.intra_bps).replace('GB/s', ' GB/s')} x {self.intra_eff:.0%}, {nic}{nics} x "
-            f"{self.nic_fraction:.0%}, {self.arch}{', SHARP' if self.sharp else ''}"
+            f"{self.nic_fraction:.0%}, {self.arch}{', SHARP' if self.sharp else ''}, net={self.net}{assumed}"
         )
 
     @property
@@ -219,6 +254,9 @@ class MultiGPU:
             + (f",channels={self.channels}" if self.channels else "")
             + (f",lat_scale={self.lat_scale!r}" if self.lat_scale is not None else "")
             + (f",ranges={format_ranges(self.ranges)}" if self.ranges else "")
+            + (f",proto={self.proto}" if self.proto else "")
+            + (f",nccl={self.nccl}" if self.nccl else "")
+            + (f",plugin={self.net_plugin}" if self.net_plugin else "")
         )
         return (
             f"gpus:{self.hosts},{self.gpus},{self.intra}={_fmt(self.intra_bps)}{ie},"
@@ -253,11 +291,11 @@ _BITS = {"tbit": 1e12, "gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
 _EFF = re.compile(r"^\s*(\d{1,9}(?:\.\d{1,17})?)\s*(?:/\s*(\d{1,9}(?:\.\d{1,17})?)\s*)?$")
 _KEYS = (
     "keys: nvlink, pcie, loopback, intra_eff, nics, nic, nic_eff, net, transport, arch, sharp, algo, "
-    "channels, lat_scale, ranges"
+    "channels, lat_scale, ranges, proto, nccl, plugin"
 )
 _FORM = (
     "gpus:S,G[,nvlink=RATE|pcie=RATE|loopback=RATE][,intra_eff=F][,nics=N][,nic=RATE][,nic_eff=F][,net=rail|star]"
-    "[,transport=ib|roce|efa|tcp][,arch=A][,sharp=0|1] or dgx-h100:S / dgx-a100:S"
+    "[,transport=ib|roce|efa|tcp][,arch=A][,sharp=0|1] or a preset"
 )
 
 
@@ -289,7 +327,7 @@ def parse_multigpu(spec: str) -> MultiGPU:
     shown = spec if len(spec or "") <= 80 else f"{spec[:77]}..."
     m = _HEAD.match(spec or "")
     if not m or not (m.group(1) == "gpus" or m.group(1) in PRESETS):
-        raise UserError(f"bad topology '{shown}' (expected {_FORM})")
+        raise UserError(f"bad topology '{shown}' (expected {_FORM}: {preset_names()})")
     kind, parts = m.group(1), [x.strip() for x in m.group(2).split(",")]
     counts = 2 if kind == "gpus" else 1
     if len(parts) < counts or any(not _INT.match(x) for x in parts[:counts]):
@@ -317,8 +355,10 @@ def parse_multigpu(spec: str) -> MultiGPU:
             if not _INT.match(value):
                 raise UserError(f"bad topology '{shown}': {key}={value} is not a whole number")
             fields[key] = int(value)
-        elif key in ("net", "transport", "arch", "algo"):
+        elif key in ("net", "transport", "arch", "algo", "proto", "nccl"):
             fields[key] = value
+        elif key == "plugin":
+            fields["net_plugin"] = value
         elif key == "lat_scale":
             fields[key] = _eff(key, value, shown)
         elif key == "ranges":
@@ -329,6 +369,15 @@ def parse_multigpu(spec: str) -> MultiGPU:
             fields["sharp"] = value == "1"
         else:
             raise UserError(f"bad topology '{shown}': unknown key '{key}' ({_KEYS})")
+    if kind == "gpus":  # what a preset would have stated, taken by default: said in the header
+        fields["assumed"] = tuple(
+            text
+            for key, text in (
+                ("intra_eff", "intra_eff=1, the line rate (presets: NCCL's achievable NVLink fraction)"),
+                ("net", "net=rail (presets: star)"),
+            )
+            if key not in seen
+        )
     from dpcomm.topology import check_servers  # the package imports this module
 
     check_servers(int(fields["hosts"]) * int(fields.get("gpus", 1)), shown.strip())

@@ -20,7 +20,11 @@ Sources, by transport:
   net_ib.cc``: "IB/RoCE"), and the maintainer's per-NIC rule above is stated for NICs, not link layers
   ("12 GB/s for 100G NICs", issues/119), so the same 0.96; the start-up as InfiniBand's.
 * **EFA** (``efa``, AWS Elastic Fabric Adapter through the aws-ofi-nccl plugin): no published achievable
-  fraction was found, so 0.63 is fitted (in-sample, docs/netsim.md) to the p4d rows of NVIDIA/nccl#527
+  fraction was found, and what NCCL achieves over EFA depends on its version (and aws-ofi-nccl's), so it is
+  fitted per NCCL version range (``nccl=`` of a spec; in-sample, docs/netsim.md): from NCCL 2.23 on, 0.895,
+  fitted to AWS's DLAMI guide ("Using EFA on the DLAMI": 2 p4d, NCCL 2.23.4, aws-ofi-nccl 1.13.2, its rows
+  of 64 MiB to 1 GiB at 51-76 GB/s busbw); before it, or where no version is stated, 0.63, fitted to the p4d
+  rows of NVIDIA/nccl#527
   (2, 3 and 4 servers x 8 A100, 4 x 100 Gb/s EFA, 1 GiB, NCCL 2.9.9: 57.2, 31.8, 29.6 GB/s busbw). An
   older p4d table (NCCL 2.8.3, github.com/aws-samples/aws-efa-eks at 043dbe74) moves 1.75x less on the
   same hardware because its job forced the ring (``NCCL_ALGO=RING`` in its ``examples/nccl-efa-tests.yaml``;
@@ -57,6 +61,24 @@ class Transport:
     net plugin reports as its latency), seconds."""
     source: str
     """Where ``fraction`` and ``latency_s`` come from."""
+    by_version: tuple[tuple[str, float, str], ...] = ()
+    """``(lowest NCCL version, fraction, source)`` of NCCL versions from which another fraction holds, in
+    rising order; :attr:`fraction` holds below the first and where no version is stated."""
+
+    def fraction_for(self, nccl: str | None) -> float:
+        """The fraction NCCL ``nccl`` (``2.23.4``; None: not stated) achieves on this transport."""
+        got = self.fraction
+        if nccl:
+            have = _version(nccl)
+            for since, frac, _ in self.by_version:
+                if have >= _version(since):
+                    got = frac
+        return got
+
+
+def _version(text: str) -> tuple[int, ...]:
+    """``2.23.4`` (or ``2.23.4+cuda12.5``) as ``(2, 23, 4)``."""
+    return tuple(int(x) for x in text.split("+")[0].split(".") if x.isdigit())
 
 
 TRANSPORTS: dict[str, Transport] = {
@@ -81,6 +103,14 @@ TRANSPORTS: dict[str, Transport] = {
         latency_s=75e-6,  # what aws-ofi-nccl reports to NCCL on p4d, p4de, p5, p5e (35 us from p5en on)
         source="fraction fitted to NVIDIA/nccl#527 (p4d, NCCL 2.9.9); latency aws/aws-ofi-nccl "
         "src/platform-aws.cpp (75.0 us; 35.0 for p5en and later)",
+        by_version=(
+            (  # fitted: model / measured busbw 1 in geometric mean over rows >= 64 MiB (docs/netsim.md)
+                "2.23",
+                0.895,
+                "fitted to AWS's DLAMI guide 'Using EFA on the DLAMI' (p4d 2 x 8, NCCL 2.23.4, aws-ofi-nccl "
+                "1.13.2, 64 MiB to 1 GiB), in-sample",
+            ),
+        ),
     ),
     "tcp": Transport(
         key="tcp",

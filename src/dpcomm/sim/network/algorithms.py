@@ -4,12 +4,12 @@ Names come from :mod:`dpcomm.registry`, the one table ``bench``, ``train --colle
 the cost model read: a name or an alias (``bml`` = ``bcube``) resolves there, and :data:`SCHEDULES` says
 which registered algorithms have a flow schedule. ``ring``, ``be``, ``mst``, ``lp``, ``ps``: the
 ``steps()`` of :mod:`dpcomm.collectives` (the messages the real algorithms send, rank ``i`` on server
-``i``; imported when first needed, since those modules import torch). ``native`` (torch.distributed's
-own allreduce) is scheduled as ``ring``, as the cost model prices it. ``bcube`` (alias ``bml``): BML on
-BCube, only on a ``bcube:n,k`` fabric (:mod:`.bml`). ``ps-dedicated[:S]`` is not another algorithm but a
-flow-schedule option of the registry's ``ps``: the parameter server on ``S`` dedicated servers (the last
-``S`` servers; default half) and ``P - S`` workers (BML sec. 2's "two clusters"). ``auto``, ``noop`` and
-the cost-only formulas have no flow schedule.
+``i``), kept without torch in :mod:`dpcomm.schedules`, so pricing them imports no torch. ``native``
+(torch.distributed's own allreduce) is scheduled as ``ring``, as the cost model prices it.
+``bcube`` (alias ``bml``): BML on BCube, only on a ``bcube:n,k`` fabric (:mod:`.bml`). ``ps-dedicated[:S]``
+is not another algorithm but a flow-schedule option of the registry's ``ps``: the parameter server on
+``S`` dedicated servers (the last ``S`` servers; default half) and ``P - S`` workers (BML sec. 2's "two
+clusters"). ``auto``, ``noop`` and the cost-only formulas have no flow schedule.
 
 On servers of several GPUs (``gpus:``/``dgx-*``) also ``hierarchical`` (:mod:`.hierarchical`) and NCCL's
 all-reduce as NCCL runs it (:mod:`.nccl`): ``nccl`` (NCCL's own choice of algorithm, protocol and
@@ -25,15 +25,14 @@ over all steps.
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 
 import dpcomm.costmodel.collective  # noqa: F401 - fills the registry's cost formulas (ALGORITHMS is checked)
-from dpcomm import registry
+from dpcomm import registry, schedules
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.messages import Step
-from dpcomm.sim.network import hierarchical, nccl
+from dpcomm.sim.network import fit_rows, hierarchical, nccl
 from dpcomm.sim.network.bml import bml_steps
 from dpcomm.sim.network.engine import FlowModel, FlowRun
 from dpcomm.sim.network.fabric import Fabric
@@ -63,8 +62,14 @@ MAX_FLOW_STEPS = 200_000_000
 """Most flows over a whole schedule (the sum of its steps' flows): what bounds the memory (~18 bytes a
 flow) and time of one simulated allreduce. A ring on 8,192 servers is 134 M; on 16,384, 537 M, refused."""
 
-_MODULES = {"ring": "ring", "be": "be", "mst": "mst", "ps": "ps", "native": "ring", "lp": "lp"}
-"""The :mod:`dpcomm.collectives` module whose ``steps()`` each name runs (imported when first needed)."""
+_STEPS = {
+    "ring": schedules.ring_steps,
+    "be": schedules.be_steps,
+    "mst": schedules.mst_steps,
+    "ps": schedules.ps_steps,
+    "native": schedules.ring_steps,
+}
+"""The schedule each name runs (its :mod:`dpcomm.collectives` module's ``steps()``; LP's takes a block)."""
 SCHEDULES = ("ring", "be", "mst", "lp", "ps", "bcube", "native")
 """Registered algorithms (canonical names of :mod:`dpcomm.registry`) that have a flow schedule."""
 _VARIANTS = {"ps-dedicated": "ps"}  # flow-schedule options of a registered algorithm, and which one
@@ -80,11 +85,6 @@ for _name in (*SCHEDULES, *_VARIANTS.values()):  # one table: every schedule is 
 
 def _choices() -> str:
     return registry.describe(list(ALGORITHMS))
-
-
-def _collective(name: str):
-    """The :mod:`dpcomm.collectives` module behind ``name`` (it imports torch: only when needed)."""
-    return importlib.import_module(f"dpcomm.collectives.{_MODULES[name]}")
 
 
 def parse_algorithm(text: str) -> tuple[str, int | str | None]:
@@ -196,8 +196,7 @@ def check_allreduce(
     if name == "lp":  # LP's own default block: the cost model's optimum on this link (<= lp.MAX_BLOCKS)
         beta = 8 / (fabric.rate_bps * fabric.goodput.one_way)  # as the testbed tells lp (link_network)
         net = Network(name=f"{fabric.topology.spec}@{fabric.rate_bps:g}", alpha=alpha_s, beta=beta)
-        pipe = _collective("lp").LinearPipeline(network=net, block_bytes=block_bytes)
-        block_bytes = pipe.block_size(int(nbytes), p, "allreduce")
+        block_bytes = schedules.lp_block(int(nbytes), p, net, "allreduce", block_bytes)
         blocks = max(1, -(-numel // max(1, block_bytes // ELEM)))  # as lp.steps cuts them
     check_work(checked, p, blocks=blocks, cube=cube, gpus=gpus)
     return block_bytes if name == "lp" else None
@@ -219,9 +218,9 @@ def schedule(
     p, numel = fabric.servers if ranks is None else ranks, int(nbytes) // ELEM
     cube = fabric.topology if isinstance(fabric.topology, BCube) else None
     if name == "lp":
-        return _collective("lp").steps(p, numel, ELEM, block_bytes=block_bytes)
-    if name in _MODULES:
-        return _collective(name).steps(p, numel, ELEM)
+        return schedules.lp_steps(p, numel, ELEM, block_bytes=block_bytes)
+    if name in _STEPS:
+        return _STEPS[name](p, numel, ELEM)
     if name == "hierarchical":  # one ring per rail
         return hierarchical.steps(p, fabric.topology.gpus, numel, ELEM)
     if name in nccl.NAMES:
@@ -230,8 +229,22 @@ def schedule(
         return nccl.steps(topo, picked, p, int(nbytes), fabric.servers)
     if name == "ps-dedicated":
         servers = arg if arg is not None else max(1, p // 2)
-        return _collective("ps").dedicated_steps(p - servers, servers, numel, ELEM)
+        return schedules.ps_dedicated_steps(p - servers, servers, numel, ELEM)
     return bml_steps(cube, numel, ELEM)
+
+
+def _row_fitted(topo, name: str, arg: int | str | None) -> bool:
+    """Whether a calibration's per-size factors (:mod:`.fit_rows`) price ``name`` (with protocol ``arg``) on
+    ``topo``: what runs is what they were fitted for (``nccl`` narrowed by ``algo=`` to the fitted
+    ``nccl-ring`` counts, as does the protocol ``proto=`` narrows to)."""
+    if not isinstance(topo, MultiGPU) or not topo.row_factors or not topo.row_algo:
+        return False
+
+    def runs(n: str, proto: str | None) -> tuple[str, str | None]:
+        return (f"nccl-{topo.algo}" if n == "nccl" and topo.algo else n), (proto or topo.proto)
+
+    base, _, proto = topo.row_algo.partition(":")
+    return runs(name, arg if isinstance(arg, str) else None) == runs(base, proto or None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -240,7 +253,12 @@ class NetsimRow:
 
     topology: str
     algorithm: str
+    """What ran: the name asked for, or what the topology narrowed it to (``nccl`` on a fabric with
+    ``algo=ring``, a calibration's pick, runs ``nccl-ring``)."""
     servers: int
+    """Physical servers the ranks occupy (a multi-GPU fabric's hosts; elsewhere one rank per server)."""
+    ranks: int
+    """Ranks (GPUs on a multi-GPU fabric)."""
     bytes: int
     time_s: float
     algbw_GBps: float
@@ -250,6 +268,8 @@ class NetsimRow:
     steps: int
     ran: str = ""
     """For ``nccl*``: the algorithm, protocol and channels that ran (``nvls_tree/Simple x8``)."""
+    asked: str = ""
+    """The name asked for where the topology made it run another (else empty)."""
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in self.__slots__}
@@ -274,10 +294,18 @@ def simulate_allreduce(
     if name in nccl.NAMES:
         check_allreduce(algo, fabric, nbytes, model.alpha_s, block_bytes, ranks)
         t, steps, picked = nccl.price(model, name, arg, int(nbytes), p)
-        run = FlowRun(time_s=t, step_s=(t,), labels=(picked.label,), link_bytes=None)
+        label = picked.label
+        if _row_fitted(fabric.topology, name, arg):  # a calibration's factors per measured size
+            key = (name, arg, p)
+            t = fit_rows.correct(
+                model, key, int(nbytes), t, fabric.topology.row_factors,
+                lambda n: nccl.price(model, name, arg, n, p)[0],
+            )  # fmt: skip
+            label = f"{label}, row-fitted"
+        run = FlowRun(time_s=t, step_s=(t,), labels=(label,), link_bytes=None)
         if links:
-            run = FlowRun(time_s=t, step_s=(t,), labels=(picked.label,), link_bytes=model.link_bytes(steps))
-        ran = picked.label
+            run = FlowRun(time_s=t, step_s=(t,), labels=(label,), link_bytes=model.link_bytes(steps))
+        ran = label
     else:
         steps = schedule(algo, fabric, nbytes, model.alpha_s, block_bytes, ranks)
         run = model.run(steps, links=links)
@@ -285,10 +313,18 @@ def simulate_allreduce(
     workers = p - (arg if arg is not None else max(1, p // 2)) if name == "ps-dedicated" else p
     algbw = nbytes / t / 1e9 if t > 0 else 0.0  # one rank: nothing moves, reported as 0 (as JSON allows)
     busbw = algbw * 2 * (workers - 1) / workers if workers > 1 else 0.0
+    topo = fabric.topology
+    actual = algo
+    if isinstance(topo, MultiGPU) and name in nccl.NAMES:  # the file's or spec's algo= and proto= narrow it
+        run_name = f"nccl-{topo.algo}" if name == "nccl" and topo.algo else name
+        proto = arg or topo.proto
+        actual = f"{run_name}:{proto}" if proto else run_name
     row = NetsimRow(
         topology=fabric.topology.spec,
-        algorithm=algo,
-        servers=p,
+        algorithm=actual,
+        asked=algo if actual != algo else "",
+        servers=-(-p // topo.gpus) if isinstance(topo, MultiGPU) else p,
+        ranks=p,
         bytes=int(nbytes),
         time_s=t,
         algbw_GBps=algbw,

@@ -13,9 +13,11 @@ internals between modules; the solver itself is :mod:`.maxmin`.
 
 Speed and memory (4,096 servers: every algorithm in a few seconds, under 2 GB):
 
-* Caches keyed by a digest of the arrays (BLAKE2b, 20 bytes), not by their bytes: the rates of a set of
+* Caches keyed by a digest of the arrays (SHA-256), not by their bytes: the rates of a set of
   flows by its ``(src, dst)``, a whole step's time by ``(src, dst, bytes, lane)``. A ring's ``2(P-1)``
-  steps, all alike, cost one rate computation. The rate cache holds at most :data:`_CACHE_FLOWS` flows'
+  steps, all alike, cost one rate computation. On a star, leaf-spine or fat-tree a step is keyed moved
+  down by whole periods of servers (:mod:`.symmetry`: the same problem, the same times bit for bit), so
+  LP's sliding stages are priced once. The rate cache holds at most :data:`_CACHE_FLOWS` flows'
   rates, the step cache :data:`_CACHE_MAX` entries.
 * Steps are priced many at once (:meth:`FlowModel.step_times`): up to :data:`_BATCH_FLOWS` flows of
   distinct steps are filled together as independent problems (:func:`.maxmin.fill_paired`: each its own
@@ -43,8 +45,11 @@ Speed and memory (4,096 servers: every algorithm in a few seconds, under 2 GB):
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Sequence
+import os
+import threading
+from collections import deque
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,8 +57,10 @@ import numpy as np
 from dpcomm.messages import Step
 from dpcomm.sim.network.fabric import Fabric
 from dpcomm.sim.network.maxmin import _TIE, fill_paired
+from dpcomm.sim.network.symmetry import hasher as _hasher
+from dpcomm.sim.network.symmetry import shift_period, step_digests
 
-__all__ = ["FlowModel", "FlowRun"]
+__all__ = ["THREADS", "FlowModel", "FlowRun"]
 
 _TOGETHER = 1e-3  # completions within 0.1% of the next one end together
 _CACHE_MAX = 4096  # step-time entries before that cache is emptied
@@ -64,17 +71,11 @@ _CHUNK_ENTRIES = 1 << 22  # (flow, link) entries per chunk of a step too large t
 _BATCH_FLOWS = 1 << 17  # flows of the steps priced together (a few hundred bytes each while they are)
 _BATCH_LINKS = 1 << 23  # steps x links of a batch (the dense index that numbers each step's links)
 _HOLD_BYTES = 1 << 29  # a large step's forward links kept between rounds up to this size (512 MiB)
-
-
-def _hasher(*arrays: np.ndarray):
-    """BLAKE2b (20 bytes) over the arrays' lengths and bytes: the caches' keys (a digest, not the bytes, so
-    a cached 16.8 M-flow step costs 20 bytes of key)."""
-    h = hashlib.blake2b(digest_size=20)
-    for a in arrays:
-        a = np.ascontiguousarray(a)
-        h.update(f"{a.dtype.str}{a.shape}".encode())
-        h.update(memoryview(a).cast("B"))
-    return h
+THREADS = max(1, min(2, os.cpu_count() or 1, int(os.environ.get("DPCOMM_NETSIM_THREADS", "1") or 1)))
+"""Threads that price batches of steps (``$DPCOMM_NETSIM_THREADS``, default 1, at most 2 and the cores):
+the same results on any count. Not on by default: on the 2-core VM with one core busy elsewhere, LP at
+4,096 servers took 8.3 s wall and 5.8 CPU s on 2 threads against 5.9 and 5.0 on one (numpy holds the GIL
+in enough of each batch that the threads mostly wait); ``benchmarks/netsim_endtoend.py`` compares them."""
 
 
 def _segments(owner: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -125,8 +126,11 @@ class FlowModel:
         self._fwd, self._ack = g.fwd, g.ack  # wire bytes per payload byte on its links, on their reverses
         self._rates_cache: dict[bytes, np.ndarray] = {}
         self._rate_flows = 0
-        self._steps: dict[bytes, float] = {}
+        self._steps: dict[object, float] = {}
+        self._held: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # the arrays of rates keyed by identity
+        self._lock = threading.Lock()
         self._reset_table()
+        self._period = shift_period(fabric)
         self.rate_solves = 0
         """How many max-min problems were filled (the rest came from the cache or kept their rates)."""
 
@@ -176,7 +180,7 @@ class FlowModel:
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(flow, link, count)``: every (flow, forward link) pair, flow by flow, each flow's links in route
         order (the entries :func:`.maxmin.fill_paired` takes; the reverse links are ``link ^ 1``), and how
-        many links each flow has."""
+        many links each flow has. Thread-safe: the route table changes under the model's lock."""
         if self._dense is None and (self.fabric.hops <= 2 or len(pair) > _TABLE_MAX):
             links = self.fabric.routes(src, dst)  # a star's route is cheaper than the lookup
             if links.min(initial=0) >= 0:  # no pads: every flow has every column
@@ -184,21 +188,22 @@ class FlowModel:
                 return f, links.ravel(), np.full(len(src), links.shape[1])
             use = links >= 0
             return np.nonzero(use)[0], links[use], use.sum(axis=1)
-        row = self._find(pair)
-        miss = row < 0
-        if miss.any():
-            new = np.unique(pair[miss])
-            if len(self._row_ptr) - 1 + len(new) > _TABLE_MAX:  # start over rather than grow without bound
-                self._reset_table()
-                self._find(new)
-            self._add_rows(new)
+        with self._lock:
             row = self._find(pair)
-        ptr = self._row_ptr
+            miss = row < 0
+            if miss.any():
+                new = np.unique(pair[miss])
+                if len(self._row_ptr) - 1 + len(new) > _TABLE_MAX:  # start over, not grow without bound
+                    self._reset_table()
+                    self._find(new)
+                self._add_rows(new)
+                row = self._find(pair)
+            ptr, row_link = self._row_ptr, self._row_link
         count = ptr[row + 1] - ptr[row]
         f = np.repeat(np.arange(len(pair)), count)
         first = np.cumsum(count) - count  # where each flow's entries begin in the output
         at = np.arange(len(f)) + np.repeat(ptr[row] - first, count)
-        return f, self._row_link[at], count
+        return f, row_link[at], count
 
     # ------------------------------------------------------------------------------------------ rates
 
@@ -291,6 +296,7 @@ class FlowModel:
     def _remember(self, key: bytes, rates: np.ndarray) -> None:
         if self._rate_flows + len(rates) > _CACHE_FLOWS:  # empty it; a step larger than it still fits
             self._rates_cache.clear()
+            self._held = {k: v for k, v in self._held.items() if k == key}
             self._rate_flows = 0
         self._rates_cache[key] = rates
         self._rate_flows += len(rates)
@@ -305,8 +311,10 @@ class FlowModel:
 
     # ------------------------------------------------------------------------------------------ times
 
-    def _waves(self, fl: _Flows) -> tuple[np.ndarray, np.ndarray]:
-        """Seconds of each step of ``fl`` (each to its last completion) and every flow's first rates.
+    def _waves(self, fl: _Flows) -> tuple[np.ndarray, np.ndarray, int]:
+        """Seconds of each step of ``fl`` (each to its last completion), every flow's first rates, and how
+        many problems were filled (it changes nothing of the model but the route table, under its lock, so
+        batches run on threads).
 
         All steps are filled together (:func:`.maxmin.fill_paired`, each step its own problem with its own
         links, a flow's entries on its forward links only); then, wave after wave, each step advances to
@@ -331,16 +339,12 @@ class FlowModel:
             lkey, inv = np.unique(both, return_inverse=True)
             cid = inv[: len(key)]
         lstart = np.searchsorted(lkey, np.arange(n) * n_links)
-        cap = fab.capacity[lkey % n_links]
+        cap = fab.capacity[lkey & (n_links - 1) if n_links & (n_links - 1) == 0 else lkey % n_links]
         # the numbered links are closed under ^ 1 and sorted: a link and its reverse stay a pair 2j, 2j + 1
         rate, froze, full_at = fill_paired(cap, lstart, flow_of, cid, step, fwd, ack)
-        self.rate_solves += n
+        solves = n
         first = rate.copy()
-        # the entry's link, or its reverse, is one of the flow's bottlenecks
-        fz = froze[flow_of]
-        valid = full_at[cid] == fz
-        if ack > 0:
-            valid |= full_at[cid ^ 1] == fz
+        valid = None  # per entry: its link, or its reverse, is one of the flow's bottlenecks (after wave 1)
         eptr = np.zeros(f_count + 1, dtype=np.int64)  # flow f's entries: eptr[f]..eptr[f+1]-1
         np.cumsum(count, out=eptr[1:])
         t = np.zeros(n)
@@ -362,8 +366,13 @@ class FlowModel:
             gone = alive[done]
             alive = alive[~done]
             if not alive.size:
-                return t, first
+                return t, first, solves
             running[gone] = False
+            if valid is None:  # not needed where every step ends in one wave (LP's stages)
+                fz = froze[flow_of]
+                valid = full_at[cid] == fz
+                if ack > 0:
+                    valid |= full_at[cid ^ 1] == fz
             # links a departed flow crossed, forward or ACK, in a step still running: no longer a
             # bottleneck of anyone (gone's entries, by offsets); a link and its reverse are touched
             # together, so an entry's flag covers both its links
@@ -400,7 +409,7 @@ class FlowModel:
                 f_again = flow_of[again]
                 sub_cid = cid[again] - shift[step[f_again]]
                 r2, f2, a2 = fill_paired(cap[sub_link], sub_start, f_again, sub_cid, rank[step], fwd, ack)
-                self.rate_solves += len(ls)
+                solves += len(ls)
                 redo = alive[lost[step[alive]]]
                 rate[redo] = r2[redo]
                 ok = a2[sub_cid] == f2[f_again]
@@ -439,9 +448,9 @@ class FlowModel:
             else:
                 fresh[key] = i
                 batch.append(i)
-        for part in self._parts(batch, [len(flows[i][0]) for i in batch]):
-            fl = self._concat([flows[i][:3] for i in part], p)
-            t, first = self._waves(fl)
+        parts = self._parts(batch, [len(flows[i][0]) for i in batch])
+        made = (self._concat([flows[i][:3] for i in part], p) for part in parts)
+        for part, (fl, (t, first)) in zip(parts, self._priced(made), strict=True):
             for j, i in enumerate(part):
                 out[i] = float(t[j])
                 self._remember(flows[i][3], first[fl.starts[j] : fl.starts[j + 1]])
@@ -459,11 +468,38 @@ class FlowModel:
             if not done.all():
                 left = left - r * dt
                 rest.append((i, (src[~done], dst[~done], left[~done])))
-        for part in self._parts(list(range(len(rest))), [len(x[1][0]) for x in rest]):
-            t, _ = self._waves(self._concat([rest[j][1] for j in part], p))
+        parts = self._parts(list(range(len(rest))), [len(x[1][0]) for x in rest])
+        made = (self._concat([rest[j][1] for j in part], p) for part in parts)
+        for part, (_, (t, _)) in zip(parts, self._priced(made), strict=True):
             for j, tj in zip(part, t, strict=True):
                 out[rest[j][0]] += float(tj)
         return out
+
+    def _priced(self, batches: Iterator[_Flows]) -> Iterator[tuple[_Flows, tuple[np.ndarray, np.ndarray]]]:
+        """``(batch, (seconds per step, first rates))`` of each batch, in order: :meth:`_waves` on up to
+        :data:`THREADS` threads (numpy releases the GIL in its loops; each batch is an independent problem,
+        so the results are those of pricing them one by one, bit for bit), at most ``2 x THREADS`` batches
+        held at once."""
+        if THREADS < 2:
+            for fl in batches:
+                t, first, solves = self._waves(fl)
+                self.rate_solves += solves
+                yield fl, (t, first)
+            return
+        pending: deque = deque()
+        with ThreadPoolExecutor(max_workers=THREADS) as pool:
+            for fl in batches:
+                pending.append((fl, pool.submit(self._waves, fl)))
+                while len(pending) > 2 * THREADS or (pending and pending[0][1].done()):
+                    fl0, fut = pending.popleft()
+                    t, first, solves = fut.result()
+                    self.rate_solves += solves
+                    yield fl0, (t, first)
+            while pending:
+                fl0, fut = pending.popleft()
+                t, first, solves = fut.result()
+                self.rate_solves += solves
+                yield fl0, (t, first)
 
     def _parts(self, idx: list[int], sizes: list[int]) -> list[list[int]]:
         """``idx`` cut into runs of at most :data:`_BATCH_FLOWS` flows (a larger item alone)."""
@@ -523,16 +559,29 @@ class FlowModel:
         """Seconds until the last of these concurrent flows completes (no start-up)."""
         return self._times([(src, dst, np.asarray(nbytes), _key)])[0]
 
-    def _step_key(self, step: Step) -> tuple[bytes, bytes]:
-        """``(step key, rates key)``: digests of ``(src, dst, bytes, lane)`` and of ``(src, dst)``."""
-        h = _hasher(step.src * self.fabric.endpoints + step.dst)
-        rates_key = h.copy().digest()  # the flows' signature, as :meth:`rates` keys it
-        lane = step.lane if step.lane is not None else np.zeros(0, dtype=np.int64)
-        h.update(b"|")
-        for a in (step.nbytes, lane):
-            h.update(f"{a.dtype.str}{a.shape}".encode())
-            h.update(memoryview(np.ascontiguousarray(a)).cast("B"))
-        return h.digest(), rates_key
+    def _step_key(self, step: Step) -> tuple[bytes | None, bytes]:
+        """``(step key, rates key)``: digests of ``(src, dst, bytes, lane)`` and of ``(src, dst)``, a step
+        moved down by whole periods of the fabric first (:func:`.symmetry.shift_period`). A step
+        too large to batch (a parameter server's millions of flows) is not hashed (that took longer than
+        pricing it): no step key, and its rates keyed by its ``src`` and ``dst`` arrays themselves (held
+        with the rates, so a parameter server's pull reuses its push's rates)."""
+        if len(step.src) > self._per_chunk():
+            ident = b"id:%d:%d" % (id(step.src), id(step.dst))
+            self._held[ident] = (step.src, step.dst)
+            return None, ident
+        return step_digests(step, self.fabric.endpoints, self._period)
+
+    def _step_keys(self, steps: Sequence[Step]) -> list[tuple[bytes | None, bytes]]:
+        """:meth:`_step_key` of each step, hashed on :data:`THREADS` threads where there are many (SHA-256
+        releases the GIL)."""
+        if THREADS < 2 or len(steps) < 256:
+            return [self._step_key(st) for st in steps]
+        per = -(-len(steps) // THREADS)
+        with ThreadPoolExecutor(max_workers=THREADS) as pool:
+            parts = pool.map(
+                lambda i: [self._step_key(st) for st in steps[i : i + per]], range(0, len(steps), per)
+            )
+            return [k for part in parts for k in part]
 
     def _start(self, step: Step) -> float:
         """``alpha`` x the most messages one sender (one thread of it) posts in the step; on a multi-GPU
@@ -553,10 +602,12 @@ class FlowModel:
         """Seconds of each step: ``alpha`` x the busiest sender's messages (unless ``start`` is False: a
         schedule whose start-up is priced elsewhere), then its flows (steps not priced before are priced
         together)."""
-        keys = [self._step_key(st) for st in steps]
-        if not start:
-            keys = [(k + b"-", r) for k, r in keys]
-        todo: dict[bytes, int] = {}
+        keys: list[tuple[object, bytes]] = []
+        for i, (key, rates_key) in enumerate(self._step_keys(steps)):
+            if key is not None and not start:
+                key += b"-"
+            keys.append((key if key is not None else ("uncached", i), rates_key))
+        todo: dict[object, int] = {}
         for i, (key, _) in enumerate(keys):
             if key not in self._steps and key not in todo:
                 todo[key] = i
@@ -567,6 +618,8 @@ class FlowModel:
         }
         out = [got[k] if k in got else self._steps[k] for k, _ in keys]
         for k, t in got.items():
+            if not isinstance(k, bytes):
+                continue
             if len(self._steps) >= _CACHE_MAX:
                 self._steps.clear()
             self._steps[k] = t

@@ -129,7 +129,9 @@ def parse_fabric_topology(spec: str) -> Topology | LeafSpine | MultiGPU:
     try:
         return parse_topology(spec)
     except UserError as exc:
-        raise UserError(f"{exc}, or leafspine:L,H[,R], gpus:S,G,... or dgx-h100:S") from None
+        from dpcomm.topology.gpu_presets import preset_names
+
+        raise UserError(f"{exc}, or leafspine:L,H[,R], gpus:S,G,... or a preset: {preset_names()}") from None
 
 
 @dataclass(slots=True, kw_only=True)

@@ -36,6 +36,9 @@
    channels and latency factor, and its own fractions only where those are not enough (:mod:`.fit_ranges`;
    written as ``ranges=``, :mod:`dpcomm.topology.size_ranges`). Fitting, not validation: a range is kept
    because it reproduces the rows it was fitted on; the held-out comparison of docs/netsim.md uses none.
+5. **Every row**: per-size factors on the model so fitted, monotone in size by construction
+   (:mod:`.fit_rows`: the table's isotonic fit, the model's shape between its sizes), so the file prices
+   each measured size as measured wherever the log's time grows with size, and says where it does not.
 
 The result names the fitted topology (a ``gpus:`` spec with ``nic_eff=``, ``intra_eff=`` and what else was
 fitted: ``lat_scale=``, ``algo=``, ``channels=``, ``ranges=``) and every
@@ -52,14 +55,16 @@ import math
 import numpy as np
 
 from dpcomm.errors import UserError
+from dpcomm.sim.network import fit_rows
 from dpcomm.sim.network.algorithms import simulate_allreduce
 from dpcomm.sim.network.engine import FlowModel
 from dpcomm.sim.network.fabric import make_fabric
+from dpcomm.sim.network.fit_apply import apply_fit, mismatch
 from dpcomm.sim.network.nccl_tests import NcclTestsLog
 from dpcomm.sim.network.nccl_tuning import algorithms_for, graph
 from dpcomm.sim.network.pricing import default_model
 from dpcomm.topology.multigpu import MultiGPU, is_multigpu_spec, parse_multigpu
-from dpcomm.topology.size_ranges import ranges_from_json, ranges_to_json
+from dpcomm.topology.size_ranges import ranges_to_json
 
 __all__ = [
     "LARGE",
@@ -68,6 +73,7 @@ __all__ = [
     "alpha_for",
     "apply_fit",
     "candidates",
+    "mismatch",
     "fit_nccl_tests",
     "startup_s",
 ]
@@ -97,7 +103,13 @@ class FabricFit:
     startup_s: float | None
     """The measured start-up it was fitted to: the small rows' line at the smallest size, seconds."""
     rows: tuple[tuple[int, float, float], ...]
-    """``(bytes, measured s, predicted s)`` of every row, after the fit."""
+    """``(bytes, measured s, predicted s)`` of every row, after the fit (its per-size factors included)."""
+    fitted_on: str = ""
+    """The ``--topology`` the fit was asked for (``p4d:2``), as the user wrote it."""
+    forced: tuple[str | None, str | None] | None = None
+    """``(algorithm, protocol)`` the log (or ``--algo``) forced, None where nothing was."""
+    model_rows: tuple[float, ...] = ()
+    """The fitted physical model's seconds at each row, before the per-size factors (where it misses)."""
     tried: dict[str, float] = dataclasses.field(default_factory=dict)
     """Each algorithm fitted, and the root-mean-square log error of its fit on the large rows."""
 
@@ -110,6 +122,7 @@ class FabricFit:
         t = self.topology
         return {
             "topology": t.spec,
+            "fitted_on": self.fitted_on,
             "algorithm": self.algorithm,
             "nic_eff": t.nic_fraction,
             "intra_eff": t.intra_eff,
@@ -119,7 +132,20 @@ class FabricFit:
             "alpha_s": self.alpha_s,
             "startup_s": self.startup_s,
             "gpus_per_server": t.gpus,
+            "nccl_version": t.nccl,
+            "net_plugin": t.net_plugin,
+            "forced": {"algo": self.forced[0], "proto": self.forced[1]} if self.forced else None,
+            **({"proto": t.proto} if t.proto else {}),
             **({"ranges": ranges_to_json(t.ranges)} if t.ranges else {}),
+            **(
+                {"row_algo": t.row_algo, "row_factors": [[n, c] for n, c in t.row_factors]}
+                if t.row_factors
+                else {}
+            ),
+            "residuals": [
+                {"bytes": n, "measured_s": m, "model_s": g0, "fitted_s": g, "error": g / m - 1}
+                for (n, m, g), g0 in zip(self.rows, self.model_rows or [None] * len(self.rows), strict=True)
+            ],
         }
 
 
@@ -247,6 +273,11 @@ def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> Fab
     if topo.nic_bps is None:
         topo = dataclasses.replace(topo, nic_bps=_NIC_RATE)
     p = topo.servers
+    for key, got in (("nccl", log.nccl_version), ("net_plugin", log.net_plugin)):
+        if got is not None and getattr(topo, key) not in (None, got):
+            raise UserError(f"the log ran {got}; --topology {spec} says {key}={getattr(topo, key)}")
+        if got is not None:
+            topo = dataclasses.replace(topo, **{key: got})
     if log.ranks is not None and log.ranks != p:
         where = f" on {log.hosts} servers" if log.hosts else ""
         raise UserError(f"the table ran on {log.ranks} ranks{where}; --topology {spec} has {p} GPUs")
@@ -256,6 +287,12 @@ def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> Fab
         algo = f"{log.algorithm}:{log.protocol}" if log.protocol else log.algorithm
     elif algo is None and log.protocol:
         algo = f"nccl:{log.protocol}"
+    was_forced = None
+    if algo is not None:
+        name, _, proto = algo.partition(":")
+        was_forced = (name.removeprefix("nccl-") if name != "nccl" else None, proto or None)
+        if proto:  # later runs on this fabric take it as NCCL_PROTO
+            topo = dataclasses.replace(topo, proto=proto)
     small = [(n, t) for n, t in log.rows if n <= SMALL]
     large = [(n, t) for n, t in log.rows if n >= LARGE]
     if not large:
@@ -291,30 +328,19 @@ def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> Fab
         if ranged is not None:
             topo, best = ranged
             got = _predict(topo, best, alpha, p, [n for n, _ in log.rows])
+    model_rows = tuple(got)
+    topo = dataclasses.replace(topo, row_factors=tuple(fit_rows.factors(log.rows, got)), row_algo=best)
+    got = _predict(topo, best, alpha, p, [n for n, _ in log.rows])  # point 5
     rows = tuple((n, t, g) for (n, t), g in zip(log.rows, got, strict=True))
     fits = {k: math.sqrt(v[1][3] / len(large)) for k, v in tried.items()}
-    return FabricFit(topology=topo, algorithm=best, alpha_s=alpha, startup_s=start, rows=rows, tried=fits)
-
-
-def apply_fit(topo: MultiGPU, fabric: dict) -> MultiGPU:
-    """``topo`` with a network file's fitted fractions (its ``fabric`` block), where its servers have as
-    many GPUs as the fitted ones (another server count of the same cluster); else a UserError."""
-    want = fabric.get("gpus_per_server")
-    if want is not None and want != topo.gpus:
-        raise UserError(
-            f"the network file was fitted on servers of {want} GPUs, the topology has {topo.gpus} per server"
-        )
-    scale, channels = fabric.get("lat_scale"), fabric.get("channels")
-    ranges = ranges_from_json(fabric["ranges"], "the network file") if "ranges" in fabric else topo.ranges
-    try:
-        return dataclasses.replace(
-            topo,
-            nic_eff=float(fabric["nic_eff"]),
-            intra_eff=float(fabric["intra_eff"]),
-            algo=fabric.get("algo") or topo.algo,
-            channels=int(channels) if channels is not None else topo.channels,
-            lat_scale=float(scale) if scale is not None else topo.lat_scale,
-            ranges=ranges,
-        )
-    except (TypeError, ValueError) as exc:
-        raise UserError(f"the network file's fitted fabric does not fit {topo.spec}: {exc}") from None
+    return FabricFit(
+        topology=topo,
+        algorithm=best,
+        alpha_s=alpha,
+        startup_s=start,
+        rows=rows,
+        tried=fits,
+        model_rows=model_rows,
+        forced=was_forced,
+        fitted_on=spec.strip(),
+    )

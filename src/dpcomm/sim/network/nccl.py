@@ -99,7 +99,7 @@ def pick(t: MultiGPU, name: str, protocol: str | None, nbytes: int, p: int, nic_
     if name == "nccl" and t.algo is not None:  # the cluster's NCCL_ALGO, or what its calibration picked
         name = f"nccl-{t.algo}"
     algos = (ALGOS[name],) if name in ALGOS else None
-    protos = (protocol,) if protocol else None
+    protos = (protocol,) if protocol else (t.proto,) if t.proto else None  # NCCL_PROTO, or the cluster's
     if algos and nccl_tuning.graph(sub, algos[0], nic_bps) is None:
         why = {
             "nvls": "NVLink SHARP on one server of Hopper or later GPUs on NVSwitch",

@@ -8,8 +8,10 @@ out-of-place columns, then the in-place ones; ``root`` since nccl-tests 2.13, ``
 0 Pid 123 on host-a device 0 [...]`` lines (``Group`` since nccl-tests 2.10) give the ranks and servers
 (distinct host names);
 ``NCCL_ALGO set by environment to Ring`` / ``NCCL_PROTO ...`` (``NCCL_DEBUG=INFO``) or ``-x NCCL_ALGO=Ring``
-on the command line echoed in the log give a forced choice. The out-of-place time is the measurement
-(nccl-tests' own busbw is computed from it).
+on the command line echoed in the log give a forced choice; ``NCCL version 2.8.3+cuda11.2`` (printed by
+rank 0 at init) gives NCCL's version, ``NET/OFI Initializing aws-ofi-nccl 1.13.2-aws`` the AWS network
+plugin's, and ``Using network AWS Libfabric`` (or ``IB``, ``Socket``) the network NCCL chose. The
+out-of-place time is the measurement (nccl-tests' own busbw is computed from it).
 """
 
 from __future__ import annotations
@@ -29,6 +31,9 @@ _ROW = re.compile(
     rf"(\S+)\s+({_NUM})\s+({_NUM})\s+({_NUM})\s+(\S+)\s*$"
 )
 _RANK = re.compile(r"#\s*Rank\s+(\d+)\s+(?:Group\s+\d+\s+)?Pid\s+\d+\s+on\s+(\S+)\s+device")
+_VERSION = re.compile(r"NCCL version (\d+\.\d+\.\d+)")
+_PLUGIN = re.compile(r"NET/OFI Initializing (aws-ofi-nccl) v?([A-Za-z0-9._+-]+)")
+_NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO)(?:\s+set by environment to\s+|=)([A-Za-z0-9_,^]+)")
 _MAX_LINES = 200_000  # a log longer than this is not one run's output
 _MAX_BYTES = 64 << 20  # nor one larger than this
@@ -50,6 +55,12 @@ class NcclTestsLog:
     """dpcomm's name of the algorithm the run forced (``nccl-ring``), None if it forced none or several."""
     protocol: str | None = None
     """The protocol the run forced (``LL``, ``LL128``, ``Simple``), None if none or several."""
+    nccl_version: str | None = None
+    """NCCL's version where the log prints it (``2.8.3``), else None."""
+    net_plugin: str | None = None
+    """The network plugin and its version where the log prints them (``aws-ofi-nccl-1.13.2-aws``)."""
+    network: str | None = None
+    """The network NCCL used where the log says (``AWS Libfabric``, ``IB``, ``Socket``)."""
 
 
 def _single(value: str, table: dict[str, str]) -> str | None:
@@ -71,7 +82,11 @@ def parse_nccl_tests(text: str, source: str = "log") -> NcclTestsLog:
     rows: dict[int, float] = {}
     hosts: dict[int, str] = {}
     env: dict[str, str] = {}
+    found: dict[str, str] = {}
     for number, line in enumerate(lines, 1):
+        for what, pattern in (("nccl", _VERSION), ("plugin", _PLUGIN), ("network", _NETWORK)):
+            if what not in found and (m := pattern.search(line)):
+                found[what] = "-".join(m.groups())
         if m := _RANK.search(line):
             hosts[int(m.group(1))] = m.group(2)
             continue
@@ -104,6 +119,9 @@ def parse_nccl_tests(text: str, source: str = "log") -> NcclTestsLog:
         hosts=len(set(hosts.values())) or None,
         algorithm=algo,
         protocol=proto,
+        nccl_version=found.get("nccl"),
+        net_plugin=found.get("plugin"),
+        network=found.get("network"),
     )
 
 
