@@ -79,6 +79,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="fsdp:PLANNER: budget of unsharded parameter bytes the plan must fit (e.g. 64MB)",
     )
     p.add_argument(
+        "--param-dtype",
+        default=None,
+        metavar="DTYPE",
+        help="fsdp:/hsdp: FSDP2's MixedPrecisionPolicy param_dtype (bf16, fp16, fp32): units gathered and "
+        "computed in it, priced so (default: none)",
+    )
+    p.add_argument(
+        "--reduce-dtype",
+        default=None,
+        metavar="DTYPE",
+        help="fsdp:/hsdp: the policy's reduce_dtype, gradients reduced in it (default: --param-dtype)",
+    )
+    p.add_argument(
         "--compile",
         nargs="?",
         const="inductor",
