@@ -69,7 +69,7 @@ def test_exact_planner_with_the_bound_equals_exhaustive_search(seed):
     u = float(rng.uniform(0, 1))
     for M in (None, int(rng.integers(m.max(), m.sum() + 1)), int(m.max())):
         mods = Modules(forward_s=f, backward_s=b, param_bytes=m)
-        p = plan_fsdp("optimal", mods, ag, rs, memory=M, update_s=u)
+        p = plan_fsdp("optimal", mods, ag, rs, memory=M, update_s=u, gap=0)
         t, peak = exhaustive(f, b, m, ag, rs, math.inf if M is None else M, u)
         assert p.time_s == pytest.approx(t, rel=1e-9, abs=1e-12)
         assert p.peak_bytes == peak
@@ -84,7 +84,7 @@ def test_a_collective_bound_model_is_proven_from_the_empty_prefix():
     ag = LinearCost(63 * 1.5e-6, 63 / 64 * 8e-11)
     rs = ag
     mods = Modules(forward_s=f, backward_s=b, param_bytes=m)
-    plan = plan_fsdp("optimal", mods, ag, rs, memory=float(m.sum()) / 10, max_depth=2)
+    plan = plan_fsdp("optimal", mods, ag, rs, memory=float(m.sum()) / 10, max_depth=2, gap=0)
     assert plan.meta["dp_passes"] == 1
     assert plan.meta["lower_bound_s"] == pytest.approx(plan.time_s, rel=1e-12)
     p = Problem.of(f, b, m, ag, rs, memory=float(m.sum()) / 10, update_s=0.0, blocking=False)

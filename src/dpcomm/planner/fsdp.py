@@ -61,6 +61,7 @@ from dpcomm.trace.format import Trace
 from dpcomm.utils.sizes import parse_size
 
 __all__ = [
+    "FSDP_GAP",
     "FSDP_MAX_DEPTH",
     "FSDP_METHODS",
     "OVERLAPS",
@@ -78,6 +79,11 @@ __all__ = [
 
 FSDP_METHODS = ("per-block", "whole", "per-layer", "size:BYTES", "optimal")
 """FSDP plan methods, in the order the CLI lists them."""
+
+FSDP_GAP = 0.005
+"""``optimal``'s default: within 0.5% of a certified lower bound (``meta["lower_bound_s"]``, ``meta["gap"]``),
+as ``dpcomm plan --fsdp`` plans; ``gap=0`` is exact (the 70B shape at depth 2 under a 10% budget: seconds,
+``benchmarks/fsdp_exact.py``; other real sizes can take minutes)."""
 
 FSDP_MAX_DEPTH = 2
 """Deepest prefetch searched by default (``d = 0..2``): FSDP2 prefetches one unit by default; beyond a few,
@@ -223,7 +229,7 @@ def plan_fsdp(
     depth: int | None = None,
     reshard: bool | None = None,
     overlap: str = "streams",
-    gap: float = 0.0,
+    gap: float = FSDP_GAP,
     ar_cost: CommCost | None = None,
     precision: Precision | None = None,
 ) -> FsdpPlan:
@@ -233,10 +239,11 @@ def plan_fsdp(
     (:func:`fsdp_time`, :func:`peak_memory`) under ``overlap`` (:data:`OVERLAPS`: ``streams`` for FSDP2 on
     GPUs, ``gathers`` on CPU); a budget nothing fits is a one-line :class:`UserError`. ``gap`` (``optimal``
     only): the plan's time may exceed the optimum's by this fraction of a certified lower bound,
-    ``meta["lower_bound_s"]`` (0: exact; :mod:`dpcomm.planner.fsdp_optimal`). ``ar_cost``: HSDP's
-    all-reduce of a unit's shard across the replicas (``None``: FSDP; :func:`dpcomm.planner.hsdp.plan_hsdp`
-    chooses the shard group). ``precision``: FSDP2's mixed-precision policy (:class:`Precision`): gathers
-    and memory in ``param_dtype`` bytes, reductions in ``reduce_dtype`` bytes (None: the parameters' own)."""
+    ``meta["lower_bound_s"]`` (default :data:`FSDP_GAP`; 0: exact; :mod:`dpcomm.planner.fsdp_optimal`).
+    ``ar_cost``: HSDP's all-reduce of a unit's shard across the replicas (``None``: FSDP;
+    :func:`dpcomm.planner.hsdp.plan_hsdp` chooses the shard group). ``precision``: FSDP2's mixed-precision
+    policy (:class:`Precision`): gathers and memory in ``param_dtype`` bytes, reductions in ``reduce_dtype``
+    bytes (None: the parameters' own)."""
     check_overlap(overlap)
     t_start = time.perf_counter()
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules

@@ -27,6 +27,7 @@ from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp import (
+    FSDP_GAP,
     FSDP_MAX_DEPTH,
     FsdpPlan,
     Modules,
@@ -90,7 +91,7 @@ def plan_hsdp(
     depth: int | None = None,
     reshard: bool | None = None,
     overlap: str = "streams",
-    gap: float = 0.0,
+    gap: float = FSDP_GAP,
     precision: Precision | None = None,
 ) -> FsdpPlan:
     """The HSDP plan of ``method`` (:func:`dpcomm.planner.fsdp.plan_fsdp`'s methods) over the shard group
