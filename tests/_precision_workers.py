@@ -1,4 +1,4 @@
-"""Worker function for tests/test_fsdp_precision.py: ``dpcomm.fsdp.shard(..., mp_policy=...)`` against
+"""Worker function for tests/test_hsdp.py's launch: ``dpcomm.fsdp.shard(..., mp_policy=...)`` against
 plain ``fully_shard`` with the same policy on the same units (module level: the launcher spawns workers
 that import it).
 

@@ -3,13 +3,9 @@
 Fast tier: the prices follow the dtypes (a unit's gather in ``param_dtype`` bytes, its reduce-scatter and
 HSDP all-reduce in ``reduce_dtype`` bytes, the unsharded peak in ``param_dtype``) through
 :func:`plan_fsdp`, :func:`plan_hsdp`, :func:`dpcomm.sim.fsdp.plan_row` and ``dpcomm plan --fsdp``; bad
-dtypes are one line. Slow tier: one launch of 2 gloo workers, ``shard(..., mp_policy=
-MixedPrecisionPolicy(bf16, fp32))`` against plain ``fully_shard`` with the same policy over the same
-modules (:mod:`tests._precision_workers`).
-
-Tolerance: both runs cast the same fp32 shards to bf16 and reduce in fp32 over the same units, so the
-losses are expected equal; ``rel=2**-8`` (bf16's unit roundoff) is the dtype's tolerance. That the policy
-is in force is checked apart from it: outputs come in bf16, and the losses differ from the fp32 run's.
+dtypes are one line. ``shard(..., mp_policy=MixedPrecisionPolicy(bf16, fp32))`` against plain
+``fully_shard`` with the same policy over the same modules runs in ``tests/test_hsdp.py``'s launch (the
+slow tier: one launch of workers for both).
 """
 
 from __future__ import annotations
@@ -24,8 +20,6 @@ from dpcomm.errors import UserError
 from dpcomm.planner.fsdp import Modules, Precision, plan_fsdp
 from dpcomm.planner.hsdp import plan_hsdp
 from dpcomm.trace.format import Layer, Trace
-
-BF16_REL = 2.0**-8
 
 
 def _trace(dtype_bytes: int = 4) -> Trace:
@@ -128,28 +122,3 @@ def test_plan_fsdp_cli_takes_the_dtypes(capsys):
     assert main([*args, "--param-dtype", "int8"]) == 2
     err = capsys.readouterr().err
     assert "param dtype must be one of" in err and "Traceback" not in err
-
-
-@pytest.fixture(scope="module")
-def runs():
-    from dpcomm.launch import launch
-    from tests._precision_workers import precision_cases
-
-    return launch(precision_cases, 2, CASES)
-
-
-CASES = [{"model": "gpt2-tiny", "planner": "optimal"}, {"model": "decoder", "planner": "per-block"}]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("index", range(len(CASES)), ids=[c["model"] for c in CASES])
-def test_shard_with_a_policy_trains_as_plain_fully_shard_with_it(runs, index):
-    for rank, out in enumerate(runs):
-        r = out[index]
-        assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
-        assert r["units"] == r["ref_units"] and len(r["units"]) > 1, (r["units"], r["ref_units"])
-        assert r["policies"] == [("torch.bfloat16", "torch.float32")] * len(r["units"]), r["policies"]
-        assert r["dtypes"] == r["ref_dtypes"] == ["torch.bfloat16"] * 3
-        assert r["losses"] == pytest.approx(r["ref_losses"], rel=BF16_REL)
-        assert r["losses"] != r["fp32_losses"], "the policy made no difference: not applied"
-        assert r["replicas"]
