@@ -30,8 +30,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--schedule",
         default="mgwfbp",
-        help="wfbp, single, bucket:SIZE, mgwfbp, optimal, ddp (PyTorch DDP), ddp:PLANNER, ps:METHOD or "
-        "fsdp:PLANNER (FSDP2 units: per-block, whole, per-layer, size:BYTES, optimal); default mgwfbp",
+        help="wfbp, single, bucket:SIZE, mgwfbp, optimal, ddp (PyTorch DDP), ddp:PLANNER, ps:METHOD, "
+        "fsdp:PLANNER (FSDP2 units: per-block, whole, per-layer, size:BYTES, optimal) or hsdp:PLANNER[:G] "
+        "(HSDP, shard groups of G ranks); default mgwfbp",
     )
     p.add_argument("--collective", default="native", help="all-reduce algorithm (default native)")
     p.add_argument(
