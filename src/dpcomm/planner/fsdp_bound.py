@@ -48,7 +48,7 @@ from dpcomm.costmodel.base import LinearCost
 
 __all__ = ["suffix_bound"]
 
-_MAX_L = 4096
+_MAX_L = 2048
 """Above this many modules the ``L x L`` table is not made (memory: 8 L^2 bytes per array)."""
 
 
