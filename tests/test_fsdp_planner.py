@@ -225,7 +225,7 @@ def test_optimal_equals_exhaustive_search(seed):
     f, b, m, ag, rs = _instance(rng, L)
     u = float(rng.uniform(0, 1))
     for M in (None, int(rng.integers(m.max(), m.sum() + 1)), int(m.max())):
-        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, update_s=u)
+        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, update_s=u, gap=0)
         t, peak = exhaustive(f, b, m, ag, rs, math.inf if M is None else M, u)
         assert p.time_s == pytest.approx(t, rel=1e-9, abs=1e-12)
         assert p.meta["dp_time_s"] == pytest.approx(p.time_s, rel=1e-9, abs=1e-12)
@@ -239,7 +239,7 @@ def test_optimal_equals_exhaustive_search_when_reduce_scatters_block(seed):
     L = [1, 3, 5, 7, 8, 9][seed]
     f, b, m, ag, rs = _instance(rng, L)
     for M in (None, int(rng.integers(m.max(), m.sum() + 1)), int(m.max())):
-        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, overlap="gathers")
+        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, overlap="gathers", gap=0)
         t, peak = exhaustive(f, b, m, ag, rs, math.inf if M is None else M, overlap="gathers")
         assert p.time_s == pytest.approx(t, rel=1e-9, abs=1e-12)
         assert p.meta["dp_time_s"] == pytest.approx(p.time_s, rel=1e-9, abs=1e-12)
@@ -275,7 +275,7 @@ def test_optimal_proven_through_capped_passes_equals_exhaustive_search(monkeypat
     f, b, m, ag, rs = _instance(rng, L)
     overlap = OVERLAPS[seed % 2]
     for M in (None, int(rng.integers(m.max(), m.sum() + 1)), int(m.max())):
-        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, overlap=overlap)
+        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, overlap=overlap, gap=0)
         t, peak = exhaustive(f, b, m, ag, rs, math.inf if M is None else M, overlap=overlap)
         assert p.time_s == pytest.approx(t, rel=1e-9, abs=1e-12) and p.peak_bytes == peak
         assert p.meta["lower_bound_s"] == pytest.approx(t, rel=1e-9) and p.meta["gap"] == 0.0

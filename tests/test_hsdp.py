@@ -7,6 +7,12 @@ the same losses (``rel=1e-5``: HSDP averages in two steps, a reduce-scatter with
 all-reduce across, so sums are rounded in another order than DDP's one all-reduce), gradients and
 parameters within ``atol=1e-5``, replicas equal across ranks. The parameters must be FSDP2's HSDP
 DTensors: a 2-D mesh, ``(Replicate, Shard)``. Bad ``mesh=`` is one line on every rank.
+
+The same launch runs ``shard(..., mp_policy=MixedPrecisionPolicy(bf16, fp32))`` against plain
+``fully_shard`` calls with that policy over the same modules (:mod:`tests._precision_workers`; FSDP over
+the 4 ranks). Both cast the same fp32 shards to bf16 and reduce in fp32 over the same units, so the losses
+are expected equal; ``rel=2**-8`` (bf16's unit roundoff) is the dtype's tolerance. That the policy is in
+force is checked apart: outputs come in bf16, and the losses differ from the fp32 run's.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import pytest
 
 from dpcomm.launch import launch
+from tests import _precision_workers as P
 from tests import _user_workers as W
 
 pytestmark = pytest.mark.slow
@@ -38,22 +45,27 @@ def _user_mesh(spec):
     return spec
 
 
-def _all(cases, bad):  # one launch (module level: spawned workers import it)
+PRECISION = [{"model": "gpt2-tiny", "planner": "optimal"}, {"model": "decoder", "planner": "per-block"}]
+"""``shard`` with FSDP2's mixed-precision policy against plain ``fully_shard`` with it."""
+
+
+def _all(cases, bad, precision):  # one launch (module level: spawned workers import it)
     cases = [{**c, "mesh": _user_mesh(c["mesh"])} for c in cases]
     out = W.shard_cases(cases)
     case = {"model": "lora", "planner": "per-block", "memory": None}
-    return out, [W.shard_cases([{**case, "mesh": _user_mesh(spec)}])[0].get("error") for spec in bad]
+    errs = [W.shard_cases([{**case, "mesh": _user_mesh(spec)}])[0].get("error") for spec in bad]
+    return out, errs, P.precision_cases(precision)
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return launch(_all, 4, CASES, BAD)
+    return launch(_all, 4, CASES, BAD, PRECISION)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c['model']}-{c['mesh']}" for c in CASES])
 def test_hsdp_on_a_2x2_mesh_trains_like_plain_ddp(runs, index):
     case = CASES[index]
-    for rank, (out, _) in enumerate(runs):
+    for rank, (out, _, _) in enumerate(runs):
         r = out[index]
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
         assert r["rng_same"], "shard changed the caller's random state"
@@ -68,11 +80,26 @@ def test_hsdp_on_a_2x2_mesh_trains_like_plain_ddp(runs, index):
         else:  # the planner's choice runs: its group size is the mesh's last dim
             G = r["shard_group"] or 4
             assert r["mesh_shape"][-1] == G and G in (1, 2, 4), r
-    assert len({str(out[index].get("shard_group")) for out, _ in runs}) == 1, "ranks chose different meshes"
+    assert len({str(out[index].get("shard_group")) for out, _, _ in runs}) == 1, (
+        "ranks chose different meshes"
+    )
 
 
 @pytest.mark.parametrize("index", range(len(BAD)), ids=[str(b) for b in BAD])
 def test_a_mesh_that_cannot_be_is_one_line_on_every_rank(runs, index):
-    errors = [errs[index] for _, errs in runs]
+    errors = [errs[index] for _, errs, _ in runs]
     assert all(e is not None and e.startswith("UserError: dpcomm.fsdp.shard: mesh") for e in errors), errors
     assert len(set(errors)) == 1 and "\n" not in errors[0]
+
+
+@pytest.mark.parametrize("index", range(len(PRECISION)), ids=[c["model"] for c in PRECISION])
+def test_shard_with_a_policy_trains_as_plain_fully_shard_with_it(runs, index):
+    for rank, (_, _, out) in enumerate(runs):
+        r = out[index]
+        assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
+        assert r["units"] == r["ref_units"] and len(r["units"]) > 1, (r["units"], r["ref_units"])
+        assert r["policies"] == [("torch.bfloat16", "torch.float32")] * len(r["units"]), r["policies"]
+        assert r["dtypes"] == r["ref_dtypes"] == ["torch.bfloat16"] * 3
+        assert r["losses"] == pytest.approx(r["ref_losses"], rel=2.0**-8)
+        assert r["losses"] != r["fp32_losses"], "the policy made no difference: not applied"
+        assert r["replicas"]

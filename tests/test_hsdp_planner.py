@@ -81,7 +81,7 @@ def test_hsdp_optimal_equals_exhaustive_search(seed):
     f, b, m, ag, rs, ar = _instance(rng, L)
     overlap = OVERLAPS[seed % 2]
     for M in (None, int(rng.integers(m.max(), m.sum() + 1)), int(m.max())):
-        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, overlap=overlap, ar_cost=ar)
+        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, overlap=overlap, ar_cost=ar, gap=0)
         t, peak = exhaustive(f, b, m, ag, rs, ar, math.inf if M is None else M, overlap=overlap)
         assert p.time_s == pytest.approx(t, rel=1e-9, abs=1e-12) and p.peak_bytes == peak
         assert p.meta["dp_time_s"] == pytest.approx(p.time_s, rel=1e-9, abs=1e-12)
@@ -96,7 +96,7 @@ def test_hsdp_bound_through_capped_passes(monkeypatch, seed):
     overlap = OVERLAPS[seed % 2]
     for M in (None, int(rng.integers(m.max(), m.sum() + 1))):
         t, peak = exhaustive(f, b, m, ag, rs, ar, math.inf if M is None else M, overlap=overlap)
-        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, overlap=overlap, ar_cost=ar)
+        p = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, overlap=overlap, ar_cost=ar, gap=0)
         assert p.time_s == pytest.approx(t, rel=1e-9, abs=1e-12) and p.peak_bytes == peak
         q = plan_fsdp("optimal", mods(f, b, m), ag, rs, memory=M, overlap=overlap, ar_cost=ar, gap=0.05)
         lb = q.meta["lower_bound_s"]
@@ -169,11 +169,11 @@ def test_plan_hsdp_is_the_fastest_shard_group():
     b = 2 * f
     m = rng.integers(1 << 20, 8 << 20, 8)
     net = PRESETS["10gbe"]
-    best = plan_hsdp("optimal", mods(f, b, m), net, world=16)
+    best = plan_hsdp("optimal", mods(f, b, m), net, world=16, gap=0)
     times = {}
     for G in (1, 2, 4, 8, 16):
         ag, rs, ar = mesh_costs(net, 16, G)
-        times[G] = plan_fsdp("optimal", mods(f, b, m), ag, rs, ar_cost=ar).time_s
+        times[G] = plan_fsdp("optimal", mods(f, b, m), ag, rs, ar_cost=ar, gap=0).time_s
     assert best.shard_group == min(times, key=times.get) and best.time_s == min(times.values())
     planned, bounds = best.meta["hsdp"]["times_s"], best.meta["hsdp"]["bounds_s"]
     for G, t in times.items():  # each group size planned, or skipped by a bound its plans cannot beat

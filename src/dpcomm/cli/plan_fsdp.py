@@ -51,6 +51,18 @@ def add_plan_fsdp_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot", metavar="FILE", help="with --fsdp: write the time-memory front (PNG, SVG, PDF)"
     )
+    parser.add_argument(
+        "--param-dtype",
+        metavar="DTYPE",
+        help="with --fsdp: FSDP2's MixedPrecisionPolicy param_dtype (bf16, fp16, fp32): units gathered and "
+        "held in it (default: the trace's dtype)",
+    )
+    parser.add_argument(
+        "--reduce-dtype",
+        metavar="DTYPE",
+        help="with --fsdp: the policy's reduce_dtype: gradients reduce-scattered (and HSDP all-reduced) in "
+        "it (default: --param-dtype)",
+    )
 
 
 def _layer_modules(trace: Trace) -> list[list[str]]:
@@ -153,7 +165,8 @@ def fsdp_code(plan, paths: list[list[str]], world: int) -> str:
 
 
 def run_fsdp(args: argparse.Namespace) -> int:
-    from dpcomm.planner.fsdp import FSDP_METHODS
+    from dpcomm.planner.fsdp import FSDP_METHODS, Modules
+    from dpcomm.planner.fsdp_precision import scaled_bytes
     from dpcomm.sim.fsdp import parse_fsdp_schedule, plan_row
     from dpcomm.utils.io import check_figure_path
 
@@ -172,7 +185,7 @@ def run_fsdp(args: argparse.Namespace) -> int:
     except UserError:
         known = ", ".join(FSDP_METHODS)
         raise UserError(f"unknown --fsdp method {args.fsdp!r}: use one of {known}") from None
-    opts = fsdp_options(args)
+    opts = fsdp_options(args) | {"precision": precision_of(args)}
     trace = load_trace_arg(args.trace)
     world = world_of(args)
     _, model = costs_of(args, world)
@@ -182,6 +195,8 @@ def run_fsdp(args: argparse.Namespace) -> int:
     plan = row.plan
     G = plan.shard_group if plan.shard_group is not None else world
     ag, rs, ar = costs(G)
+    mods, k = Modules.from_trace(trace).under(opts["precision"])
+    rs, ar = scaled_bytes(rs, k), scaled_bytes(ar, k)  # the reductions in reduce_dtype bytes
     paths = module_paths(trace, plan.units)
     written = None
     if args.plot:
@@ -190,9 +205,18 @@ def run_fsdp(args: argparse.Namespace) -> int:
         print(json.dumps(_json(row, paths, world, opts, written, args, model)))
         return 0
     _print(
-        trace, row, paths, (ag, rs, ar if G < world else None), world, opts, priced_by(args, model), written
-    )
+        trace, row, paths, (ag, rs, ar if G < world else None), world, opts, priced_by(args, model), written,
+        mods.param_bytes,
+    )  # fmt: skip
     return 0
+
+
+def precision_of(args: argparse.Namespace):
+    """``--param-dtype``/``--reduce-dtype`` as a :class:`~dpcomm.planner.fsdp_precision.Precision`."""
+    from dpcomm.planner.fsdp_precision import Precision
+
+    return Precision(param_dtype=getattr(args, "param_dtype", None),
+                     reduce_dtype=getattr(args, "reduce_dtype", None))  # fmt: skip
 
 
 def world_of(args: argparse.Namespace) -> int:
@@ -217,14 +241,17 @@ def _plot(path, trace, plan, costs, world: int, opts):
 
     from dpcomm.planner.fsdp import Modules, fsdp_time, plan_fsdp
     from dpcomm.planner.fsdp_plot import plot_pareto
+    from dpcomm.planner.fsdp_precision import scaled_bytes
     from dpcomm.planner.hsdp import hsdp_front
     from dpcomm.sim.fsdp_costs import linear_costs
 
-    mods = Modules.from_trace(trace)
+    mods, k = Modules.from_trace(trace).under(opts["precision"])
     f, b, m = mods.arrays
     G = plan.shard_group if plan.shard_group is not None else world
     lines, _ = linear_costs(costs, float(m[m > 0].min()), float(m.sum()))
     (ag, rs, ar), exact = lines(G), costs(G)
+    rs, ar = scaled_bytes(rs, k), scaled_bytes(ar, k)  # reductions in reduce_dtype bytes
+    exact = (exact[0], scaled_bytes(exact[1], k), scaled_bytes(exact[2], k))
     ar, ar_exact = (ar, exact[2]) if G < world else (None, None)
     kw = {"update_s": opts["update_s"], "max_depth": opts["max_depth"], "overlap": opts["overlap"]}
     gap = max(opts["gap"], PLOT_GAP)
@@ -270,10 +297,11 @@ def _json(row, paths, world, opts, written, args, model) -> dict:
         "sha256": plan.sha256(),
         "priced_by": priced_by(args, model),
         "plot": None if written is None else str(written),
+        "precision": opts["precision"].to_dict(),
     }
 
 
-def _print(trace, row, paths, costs, world, opts, where, written) -> None:
+def _print(trace, row, paths, costs, world, opts, where, written, param_bytes) -> None:
     import numpy as np
     from rich.console import Console
     from rich.table import Table
@@ -296,7 +324,7 @@ def _print(trace, row, paths, costs, world, opts, where, written) -> None:
     cols += ["all-reduce ms"] if ar is not None else []
     for col in cols:
         table.add_column(col, justify="left" if col == "fully_shard" else "right")
-    B = unit_sums(plan.units, np.array([trace.layer_bytes(i) for i in range(trace.num_layers)], dtype=float))
+    B = unit_sums(plan.units, np.array(param_bytes, dtype=float))  # as gathered (param_dtype)
     for k, ((a, z), b) in enumerate(zip(plan.units, B, strict=True)):
         cells = [str(k), f"{a}" if a == z else f"{a}-{z}", _short(paths[k]), f"{b / 2**20:.2f}"]
         cells += [f"{c(b) * 1e3:.3f}" for c in (ag, rs, *([ar] if ar is not None else []))]
@@ -319,6 +347,9 @@ def _print(trace, row, paths, costs, world, opts, where, written) -> None:
         f"peak unsharded parameters {plan.peak_bytes / 2**20:.2f} MiB{state} per rank, budget {budget}"
         f"{exact}; planned in {row.planning_s:.2f} s"
     )
+    if not opts["precision"].plain:
+        console.print(f"mixed precision (FSDP2's MixedPrecisionPolicy): {opts['precision']}; gathers and "
+                      "peak in param_dtype bytes, reductions in reduce_dtype bytes")  # fmt: skip
     if row.fit_error:
         console.print(
             f"planned on straight lines through these prices (at most {row.fit_error:.1%} off from the "

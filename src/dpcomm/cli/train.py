@@ -31,8 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--schedule",
         default="mgwfbp",
-        help="wfbp, single, bucket:SIZE, mgwfbp, optimal, ddp (PyTorch DDP), ddp:PLANNER, ps:METHOD or "
-        "fsdp:PLANNER (FSDP2 units: per-block, whole, per-layer, size:BYTES, optimal); default mgwfbp",
+        help="wfbp, single, bucket:SIZE, mgwfbp, optimal, ddp (PyTorch DDP), ddp:PLANNER, ps:METHOD, "
+        "fsdp:PLANNER (FSDP2 units: per-block, whole, per-layer, size:BYTES, optimal) or hsdp:PLANNER[:G] "
+        "(HSDP, shard groups of G ranks); default mgwfbp",
     )
     p.add_argument("--collective", default="native", help="all-reduce algorithm (default native)")
     p.add_argument(
@@ -78,6 +79,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="BYTES",
         help="fsdp:PLANNER: budget of unsharded parameter bytes the plan must fit (e.g. 64MB)",
+    )
+    p.add_argument(
+        "--param-dtype",
+        default=None,
+        metavar="DTYPE",
+        help="fsdp:/hsdp: FSDP2's MixedPrecisionPolicy param_dtype (bf16, fp16, fp32): units gathered and "
+        "computed in it, priced so (default: none)",
+    )
+    p.add_argument(
+        "--reduce-dtype",
+        default=None,
+        metavar="DTYPE",
+        help="fsdp:/hsdp: the policy's reduce_dtype, gradients reduced in it (default: --param-dtype)",
     )
     p.add_argument(
         "--compile",

@@ -8,10 +8,12 @@ go through :mod:`dpcomm.compat`. Gloo on CPU implements both, ``AVG`` included (
 ``B`` is the unit's *full* bytes, the argument of the planner's costs (:mod:`dpcomm.planner.fsdp_model`):
 sizes here are full bytes.
 
-Sizes go down from the model's parameter bytes by factors of 4 (at most 5), each a multiple of ``P``
-elements; each is warmed up once and timed ``reps`` times (:func:`dpcomm.timing.time_calls`), the
-slowest rank's median counts (:func:`dpcomm.timing.slowest`: a collective ends for everyone when its
-slowest member is done), and the fit is :func:`dpcomm.planner.autoplan.fit_linear` (``a, b >= 0``).
+Sizes go down from the model's parameter bytes, at most :data:`MEASURE_MAX_BYTES` (a model FSDP shards may
+be on ``meta`` and fit no device whole: a buffer of its bytes would materialise it, 32 GB a rank for
+Llama-3-8B in fp32), by factors of 4 (at most 5), each a multiple of ``P`` elements; each is warmed up once
+and timed ``reps`` times (:func:`dpcomm.timing.time_calls`), the slowest rank's median counts
+(:func:`dpcomm.timing.slowest`: a collective ends for everyone when its slowest member is done), and the fit
+is :func:`dpcomm.planner.autoplan.fit_linear` (``a, b >= 0``).
 """
 
 from __future__ import annotations
@@ -27,15 +29,24 @@ from dpcomm.costmodel.base import LinearCost
 from dpcomm.planner.autoplan import fit_linear
 from dpcomm.timing import group_device, slowest, time_calls
 
-__all__ = ["Points", "fsdp_costs", "measure_fsdp_collectives", "measure_replica_all_reduce"]
+__all__ = [
+    "MEASURE_MAX_BYTES",
+    "Points",
+    "fsdp_costs",
+    "measure_fsdp_collectives",
+    "measure_replica_all_reduce",
+]
 
 Points = list[tuple[int, float]]
 """``[(full bytes B, seconds)]``."""
 
+MEASURE_MAX_BYTES = 256 << 20
+"""The largest buffer timed (full bytes); the fitted line prices larger units."""
+
 
 def _sizes(total_bytes: int, world: int, element: int) -> list[int]:
     """Element counts of the full buffer: ``total / 4^k``, rounded down to multiples of ``world``."""
-    n = max(world, total_bytes // element)
+    n = max(world, min(total_bytes, MEASURE_MAX_BYTES) // element)
     return sorted({max(world, (n // 4**k) // world * world) for k in range(5)})
 
 

@@ -134,8 +134,9 @@ class Sharded:
         return "\n".join(lines)
 
 
-def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any) -> nn.Module:
-    """Step 5: ``fully_shard`` per unit in ``groups.order``, the root last; prefetch and reshard set."""
+def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any, **fsdp_kw: Any) -> nn.Module:
+    """Step 5: ``fully_shard`` per unit in ``groups.order``, the root last; prefetch and reshard set.
+    ``fsdp_kw``: FSDP2's other keywords (``mp_policy``, ``offload_policy``, ...), given to every call."""
     from torch.distributed.fsdp import fully_shard
 
     mods = dict(model.named_modules())
@@ -147,12 +148,14 @@ def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any)
         if paths == (ROOT,):
             continue  # the root call comes last
         target = [mods[p] for p in paths]
-        fully_shard(target if len(target) > 1 else target[0], mesh=mesh, reshard_after_forward=keep)
+        one = target if len(target) > 1 else target[0]
+        fully_shard(one, mesh=mesh, reshard_after_forward=keep, **fsdp_kw)
         handles[k] = mods[paths[0]]
     root = groups.root_unit
     fully_shard(
-        model, mesh=mesh, reshard_after_forward=bool(plan.reshard_after_forward and root not in (None, last))
-    )
+        model, mesh=mesh, reshard_after_forward=bool(plan.reshard_after_forward and root not in (None, last)),
+        **fsdp_kw,
+    )  # fmt: skip
     if root is not None:
         handles[root] = model
     d = plan.depth
@@ -181,7 +184,7 @@ def _layer_params(model: nn.Module, example: Any, loss_fn: Any) -> tuple[tuple[s
 
 
 def _sharded_copy(
-    model: nn.Module, plan: FsdpPlan, layer_params: Any, shardable: Any, mesh: Any
+    model: nn.Module, plan: FsdpPlan, layer_params: Any, shardable: Any, mesh: Any, **fsdp_kw: Any
 ) -> nn.Module:
     """A copy of ``model`` sharded by ``plan`` that never holds the whole model: the modules copied with
     their parameters and buffers on ``meta``, sharded, given shards' storage (``to_empty``), then filled
@@ -194,7 +197,9 @@ def _sharded_copy(
     for b in model.buffers():
         memo[id(b)] = torch.empty_like(b, device="meta")
     shadow = copy.deepcopy(model, memo)  # the modules, no tensor data (tied parameters stay tied)
-    apply_plan(shadow, plan, shard_groups(shadow, plan, layer_params, shardable), mesh)
+    if fsdp_kw.get("ignored_params"):  # the user's parameters, as the copy's
+        fsdp_kw = {**fsdp_kw, "ignored_params": {memo[id(p)] for p in fsdp_kw["ignored_params"]}}
+    apply_plan(shadow, plan, shard_groups(shadow, plan, layer_params, shardable), mesh, **fsdp_kw)
     shadow.to_empty(device=target_device(model))
     params = {n: p.detach() for n, p in model.named_parameters()}
     set_model_state_dict(shadow, params, options=StateDictOptions(full_state_dict=True, strict=False))
@@ -204,12 +209,12 @@ def _sharded_copy(
     return shadow
 
 
-def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh, group):
+def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh, group, fsdp_kw):
     """Step 4: each plan applied to a copy of ``model``, timed round-robin; the kept index and medians."""
     from dpcomm.timing import now, slowest
     from dpcomm.trace.profiler import default_loss
 
-    copies = [_sharded_copy(model, p, layer_params, shardable, mesh) for p in plans]
+    copies = [_sharded_copy(model, p, layer_params, shardable, mesh, **fsdp_kw) for p in plans]
     device = target_device(model)
     times: list[list[float]] = [[] for _ in plans]
     for step in range(len(plans) * (1 + iters)):  # one untimed pass each: FSDP2's lazy init
@@ -246,6 +251,7 @@ def shard(
     process_group: Any = None,
     layer_params: Any = None,
     mesh: Any = None,
+    **fsdp_kw: Any,
 ) -> nn.Module:
     """``model`` sharded by FSDP2 as ``plan`` says (see the module docstring); returns it (the same object).
 
@@ -256,7 +262,9 @@ def shard(
     given plan, the parameter names of each of its layers (default: the gradient units of ``example``, else
     the learnable layers). ``mesh``: HSDP, a shard group size ``G`` (an int dividing the ranks), a 2-D
     ``DeviceMesh`` (replicate, shard) or ``"auto"`` (the planner chooses ``G``; :mod:`dpcomm.fsdp.mesh`);
-    default FSDP over ``process_group``. Build the optimizer after.
+    default FSDP over ``process_group``. ``fsdp_kw``: FSDP2's other ``fully_shard`` keywords
+    (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``, ``shard_placement_fn``, ``ignored_params``),
+    given to every unit's call and to the trial's copies. Build the optimizer after.
 
     A model built under ``torch.device("meta")`` is planned without materialising it (its units from a
     forward and backward on ``meta``, their times from FLOPs, :func:`dpcomm.fsdp.planning.plan_on_workers`)
@@ -269,6 +277,8 @@ def shard(
             "dpcomm.fsdp.shard needs torch.distributed initialised (dist.init_process_group(...))"
         )
     first_param(model, "dpcomm.fsdp.shard")
+    if "reshard_after_forward" in fsdp_kw:
+        raise UserError("dpcomm.fsdp.shard: reshard_after_forward is the plan's choice, not a keyword")
     budget = budget_bytes(memory)
     check_same_weights(model, process_group, "dpcomm.fsdp.shard")
     trace = ag = rs = ar = None
@@ -320,7 +330,7 @@ def shard(
                                 shardable, said, kept.shard_group)  # fmt: skip
             if block is not None and _shape(block) != _shape(requested):
                 best, medians = _trial(model, [requested, block], layer_params, shardable, example, loss_fn,
-                                       verify_iters, on, process_group)  # fmt: skip
+                                       verify_iters, on, process_group, fsdp_kw)  # fmt: skip
                 kept = [requested, block][best]
                 trial = {"optimal": medians[0], "per-block": medians[1]}
                 why = "fastest in the timed trial" if best == 0 else (
@@ -332,7 +342,7 @@ def shard(
             f"FSDP plan '{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it, over the budget of "
             f"{budget:,} ({'; '.join(groups.notes)})"
         )
-    apply_plan(model, run, groups, on)
+    apply_plan(model, run, groups, on, **fsdp_kw)
     model.dpcomm = Sharded(
         plan=run, requested=requested, groups=groups, layer_params=layer_params, peak_bound_bytes=bound,
         trace=trace, ag_cost=ag, rs_cost=rs, ar_cost=ar, trial=trial, overlap=overlap_of(model),

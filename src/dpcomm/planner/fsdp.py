@@ -56,15 +56,18 @@ from dpcomm.planner.fsdp_model import (
     peak_memory,
 )
 from dpcomm.planner.fsdp_optimal import OptimalResult, optimal_fsdp
+from dpcomm.planner.fsdp_precision import Precision, priced, scaled_bytes
 from dpcomm.trace.format import Trace
 from dpcomm.utils.sizes import parse_size
 
 __all__ = [
+    "FSDP_GAP",
     "FSDP_MAX_DEPTH",
     "FSDP_METHODS",
     "OVERLAPS",
     "FsdpPlan",
     "Modules",
+    "Precision",
     "block_units",
     "fsdp_time",
     "pareto_front",
@@ -76,6 +79,11 @@ __all__ = [
 
 FSDP_METHODS = ("per-block", "whole", "per-layer", "size:BYTES", "optimal")
 """FSDP plan methods, in the order the CLI lists them."""
+
+FSDP_GAP = 0.005
+"""``optimal``'s default: within 0.5% of a certified lower bound (``meta["lower_bound_s"]``, ``meta["gap"]``),
+as ``dpcomm plan --fsdp`` plans; ``gap=0`` is exact (the 70B shape at depth 2 under a 10% budget: seconds,
+``benchmarks/fsdp_exact.py``; other real sizes can take minutes)."""
 
 FSDP_MAX_DEPTH = 2
 """Deepest prefetch searched by default (``d = 0..2``): FSDP2 prefetches one unit by default; beyond a few,
@@ -96,6 +104,9 @@ class Modules:
     """Unsharded parameter bytes ``m_i`` per module (params x dtype bytes)."""
     names: tuple[str, ...] = ()
     """Module names (for ``per-block``); empty when unknown."""
+    dtype_bytes: int = 0
+    """Bytes per parameter element of ``param_bytes`` (a trace's ``dtype_bytes``; 0: unknown), what mixed
+    precision rescales (:meth:`under`)."""
 
     def __post_init__(self) -> None:
         f, b, m = fsdp_inputs(self.forward_s, self.backward_s, self.param_bytes)
@@ -113,7 +124,18 @@ class Modules:
             backward_s=tuple(x.backward_s for x in trace.layers),
             param_bytes=tuple(trace.layer_bytes(i) for i in range(trace.num_layers)),
             names=tuple(x.name for x in trace.layers),
+            dtype_bytes=int(trace.dtype_bytes),
         )
+
+    def under(self, precision: Precision | None) -> tuple[Modules, float]:
+        """``(modules, k)``: the bytes as FSDP2 gathers them under ``precision`` (``param_dtype``) and the
+        reductions' byte factor ``k`` (:mod:`dpcomm.planner.fsdp_precision`); unchanged without one."""
+        if precision is None or precision.plain:
+            return self, 1.0
+        m, k = priced(np.array(self.param_bytes, dtype=float) / max(self.dtype_bytes, 1), self.dtype_bytes,
+                      precision)  # fmt: skip
+        gather = precision.gather_bytes(self.dtype_bytes)
+        return replace(self, param_bytes=tuple(int(x) for x in m), dtype_bytes=gather), k
 
     @property
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -207,8 +229,9 @@ def plan_fsdp(
     depth: int | None = None,
     reshard: bool | None = None,
     overlap: str = "streams",
-    gap: float = 0.0,
+    gap: float = FSDP_GAP,
     ar_cost: CommCost | None = None,
+    precision: Precision | None = None,
 ) -> FsdpPlan:
     """The FSDP plan of ``method`` (module docstring) for ``modules`` (or a trace), all-gather and
     reduce-scatter costs of a unit's full bytes, a budget of ``memory`` unsharded bytes (``None``: none)
@@ -216,12 +239,16 @@ def plan_fsdp(
     (:func:`fsdp_time`, :func:`peak_memory`) under ``overlap`` (:data:`OVERLAPS`: ``streams`` for FSDP2 on
     GPUs, ``gathers`` on CPU); a budget nothing fits is a one-line :class:`UserError`. ``gap`` (``optimal``
     only): the plan's time may exceed the optimum's by this fraction of a certified lower bound,
-    ``meta["lower_bound_s"]`` (0: exact; :mod:`dpcomm.planner.fsdp_optimal`). ``ar_cost``: HSDP's
-    all-reduce of a unit's shard across the replicas (``None``: FSDP; :func:`dpcomm.planner.hsdp.plan_hsdp`
-    chooses the shard group)."""
+    ``meta["lower_bound_s"]`` (default :data:`FSDP_GAP`; 0: exact; :mod:`dpcomm.planner.fsdp_optimal`).
+    ``ar_cost``: HSDP's all-reduce of a unit's shard across the replicas (``None``: FSDP;
+    :func:`dpcomm.planner.hsdp.plan_hsdp` chooses the shard group). ``precision``: FSDP2's mixed-precision
+    policy (:class:`Precision`): gathers and memory in ``param_dtype`` bytes, reductions in ``reduce_dtype``
+    bytes (None: the parameters' own)."""
     check_overlap(overlap)
     t_start = time.perf_counter()
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
+    mods, k = mods.under(precision)
+    rs_cost, ar_cost = scaled_bytes(rs_cost, k), scaled_bytes(ar_cost, k)
     f, b, m = mods.arrays
     name = str(method).strip().lower()
     M = _budget(memory)
@@ -231,6 +258,8 @@ def plan_fsdp(
     if isinstance(gap, bool) or not (isinstance(gap, int | float) and 0 <= gap <= 1):
         raise UserError(f"FSDP optimality gap must be a fraction in [0, 1], got {gap!r}")
     meta: dict = {"memory_bytes": None if memory is None else M, "overlap": overlap}
+    if precision is not None and not precision.plain:
+        meta["precision"] = precision.to_dict()
     if name == "optimal":
         inc = None
         for other in ("whole", "per-layer", "per-block"):  # the incumbent for the bound
@@ -300,14 +329,17 @@ def pareto_front(
     overlap: str = "streams",
     gap: float = 0.0,
     ar_cost: CommCost | None = None,
+    precision: Precision | None = None,
 ) -> list[tuple[int, float, FsdpPlan]]:
     """The time-memory front of ``optimal``: ``(peak_bytes, time_s, plan)`` by rising peak, every point
     the least time at a budget of its peak and the least peak at its time. Walked down from no budget: each
     plan's peak less one byte is the next budget, until none fits (bytes are whole numbers, so no point
     between is missed). ``max_points`` caps the walk (a :class:`UserError` beyond it). ``gap``: each point
     planned within it (:func:`plan_fsdp`; 0: the exact front). ``ar_cost``: HSDP's all-reduce across the
-    replicas (:func:`dpcomm.planner.hsdp.hsdp_front`)."""
+    replicas (:func:`dpcomm.planner.hsdp.hsdp_front`). ``precision``: as :func:`plan_fsdp`'s."""
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
+    mods, k = mods.under(precision)
+    rs_cost, ar_cost = scaled_bytes(rs_cost, k), scaled_bytes(ar_cost, k)
     out: list[tuple[int, float, FsdpPlan]] = []
     budget: float | None = None
     while True:

@@ -35,11 +35,12 @@ a_d) + R(s..i) + b_rs bytes(rest)`` (HSDP: ``R + C``) and there is no joint term
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
 from dpcomm.costmodel.base import CommCost, LinearCost
+from dpcomm.planner.fsdp_bound import suffix_bound
 
 __all__ = [
     "Layout",
@@ -75,6 +76,8 @@ class Problem:
     """``overlap="gathers"``: reduce-scatters block the thread (:mod:`dpcomm.planner.fsdp_model`)."""
     ar: CommCost | None = None
     """HSDP: the all-reduce of a unit's shard across the replicas (``None``: FSDP)."""
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
+    """What the runs share: :func:`last_unit_tails`' suffix bounds by ``(reshard, budget)``."""
 
     @classmethod
     def of(cls, f, b, m, ag, rs, *, memory: float, update_s: float, blocking: bool, ar=None) -> Problem:
@@ -194,7 +197,10 @@ def completion_bound(
     both = _joint(Y[:, T] + p.rate(p.rs) * rest, c2, tail[0], lo, L)
     if tail[1] is not None:
         both = np.maximum(both, _joint(Y[:, lay.c] + rate_c * rest, c2, tail[1], lo, L))
-    return np.maximum(fwd + bwd, G + p.rate(p.ag) * rest + both) + p.u
+    out = np.maximum(fwd + bwd, G + p.rate(p.ag) * rest + both) + p.u
+    if tail[2] is not None:  # the paths through every unit of the rest, start-ups counted
+        out = np.maximum(out, X[:, lay.H] + X[:, T] + tail[2][s] + p.u)
+    return out
 
 
 def _joint(c1: np.ndarray, c2: np.ndarray, tail, lo: int, L: int) -> np.ndarray:
@@ -221,8 +227,12 @@ def _last_units(p: Problem, r: bool, extra: float = 0.0):
 
 
 def last_unit_tails(p: Problem, r: bool):
-    """:func:`_last_units` for the reduce-scatter path and (HSDP) the all-reduce path."""
-    return _last_units(p, r), None if p.ar is None else _last_units(p, r, p.rate(p.rs))
+    """:func:`_last_units` for the reduce-scatter path and (HSDP) the all-reduce path, and
+    :func:`dpcomm.planner.fsdp_bound.suffix_bound` (or None)."""
+    key = (r, p.M)
+    if key not in p.memo:
+        p.memo[key] = suffix_bound(p, r)
+    return _last_units(p, r), None if p.ar is None else _last_units(p, r, p.rate(p.rs)), p.memo[key]
 
 
 def close_states(p: Problem, lay: Layout, r: bool, X: np.ndarray, s: np.ndarray):

@@ -27,6 +27,7 @@ from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp import (
+    FSDP_GAP,
     FSDP_MAX_DEPTH,
     FsdpPlan,
     Modules,
@@ -37,6 +38,7 @@ from dpcomm.planner.fsdp import (
     plan_fsdp,
 )
 from dpcomm.planner.fsdp_model import TIE_REL, check_overlap
+from dpcomm.planner.fsdp_precision import Precision, scaled_bytes
 from dpcomm.planner.fsdp_search import Problem, root_bound
 from dpcomm.trace.format import Trace
 
@@ -89,7 +91,8 @@ def plan_hsdp(
     depth: int | None = None,
     reshard: bool | None = None,
     overlap: str = "streams",
-    gap: float = 0.0,
+    gap: float = FSDP_GAP,
+    precision: Precision | None = None,
 ) -> FsdpPlan:
     """The HSDP plan of ``method`` (:func:`dpcomm.planner.fsdp.plan_fsdp`'s methods) over the shard group
     sizes ``shards`` (default: every divisor of ``world``): the least modelled ``t_iter`` whose unsharded
@@ -98,10 +101,17 @@ def plan_hsdp(
     function of ``G``. Group sizes are planned by their empty prefix's bound, least first, and one whose
     bound exceeds the best plan's time is not planned. The plan's ``shard_group`` is ``G``;
     ``meta["hsdp"]`` has each group size's time (``None``: none fits, or not planned) and bound, and
-    ``optimal``'s ``meta["lower_bound_s"]`` holds over every group size."""
+    ``optimal``'s ``meta["lower_bound_s"]`` holds over every group size. ``precision``: FSDP2's
+    mixed-precision policy (:func:`dpcomm.planner.fsdp.plan_fsdp`'s)."""
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
     check_overlap(overlap)
-    cost_of = (lambda G: mesh_costs(costs, world, G)) if isinstance(costs, Network) else costs
+    mods, k = mods.under(precision)
+    given = (lambda G: mesh_costs(costs, world, G)) if isinstance(costs, Network) else costs
+
+    def cost_of(G: int) -> tuple[CommCost, CommCost, CommCost | None]:
+        ag, rs, ar = given(G)
+        return ag, scaled_bytes(rs, k), scaled_bytes(ar, k)
+
     groups = shard_sizes(world) if shards is None else [_check_shard(world, g) for g in shards]
     if not groups:
         raise UserError("HSDP needs at least one shard group size")
@@ -164,14 +174,18 @@ def hsdp_front(
     overlap: str = "streams",
     gap: float = 0.0,
     budgets: int | None = None,
+    precision: Precision | None = None,
 ) -> list[tuple[int, float, FsdpPlan]]:
     """The time-memory front of ``optimal`` at one shard group size (its costs; ``ar_cost`` ``None``:
     FSDP): ``(peak_bytes, time_s, plan)`` by rising unsharded peak (the sharded state, the same at every
     point, left out). ``budgets=None``: walked as :func:`dpcomm.planner.fsdp.pareto_front` walks it (every
     point; one plan per point). ``budgets=n``: sampled, one plan at each of ``n`` budgets spaced
     geometrically from the least any plan needs (per-layer units) to the peak of the plan without a budget,
-    the points no other point beats kept (a staircase at or above the front, touching it at each budget)."""
+    the points no other point beats kept (a staircase at or above the front, touching it at each budget).
+    ``precision``: as :func:`dpcomm.planner.fsdp.plan_fsdp`'s."""
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
+    mods, k = mods.under(precision)
+    rs_cost, ar_cost = scaled_bytes(rs_cost, k), scaled_bytes(ar_cost, k)
     kw = {"update_s": update_s, "max_depth": max_depth, "overlap": overlap, "gap": gap, "ar_cost": ar_cost}
     out: list[tuple[int, float, FsdpPlan]] = []
     if budgets is not None:

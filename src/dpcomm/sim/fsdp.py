@@ -22,6 +22,7 @@ from typing import Any
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, FSDP_METHODS, Modules, fsdp_time, plan_fsdp
 from dpcomm.planner.fsdp_model import FsdpPlan
+from dpcomm.planner.fsdp_precision import Precision, scaled_bytes
 from dpcomm.planner.hsdp import MeshCosts, plan_hsdp
 from dpcomm.sim.fsdp_costs import linear_costs
 from dpcomm.trace.format import Trace
@@ -102,11 +103,16 @@ def plan_row(
     max_depth: int = FSDP_MAX_DEPTH,
     overlap: str = "streams",
     gap: float = 0.0,
+    precision: Precision | None = None,
 ) -> FsdpRow:
     """Plan ``schedule`` on ``nodes`` ranks with ``costs`` under ``memory`` bytes per rank (``None``: no
-    budget), then time it by the model. ``shards``: the group sizes ``hsdp:METHOD`` chooses among."""
+    budget), then time it by the model. ``shards``: the group sizes ``hsdp:METHOD`` chooses among.
+    ``precision``: FSDP2's mixed-precision policy, gathers and memory in ``param_dtype`` bytes, reductions
+    in ``reduce_dtype`` bytes (:mod:`dpcomm.planner.fsdp_precision`)."""
     kind, method, G = parse_fsdp_schedule(schedule)
-    mods = Modules.from_trace(trace)
+    mods, k = Modules.from_trace(trace).under(precision)
+    if k != 1:
+        costs = _reduced_in(costs, k)
     f, b, m = mods.arrays
     lines, errors = linear_costs(costs, float(m[m > 0].min()) if (m > 0).any() else 1.0, float(m.sum()))
     if kind == "fsdp":
@@ -150,6 +156,16 @@ def plan_row(
         plan=plan,
         fit_error=errors.get(group, 0.0),
     )
+
+
+def _reduced_in(costs: MeshCosts, k: float) -> MeshCosts:
+    """``costs`` with the reductions (reduce-scatter, HSDP's all-reduce) of ``k`` times a unit's bytes."""
+
+    def priced(G: int):
+        ag, rs, ar = costs(G)
+        return ag, scaled_bytes(rs, k), scaled_bytes(ar, k)
+
+    return priced
 
 
 def _best_priced(plan, t_iter, planned, priced, m, memory, state_bytes, nodes, max_depth):

@@ -51,7 +51,7 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
     input_shape(cfg.model)  # unknown model -> UserError
     parsed = [(s, check_schedule(cfg, s)) for s in schedules or [cfg.schedule]]
     servers = _servers(parsed)
-    odd = [s for s, _ in parsed if str(s).strip().split(":", 1)[0] not in ("ddp", "fsdp")]
+    odd = [s for s, _ in parsed if str(s).strip().split(":", 1)[0] not in ("ddp", "fsdp", "hsdp")]
     if cfg.compile is not None and odd:
         raise UserError(
             f"--compile runs PyTorch's DDP or FSDP2 compiled: use ddp[:PLANNER] or fsdp:PLANNER, not {odd[0]}"
@@ -72,8 +72,12 @@ def check(cfg: TrainConfig, schedules: list[str] | None = None) -> Checked:
         raise UserError(
             "--probe-overlap measures for ddp:PLANNER's prediction; no ddp:PLANNER schedule is given"
         )
-    if cfg.memory is not None and not any(str(s).strip().startswith("fsdp:") for s, _ in parsed):
+    sharded = any(str(s).strip().startswith(("fsdp:", "hsdp:")) for s, _ in parsed)
+    if cfg.memory is not None and not sharded:
         raise UserError("--memory is the budget of fsdp:PLANNER schedules; none is given")
+    if (cfg.param_dtype or cfg.reduce_dtype) and not sharded:
+        raise UserError("--param-dtype/--reduce-dtype are FSDP2's mixed precision: give an fsdp: or hsdp: "
+                        "schedule")  # fmt: skip
     if servers:
         from dpcomm import lifecycle
 

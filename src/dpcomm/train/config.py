@@ -94,6 +94,12 @@ class TrainConfig:
     memory: str | None = None
     """``fsdp:`` schedules: the budget of unsharded parameter bytes (``64MB`` = 64 MiB) their planner must
     fit (:mod:`dpcomm.train.fsdp_replica`); a schedule's own ``memory=`` and this are not both given."""
+    param_dtype: str | None = None
+    """``fsdp:``/``hsdp:`` schedules: FSDP2's ``MixedPrecisionPolicy(param_dtype=...)`` (``bf16``,
+    ``fp16``, ``fp32``): units gathered and computed in it, parameters kept in ``dtype``; None: none."""
+    reduce_dtype: str | None = None
+    """``fsdp:``/``hsdp:`` schedules: the policy's ``reduce_dtype`` (gradients reduced in it; None:
+    ``param_dtype``)."""
     compile: str | None = None
     """``torch.compile`` backend (``inductor``, ``aot_eager``, ...) for the ``ddp`` and ``fsdp:`` kinds: DDP
     wraps the compiled model (its plan cut where the graph can be, :mod:`dpcomm.ddp.compiled`), FSDP2
@@ -157,6 +163,9 @@ class TrainConfig:
         need(self.threads is None or self.threads >= 1, f"threads must be >= 1, got {self.threads}")
         need(self.dtype in DTYPES, f"--dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         self._check_device()
+        for flag, v in (("--param-dtype", self.param_dtype), ("--reduce-dtype", self.reduce_dtype)):
+            need(v is None or v in DTYPES or v in ("fp16", "float16"),
+                 f"{flag} must be one of {', '.join(DTYPES)}, fp16, float16, got {v!r}")  # fmt: skip
         need(
             not self.compiled_autograd or self.compile == "inductor",
             "--compiled-autograd needs --compile inductor: only inductor fuses the all-reduces compiled "

@@ -1,8 +1,11 @@
-"""The replica kind ``fsdp``: ``--schedule fsdp:PLANNER[,memory=BYTES]`` trains with stock PyTorch FSDP2
-(``fully_shard``) whose units, prefetch depth and reshard choice are a dpcomm FSDP plan
+"""The replica kinds ``fsdp`` and ``hsdp``: ``--schedule fsdp:PLANNER[,memory=BYTES][,mesh=G]`` trains with
+stock PyTorch FSDP2 (``fully_shard``) whose units, prefetch depth and reshard choice are a dpcomm FSDP plan
 (:func:`dpcomm.fsdp.shard`; planners ``per-block``, ``whole``, ``per-layer``, ``size:BYTES``, ``optimal``,
 ``docs/fsdp.md``). ``memory``: the budget of unsharded parameter bytes (``64MB`` = 64 MiB; also
-``--memory``).
+``--memory``). ``hsdp:PLANNER[:G][,memory=BYTES]`` (or ``mesh=G``) is HSDP: FSDP2 on a 2-D mesh, each unit
+sharded over groups of ``G`` ranks and replicated across them (``shard``'s ``mesh=``); without ``G`` (or
+``:auto``) the planner chooses it among the divisors of the ranks. ``--param-dtype``/``--reduce-dtype``:
+FSDP2's ``MixedPrecisionPolicy``, applied to every unit (:mod:`dpcomm.planner.fsdp_precision`).
 
 The first iteration's batch is the example ``shard`` profiles on; planning, the trial of ``optimal`` against
 ``per-block`` and that iteration are one ``profile`` record, the rest are steady. FSDP2's all-gathers and
@@ -34,6 +37,7 @@ import torch
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp import FSDP_METHODS
 from dpcomm.planner.fsdp_model import FsdpPlan
+from dpcomm.planner.fsdp_precision import Precision
 from dpcomm.runtime.records import Phase
 from dpcomm.train.config import TrainConfig, total_iterations
 from dpcomm.train.ddp_replica import DDPTimedReplica
@@ -41,29 +45,49 @@ from dpcomm.train.replica import ReplicaContext, ReplicaKind, register_kind
 from dpcomm.train.setup import UpdateTimer
 from dpcomm.utils.sizes import parse_size
 
-__all__ = ["FsdpReplica", "FsdpSchedule", "check", "check_budget", "parse_schedule"]
+__all__ = ["FsdpReplica", "FsdpSchedule", "check", "check_budget", "parse_schedule", "precision_of"]
 
 KIND = "fsdp"
+HSDP = "hsdp"
+_FORMS = "fsdp:PLANNER[,memory=BYTES][,mesh=G] or hsdp:PLANNER[:G][,memory=BYTES]"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class FsdpSchedule:
-    """``fsdp:PLANNER[,memory=BYTES]`` parsed."""
+    """``fsdp:PLANNER[,memory=BYTES][,mesh=G]`` or ``hsdp:PLANNER[:G]`` parsed."""
 
     method: str
     """The FSDP planner (``optimal``, ``per-block``, ``size:4MB``, ...)."""
     memory: int | None = None
     """Budget of unsharded parameter bytes (None: none)."""
+    mesh: int | str | None = None
+    """HSDP: the shard group size ``G``, or ``"auto"`` (the planner chooses); None: FSDP over every rank."""
+
+
+def _mesh(value: str, text: str) -> int | str:
+    v = value.strip().lower()
+    if v == "auto":
+        return v
+    if not (v.isdigit() and len(v) < 10 and int(v) >= 1):
+        raise UserError(f"schedule {text!r}: the shard group must be an integer >= 1 or auto, got {value!r}")
+    return int(v)
 
 
 def parse_schedule(text: str, memory: str | int | None = None) -> FsdpSchedule:
-    """``fsdp:PLANNER[,memory=BYTES]``; ``memory`` (``--memory``) applies unless the schedule sets it."""
+    """``fsdp:PLANNER[,memory=BYTES][,mesh=G]`` or ``hsdp:PLANNER[:G][,memory=BYTES]``; ``memory``
+    (``--memory``) applies unless the schedule sets it."""
     name, sep, rest = text.strip().partition(":")
-    if name != KIND or not sep or not rest.strip():
-        raise UserError(f"schedule {text!r}: write fsdp:PLANNER[,memory=BYTES], PLANNER one of "
-                        f"{', '.join(FSDP_METHODS)}")  # fmt: skip
+    if name not in (KIND, HSDP) or not sep or not rest.strip():
+        raise UserError(f"schedule {text!r}: write {_FORMS}, PLANNER one of {', '.join(FSDP_METHODS)}")
     method, *opts = [p.strip() for p in rest.split(",")]
     method = method.lower()
+    mesh: int | str | None = None
+    if name == HSDP:
+        head, _, tail = method.rpartition(":")
+        if head and head != "size" and (tail.isdigit() or tail == "auto"):  # size:64 is a size in bytes
+            method, mesh = head, _mesh(tail, text)
+        else:
+            mesh = "auto"
     if method.startswith("size:"):
         parse_size(method[5:], what="FSDP unit size", minimum=1)
     elif method not in FSDP_METHODS:
@@ -71,14 +95,19 @@ def parse_schedule(text: str, memory: str | int | None = None) -> FsdpSchedule:
     budget, what = memory, "--memory"
     for opt in opts:
         key, eq, value = opt.partition("=")
+        if key.strip() == "mesh" and eq:
+            if name == HSDP and method != rest.split(",")[0].strip().lower():
+                raise UserError(f"schedule {text!r} gives the shard group twice: give one")
+            mesh = _mesh(value, text)
+            continue
         if key.strip() != "memory" or not eq:
-            raise UserError(f"schedule {text!r}: unknown option {opt!r} (only memory=BYTES)")
+            raise UserError(f"schedule {text!r}: unknown option {opt!r} (memory=BYTES, mesh=G)")
         if memory is not None:
             raise UserError(f"schedule {text!r} sets memory=, and --memory is given too: give one")
         budget, what = value.strip(), f"schedule {text!r}: memory"
     if isinstance(budget, str):
         budget = parse_size(budget, what=what, minimum=0)
-    return FsdpSchedule(method=method, memory=budget)
+    return FsdpSchedule(method=method, memory=budget, mesh=mesh)
 
 
 def check(cfg: TrainConfig, schedule: str) -> FsdpSchedule:
@@ -94,6 +123,10 @@ def check(cfg: TrainConfig, schedule: str) -> FsdpSchedule:
         )
     if cfg.replan_every:
         raise UserError(f"--replan-every is not supported by --schedule {schedule} (FSDP2 is sharded once)")
+    P = cfg.world_size
+    if isinstance(parsed.mesh, int) and P % parsed.mesh:
+        raise UserError(f"--schedule {schedule}: a shard group of {parsed.mesh} ranks does not divide "
+                        f"the {P} ranks")  # fmt: skip
     check_budget(cfg, parsed, schedule)
     return parsed
 
@@ -148,8 +181,14 @@ class FsdpReplica(DDPTimedReplica):
 
         cfg, t0 = self.cfg, time.perf_counter()
         resumed = self.optimizer.state_dict()  # the checkpoint's full optimizer state (or empty)
+        mesh = self._parsed.mesh
+        if isinstance(plan, FsdpPlan):  # a checkpoint's plan runs on its own mesh
+            mesh = None if plan.shard_group is None else plan.shard_group
         kw = dict(example=x, memory=self._parsed.memory, profile_iters=cfg.profile_iters,
-                  verify_iters=cfg.verify_iters, layer_params=layers)  # fmt: skip
+                  verify_iters=cfg.verify_iters, layer_params=layers, mesh=mesh)  # fmt: skip
+        policy = precision_of(cfg).torch_policy()
+        if policy is not None:
+            kw["mp_policy"] = policy
         if cfg.compile is None:
             self.model = shard(self.model, plan, **kw)
         else:  # each unit compiled after sharding (hooks and prefetch stay), the plan priced on their times
@@ -179,6 +218,8 @@ class FsdpReplica(DDPTimedReplica):
                 f"[rank {self.rank}] all-gather {d.ag_cost}, reduce-scatter {d.rs_cost} (B = full bytes)"
             )
         self.log.extend(f"[rank {self.rank}] {n}" for n in d.groups.notes)
+        if not (precision := precision_of(self.cfg)).plain:
+            self.log.append(f"[rank {self.rank}] FSDP2's MixedPrecisionPolicy on every unit: {precision}")
 
     def iteration(self, x: Any, y: Any) -> float:
         first = self._sharded is None
@@ -274,6 +315,19 @@ def _shard_state(optimizer: torch.optim.Optimizer) -> None:
                 st[k] = distribute_tensor(v, p.device_mesh, p.placements, src_data_rank=None)
 
 
+def precision_of(cfg: TrainConfig) -> Precision:
+    """``--param-dtype``/``--reduce-dtype`` as FSDP2's mixed-precision policy (plain without them)."""
+    return Precision(param_dtype=cfg.param_dtype, reduce_dtype=cfg.reduce_dtype)
+
+
 register_kind(
     ReplicaKind(name=KIND, build=FsdpReplica, check=check, summary="PyTorch FSDP2 with a dpcomm FSDP plan")
+)
+register_kind(
+    ReplicaKind(
+        name=HSDP,
+        build=FsdpReplica,
+        check=check,
+        summary="PyTorch FSDP2 on a 2-D mesh (HSDP) with a dpcomm plan",
+    )  # fmt: skip
 )
