@@ -197,6 +197,63 @@ class BNConv(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
+class HashMoE(nn.Module):
+    """Token embedding, then a mixture of ``experts`` MLPs with data-dependent top-``k`` routing: token ``t``
+    goes to experts ``(t + j s) % experts`` for ``j < k``, ``s = experts // k`` (hash routing, Roller et al.
+    2021), weighed by a
+    learnt gate's softmax over them; mean pooling and a head. Which experts a batch uses depends on its
+    tokens: with :func:`_domain_tokens`, rank 0's batch routes to other experts than rank 1's."""
+
+    def __init__(self, k: int = 1, experts: int = 2) -> None:
+        super().__init__()
+        self.k, self.n = k, experts
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.gate = nn.Linear(DIM, experts)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(DIM, DIM), nn.ReLU()) for _ in range(experts))
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.embed(idx).flatten(0, 1)
+        tok = idx.flatten()
+        route = torch.stack(
+            [(tok + j * (self.n // self.k)) % self.n for j in range(self.k)], dim=1
+        )  # (tokens, k)
+        w = self.gate(h).gather(1, route).softmax(-1)
+        y = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (route == e).nonzero(as_tuple=True)
+            if rows.numel():
+                y = y.index_add(0, rows, expert(h[rows]) * w[rows, slot].unsqueeze(1))
+        return self.head((h + y).view(*idx.shape, DIM).mean(dim=1))
+
+
+class TaskHeads(nn.Module):
+    """Multi-task: a shared trunk and a ``ModuleDict`` of heads; the batch's first token names its task (a
+    task prefix, as T5's), so a rank whose data is one task trains only that task's head."""
+
+    TASKS = ("sentiment", "topic", "language")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.trunk = nn.Sequential(nn.Linear(DIM, DIM), nn.ReLU())
+        self.heads = nn.ModuleDict({t: nn.Linear(DIM, 4) for t in self.TASKS})
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        task = self.TASKS[int(idx[0, 0]) % len(self.TASKS)]
+        return self.heads[task](self.trunk(self.embed(idx[:, 1:]).mean(dim=1)))
+
+
+def _domain_tokens(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One rank's batch from its own domain: every token ``= seed (mod 2)`` (rank 0's even, rank 1's odd,
+    with seeds ``10 + rank``: top-1 over 2 experts, rank 0 runs expert 0 only, rank 1 expert 1 only), and
+    every row's first token ``seed % 6`` (a task prefix ``seed % 3``: each rank its own task)."""
+    g = torch.Generator().manual_seed(seed)
+    x = 2 * torch.randint(0, VOCAB // 2, (4, CTX), generator=g) + seed % 2
+    x[:, 0] = seed % 6
+    return x, torch.randint(0, 4, (4,), generator=g)
+
+
 def _tokens(classes: int | None) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
     def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
@@ -239,6 +296,9 @@ CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dic
     "shared": (SharedTwice, _vectors, ALL_MODES),
     "nested": (NestedDict, _vectors, ALL_MODES),
     "bn": (BNConv, _images, ALL_MODES),
+    "moe-top1": (HashMoE, _domain_tokens, (UNUSED,)),
+    "moe-top2": (lambda: HashMoE(k=2, experts=4), _domain_tokens, (UNUSED,)),
+    "tasks": (TaskHeads, _domain_tokens, (UNUSED,)),
 }
 
 ZOO = {"gpt2-tiny": (_zoo_gpt2, _gpt2_tokens, ALL_MODES)}

@@ -62,6 +62,7 @@ from dpcomm.models.layers import learnable_layers
 from dpcomm.plan import Plan
 from dpcomm.trace.format import Trace
 from dpcomm.trace.units import (
+    Analysis,
     Unit,
     gradient_units,
     layer_units,
@@ -276,6 +277,7 @@ def bucket_caps(
     find_unused_parameters: bool = False,
     static_graph: bool = False,
     assign: bool = False,
+    analysis: Analysis | None = None,
 ) -> BucketCaps:
     """The ``bucket_cap_mb_list`` that makes DDP form ``plan``'s groups (see module docstring).
 
@@ -285,9 +287,13 @@ def bucket_caps(
     cuts in (:func:`ddp_walk`). Cuts DDP cannot make are dropped (a warning says so, priced by
     :func:`dpcomm.sim.simulate` when ``trace``, ``cost`` and ``nodes`` are given). ``assign``: DDP will be
     built by :func:`build_ddp`, which hands a DDP that never rebuilds (the registration walk) the plan's
-    buckets, so no cut is dropped there (walk ``assigned``).
+    buckets, so no cut is dropped there (walk ``assigned``). ``analysis``: the units and ready order every
+    rank agreed on (:func:`dpcomm.trace.units.agree`), used instead of a local pass of ``example``.
     """
-    ready = ready_sequence(model, example, loss_fn) if example is not None else None  # one pass serves both
+    if analysis is not None:
+        ready = analysis.ready_ids(model)
+    else:  # one local pass serves both
+        ready = ready_sequence(model, example, loss_fn) if example is not None else None
     units = model_units(model, example, loss_fn, trace, ready=ready)
     if plan.num_layers != len(units):
         raise UserError(f"plan '{plan.schedule}' has {plan.num_layers} layers, the model {len(units)} units")

@@ -10,6 +10,9 @@ gradients, buffers, training flags and random state (docs/ddp.md, "What wrap lea
 - :func:`on_every_rank`: runs a local step and makes its failure everyone's: the ranks exchange their
   one-line errors, and each rank raises the same :class:`~dpcomm.errors.UserError` naming the first rank
   that failed, instead of leaving the others to hang in the next collective.
+- :func:`check_same_layout`: before ``wrap`` or ``shard`` returns, every rank checks that its buckets
+  (units) hold the same parameters (names, shapes, dtypes) in the same order as every other rank's: a DDP
+  whose ranks pair different gradients in one all-reduce trains, silently wrong.
 - :func:`check_same_weights`: ranks whose initial parameters differ are refused in one line on every rank
   (plain DDP would silently overwrite them with rank 0's; a dpcomm plan profiled on different models is
   not the plan of either).
@@ -29,7 +32,14 @@ from torch import nn
 
 from dpcomm.errors import UserError, first_line
 
-__all__ = ["check_same_weights", "first_param", "on_every_rank", "rank0_log", "untouched"]
+__all__ = [
+    "check_same_layout",
+    "check_same_weights",
+    "first_param",
+    "on_every_rank",
+    "rank0_log",
+    "untouched",
+]
 
 T = TypeVar("T")
 
@@ -106,6 +116,27 @@ def check_same_weights(model: nn.Module, group: Any, who: str) -> None:
         raise UserError(
             f"{who}: rank(s) {', '.join(map(str, odd))} hold other initial weights than rank 0; build the "
             "model from the same seed on every rank (torch.manual_seed before constructing it)"
+        )
+
+
+def check_same_layout(model: nn.Module, layout: Any, group: Any, who: str) -> None:
+    """Refuse, on every rank in one line, ranks whose ``layout`` (per bucket or unit, in communication or
+    call order: parameter names, or module paths and names) differs from rank 0's, parameters' shapes and
+    dtypes included; one ``all_gather_object`` of a sha256."""
+    params = dict(model.named_parameters())
+    h = hashlib.sha256()
+    for k, entries in enumerate(layout):
+        h.update(f"[{k}]".encode())
+        for n in entries:
+            p = params.get(n)
+            h.update(f"{n}:{'' if p is None else (tuple(p.shape), p.dtype)};".encode())
+    digests: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(digests, h.hexdigest(), group=group)
+    odd = [r for r, d in enumerate(digests) if d != digests[0]]
+    if odd:
+        raise UserError(
+            f"{who}: rank(s) {', '.join(map(str, odd))} would run other buckets (parameters, shapes, dtypes "
+            "or order) than rank 0; nothing was built (a dpcomm bug: please report it with the model)"
         )
 
 
