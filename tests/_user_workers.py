@@ -83,6 +83,13 @@ def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((float((a[n] - b[n]).abs().max()) for n in a), default=0.0)
 
 
+def _none_as_zero(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """DDP's gradients by name, zeros where DDP left ``None`` and ``grads`` holds zeros: FSDP2 reduce-scatters
+    zeros for the parameters no rank used in a group some rank left without a gradient."""
+    out = {k.removeprefix("module."): v for k, v in ref.items()}
+    return out | {n: g for n, g in grads.items() if n not in out and not g.any()}
+
+
 def _params(model: nn.Module) -> dict[str, torch.Tensor]:
     strip = lambda n: n.removeprefix("module.")  # noqa: E731
     return {
@@ -194,6 +201,34 @@ def _bad_wrap(kind: str, rank: int) -> None:
         wrap(gpt_build(), "mgwfbp", example=gpt_batch(rank)[0])
 
 
+def _skewed(module: Any, rank: int) -> Any:
+    """On rank 1, ``module.agree`` returns the units in reverse: the layout differs from rank 0's (a layout
+    check must catch it before anything trains); restore with ``module.agree = <the result>``."""
+    import dataclasses
+
+    real = module.agree
+    if rank == 1:
+        module.agree = lambda *a: (lambda x: dataclasses.replace(x, units=x.units[::-1]))(real(*a))
+    return real
+
+
+def _mismatch(door: str, rank: int) -> None:
+    """Rank 1 analyses the model differently from rank 0 (forced): ``wrap`` or ``shard`` must refuse."""
+    import importlib
+
+    module = importlib.import_module("dpcomm.ddp.wrap" if door == "wrap" else "dpcomm.fsdp.shard")
+    build, batch_of, _ = CORPUS["moe-top1"]
+    torch.manual_seed(0)
+    real = _skewed(module, rank)
+    try:
+        if door == "wrap":
+            module.wrap(build(), "wfbp", example=batch_of(10 + rank)[0], find_unused_parameters=True)
+        else:
+            module.shard(build(), "per-layer", example=batch_of(10 + rank)[0])
+    finally:
+        module.agree = real
+
+
 def bad_inputs(kinds: list[str]) -> list[dict[str, str]]:
     """Per kind of bad input, what each rank raised: ``{type, message}`` (no hang: the launch returns)."""
     rank, _ = init_worker(timeout_s=30.0)
@@ -201,7 +236,9 @@ def bad_inputs(kinds: list[str]) -> list[dict[str, str]]:
     out = []
     for kind in kinds:
         try:
-            if kind.startswith("shard-"):
+            if kind.endswith("-layout"):
+                _mismatch(kind.removesuffix("-layout"), rank)
+            elif kind.startswith("shard-"):
                 _bad_shard(kind.removeprefix("shard-"), rank)
             else:
                 _bad_wrap(kind, rank)
@@ -299,7 +336,7 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r.update(
                 losses=losses,
                 ref_losses=ref_losses,
-                grad_diff=_diff(grads, {k.removeprefix("module."): v for k, v in ref_grads.items()}),
+                grad_diff=_diff(grads, _none_as_zero(grads, ref_grads)),
                 param_diff=_diff(_params(model), _params(ref)),
                 replicas=_same_on_all_ranks(_fingerprint(model)),
             )

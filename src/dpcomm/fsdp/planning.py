@@ -80,16 +80,14 @@ def _flops_per_s(device: torch.device) -> float:
     return 3 * 2 * 256**3 / max(now(device) - t0, 1e-9)
 
 
-def _analytic_profile(model: nn.Module, example: Any, loss_fn: Any, group: Any) -> Trace:
+def _analytic_profile(model: nn.Module, example: Any, units: Any, group: Any) -> Trace:
     """Step 1 for a meta-device model: the gradient units from one forward and backward on ``meta`` (no
     memory, no compute), each timed as its layers' FLOPs (:func:`dpcomm.trace.analytic.layer_costs`, shared
     among a layer's units by parameters) over the device's measured matrix-multiply rate, averaged over
     ranks. No parameter is materialised."""
     from dpcomm.planner.autoplan import rank_mean
     from dpcomm.trace.analytic import layer_costs
-    from dpcomm.trace.units import gradient_units
 
-    units = gradient_units(model, example, loss_fn)
     costs = {c.name: c for c in layer_costs(model, example)}
     named = dict(model.named_parameters())
     sizes = [sum(named[n].numel() for n in u.param_names) for u in units]
@@ -132,20 +130,6 @@ def _profile_local(model: nn.Module, example: Any, loss_fn: Any, iters: int) -> 
 
     return profile(model, example, iters=iters, warmup=1, device=next(model.parameters()).device,
                    loss_fn=loss_fn)  # fmt: skip
-
-
-def _rank_mean_trace(model: nn.Module, local: Trace, group: Any) -> Trace:
-    """Step 1 over ranks: every unit's times averaged."""
-    from dpcomm.planner.autoplan import rank_mean
-
-    n = local.num_layers
-    fb = rank_mean([x.forward_s for x in local.layers] + [x.backward_s for x in local.layers], group)
-    layers = tuple(
-        replace(x, forward_s=fb[i], backward_s=fb[n + i], extra={}) for i, x in enumerate(local.layers)
-    )
-    return replace(
-        local, model=type(model).__name__, layers=layers, extra={"measured_by": "dpcomm.fsdp.shard"}
-    )
 
 
 def _sizes_trace(model: nn.Module) -> Trace:
@@ -221,28 +205,37 @@ def plan_on_workers(
     max_depth: int = FSDP_MAX_DEPTH,
     process_group: Any = None,
     meshes: dict[int, Any] | None = None,
+    analysis: Any = None,
 ) -> tuple[FsdpPlan, Trace, CommCost, CommCost, CommCost | None]:
     """Steps 1-3 of :mod:`dpcomm.fsdp.shard` on every rank of ``process_group``: ``(plan, trace, T_ag,
     T_rs, T_ar)``, the same on every rank. ``optimal`` needs ``example`` (one input batch). ``meshes``:
     HSDP, ``{G: DeviceMesh}`` over every rank (:func:`dpcomm.fsdp.mesh.meshes`), each one's collectives
     measured; with several the planner chooses ``G`` (the plan's ``shard_group``), and ``T_ar`` is that
-    mesh's all-reduce across the replicas (``None``: FSDP)."""
+    mesh's all-reduce across the replicas (``None``: FSDP). ``analysis``: the units every rank agreed on
+    (:func:`dpcomm.trace.units.agree`; with ``example``, made here if not given)."""
     name = str(method).strip().lower()
     if example is None and name == "optimal":
         raise UserError("FSDP planner 'optimal' needs the units' times: pass example=<one input batch>")
     if example is None:
         trace = _sizes_trace(model)
-    elif is_meta(model):
-        trace = on_every_rank(
-            lambda: _analytic_profile(model, on_model_device(model, example), loss_fn, process_group),
-            process_group, "dpcomm.fsdp.shard: running the meta-device model on the example",
-        )  # fmt: skip
     else:
-        local = on_every_rank(
-            lambda: _profile_local(model, example, loss_fn, profile_iters), process_group,
-            "dpcomm.fsdp.shard: profiling the model on the example",
-        )  # fmt: skip
-        trace = _rank_mean_trace(model, local, process_group)
+        from dpcomm.ddp.planning import agreed_trace
+        from dpcomm.trace.units import agree
+
+        example = on_model_device(model, example)
+        if analysis is None:
+            analysis = agree(model, example, loss_fn, process_group, "dpcomm.fsdp.shard")
+        if is_meta(model):
+            trace = on_every_rank(
+                lambda: _analytic_profile(model, example, analysis.units, process_group), process_group,
+                "dpcomm.fsdp.shard: running the meta-device model on the example",
+            )  # fmt: skip
+        else:
+            local = on_every_rank(
+                lambda: _profile_local(model, example, loss_fn, profile_iters), process_group,
+                "dpcomm.fsdp.shard: profiling the model on the example",
+            )  # fmt: skip
+            trace = agreed_trace(model, local, analysis.units, process_group, "dpcomm.fsdp.shard")
     total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
     if meshes is None:
         ag, rs, _, _ = fsdp_costs(total, process_group)

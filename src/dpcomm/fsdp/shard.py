@@ -67,7 +67,8 @@ from dpcomm.fsdp.planning import (
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.trace.format import Trace
-from dpcomm.utils.user_run import check_same_weights, first_param, on_every_rank, untouched
+from dpcomm.trace.units import agree
+from dpcomm.utils.user_run import check_same_layout, check_same_weights, first_param, on_every_rank, untouched
 
 _log = logging.getLogger("dpcomm.fsdp")
 
@@ -171,13 +172,47 @@ def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any)
     return model
 
 
-def _layer_params(model: nn.Module, example: Any, loss_fn: Any) -> tuple[tuple[str, ...], ...]:
+def _layer_params(model: nn.Module, analysis: Any) -> tuple[tuple[str, ...], ...]:
     from dpcomm.models.layers import learnable_layers
-    from dpcomm.trace.units import gradient_units, layer_units
+    from dpcomm.trace.units import layer_units
 
-    if example is None:
-        return tuple(u.param_names for u in layer_units(model, learnable_layers(model)))
-    return tuple(u.param_names for u in gradient_units(model, on_model_device(model, example), loss_fn))
+    units = analysis.units if analysis is not None else layer_units(model, learnable_layers(model))
+    return tuple(u.param_names for u in units)
+
+
+def _agreed_shardable(model: nn.Module, example: Any, analysis: Any, group: Any) -> frozenset[str]:
+    """The modules shardable on every rank's example (:func:`shardable_modules`), less those holding a
+    parameter some rank's example leaves without a gradient (a unit of its own would gather on the ranks
+    that run it and not on the others: its parameters go to an ancestor every rank runs), plus those whose
+    parameters no rank's example uses (a unit no rank gathers, whose gradients stay None as under DDP)."""
+    mine = on_every_rank(
+        lambda: shardable_modules(model, on_model_device(model, example)), group,
+        "dpcomm.fsdp.shard: running the model on the example",
+    )  # fmt: skip
+    every: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, sorted(mine), group=group)
+    params = dict(model.named_parameters())
+    uneven = {id(params[n]) for n in analysis.uneven}
+    idle = {id(params[n]) for u in analysis.units if u.unused for n in u.param_names} - uneven
+    held, unused = set(), set()
+    for path, m in model.named_modules():
+        mine = [id(p) for p in m.parameters(recurse=False) if p.requires_grad]
+        held |= {path} if any(i in uneven for i in mine) else set()
+        unused |= {path} if mine and all(i in idle for i in mine) else set()
+    return frozenset((set.intersection(*(set(e) for e in every)) | unused) - held)
+
+
+def _zeros_for_uneven(model: nn.Module, analysis: Any) -> None:
+    """FSDP2 reduce-scatters zeros for the parameters of a group some rank left without a gradient (set on
+    the groups holding ``analysis.uneven``), as DDP's ``find_unused_parameters`` sums them."""
+    from torch.distributed.fsdp import FSDPModule
+
+    mods = dict(model.named_modules())
+    for name in analysis.uneven:
+        path = name.rpartition(".")[0]
+        while not isinstance(mods[path], FSDPModule):
+            path = path.rpartition(".")[0]
+        mods[path].set_reduce_scatter_unused_params(True, recurse=False)
 
 
 def _sharded_copy(
@@ -270,28 +305,29 @@ def shard(
         )
     first_param(model, "dpcomm.fsdp.shard")
     budget = budget_bytes(memory)
-    check_same_weights(model, process_group, "dpcomm.fsdp.shard")
+    check_same_weights(model, process_group, "dpcomm.fsdp.shard", "units")
     trace = ag = rs = ar = None
     trial = None
     said: list[str] = []
     with untouched(model):
         candidates = meshes(model, mesh, process_group)
-        shardable = None
+        shardable = analysis = None  # one analysis of the model, rank 0's (trace/units.agree)
         if example is not None:
-            shardable = on_every_rank(
-                lambda: shardable_modules(model, on_model_device(model, example)), process_group,
-                "dpcomm.fsdp.shard: running the model on the example",
-            )  # fmt: skip
+            analysis = agree(
+                model, on_model_device(model, example), loss_fn, process_group, "dpcomm.fsdp.shard"
+            )
+            shardable = _agreed_shardable(model, example, analysis, process_group)
         if isinstance(plan, str):
             requested, trace, ag, rs, ar = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, memory=budget, profile_iters=profile_iters,
                 max_depth=max_depth, process_group=process_group, meshes=None if mesh is None else candidates,
+                analysis=analysis,
             )  # fmt: skip
             layer_params = tuple(tuple(x.param_names) for x in trace.layers)
         else:
             requested = _given_on(plan, candidates, dist.get_world_size(process_group))
             if layer_params is None:
-                layer_params = _layer_params(model, example, loss_fn)
+                layer_params = _layer_params(model, analysis)
             layer_params = tuple(tuple(x) for x in layer_params)
         if trace is not None:
             requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
@@ -332,7 +368,12 @@ def shard(
             f"FSDP plan '{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it, over the budget of "
             f"{budget:,} ({'; '.join(groups.notes)})"
         )
+    layout = [(*groups.modules[k], "|", *(n for ns in layer_params[a : z + 1] for n in ns))
+              for k in groups.order for a, z in [groups.units[k]]]  # fmt: skip
+    check_same_layout(model, [*layout, (str(_shape(run)),)], process_group, "dpcomm.fsdp.shard", "units")
     apply_plan(model, run, groups, on)
+    if analysis is not None:
+        _zeros_for_uneven(model, analysis)
     model.dpcomm = Sharded(
         plan=run, requested=requested, groups=groups, layer_params=layer_params, peak_bound_bytes=bound,
         trace=trace, ag_cost=ag, rs_cost=rs, ar_cost=ar, trial=trial, overlap=overlap_of(model),

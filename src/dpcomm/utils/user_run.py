@@ -119,7 +119,7 @@ def check_same_weights(model: nn.Module, group: Any, who: str) -> None:
         )
 
 
-def check_same_layout(model: nn.Module, layout: Any, group: Any, who: str) -> None:
+def check_same_layout(model: nn.Module, layout: Any, group: Any, who: str, what: str = "buckets") -> None:
     """Refuse, on every rank in one line, ranks whose ``layout`` (per bucket or unit, in communication or
     call order: parameter names, or module paths and names) differs from rank 0's, parameters' shapes and
     dtypes included; one ``all_gather_object`` of a sha256."""
@@ -135,7 +135,7 @@ def check_same_layout(model: nn.Module, layout: Any, group: Any, who: str) -> No
     odd = [r for r, d in enumerate(digests) if d != digests[0]]
     if odd:
         raise UserError(
-            f"{who}: rank(s) {', '.join(map(str, odd))} would run other buckets (parameters, shapes, dtypes "
+            f"{who}: rank(s) {', '.join(map(str, odd))} would run other {what} (parameters, shapes, dtypes "
             "or order) than rank 0; nothing was built (a dpcomm bug: please report it with the model)"
         )
 
