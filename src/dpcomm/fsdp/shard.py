@@ -305,7 +305,7 @@ def shard(
         )
     first_param(model, "dpcomm.fsdp.shard")
     budget = budget_bytes(memory)
-    check_same_weights(model, process_group, "dpcomm.fsdp.shard", "units")
+    check_same_weights(model, process_group, "dpcomm.fsdp.shard")
     trace = ag = rs = ar = None
     trial = None
     said: list[str] = []
