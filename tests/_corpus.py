@@ -197,6 +197,18 @@ class BNConv(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
+class FrozenBackbone(nn.Module):
+    """A frozen 4-layer MLP backbone (``requires_grad_(False)``: fine-tuning only the head) and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(*(nn.Linear(DIM, DIM) for _ in range(4))).requires_grad_(False)
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.backbone(x)))
+
+
 class HashMoE(nn.Module):
     """Token embedding, then a mixture of ``experts`` MLPs with data-dependent top-``k`` routing: token ``t``
     goes to experts ``(t + j s) % experts`` for ``j < k``, ``s = experts // k`` (hash routing, Roller et al.
@@ -296,6 +308,7 @@ CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dic
     "shared": (SharedTwice, _vectors, ALL_MODES),
     "nested": (NestedDict, _vectors, ALL_MODES),
     "bn": (BNConv, _images, ALL_MODES),
+    "frozen": (FrozenBackbone, _vectors, (DEFAULT,)),
     "moe-top1": (HashMoE, _domain_tokens, (UNUSED,)),
     "moe-top2": (lambda: HashMoE(k=2, experts=4), _domain_tokens, (UNUSED,)),
     "tasks": (TaskHeads, _domain_tokens, (UNUSED,)),

@@ -265,6 +265,9 @@ def _bad_shard(kind: str, rank: int) -> None:
         dpcomm.fsdp.shard(nn.ReLU(), "per-block", example=x)
     elif kind == "weights":
         dpcomm.fsdp.shard(model, "per-block", example=x)
+    elif kind == "frozen-budget":  # the frozen backbone is gathered whole: 1,000 bytes cannot hold it
+        build, batch_of, _ = CORPUS["frozen"]
+        dpcomm.fsdp.shard(build(), "optimal", example=batch_of(rank)[0], memory=1000)
 
 
 def _view_warnings(caught: list[Any], model: nn.Module) -> list[str]:
@@ -277,6 +280,36 @@ def _view_warnings(caught: list[Any], model: nn.Module) -> list[str]:
         if "returned a view tensor" in text and f"({root})" not in text:
             out.append(text[:120])
     return out
+
+
+def _held_in_forward(model: nn.Module, x: Any) -> int:
+    """The most parameter bytes FSDP2 holds unsharded at any module's forward entry or exit in one forward
+    of ``x`` (read from its parameters' states), every parameter counted, frozen ones included."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+
+    groups = {id(g): g for m in model.modules() if isinstance(m, FSDPModule)
+              for g in [m._get_fsdp_state()._fsdp_param_group] if g is not None}  # fmt: skip
+    params = [fp for g in groups.values() for fp in g.fsdp_params]  # a call on a list: one group
+    peak = [0]
+
+    def hold(*_: Any) -> None:
+        now = sum(
+            fp._orig_size.numel() * fp.orig_dtype.itemsize
+            for fp in params
+            if fp.sharded_state == ShardedState.UNSHARDED
+        )
+        peak[0] = max(peak[0], now)
+
+    hooks = [m.register_forward_pre_hook(hold) for m in model.modules()]
+    hooks += [m.register_forward_hook(hold) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return peak[0]
 
 
 def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -328,6 +361,7 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r["mesh_shape"] = list(p0.device_mesh.shape)
             r["placements"] = [type(x).__name__ for x in p0.placements]
             r["bound"] = model.dpcomm.peak_bound_bytes
+            r["held"] = _held_in_forward(model, batch[0])
             r["memory"] = memory
             torch.set_rng_state(before)
             kw = {} if modes[0] == {} else {"find_unused_parameters": True}

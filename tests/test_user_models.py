@@ -166,5 +166,8 @@ def test_shard_trains_like_plain_ddp_within_the_budget(runs, index):
         assert r["grad_diff"] <= 1e-5 and r["param_diff"] <= 1e-5, (r["grad_diff"], r["param_diff"])
         assert r["replicas"]
         assert r["memory"] is None or r["bound"] <= r["memory"]
+        assert r["held"] <= r["bound"], (
+            f"a forward holds {r['held']:,} bytes unsharded, the bound says {r['bound']:,}"
+        )
         assert r["view_warnings"] == [], r["view_warnings"]
         assert r["text"].startswith("dpcomm.fsdp.shard: ") and "units in forward order:" in r["text"]

@@ -18,7 +18,7 @@ from torch import nn
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.costs import fsdp_costs
-from dpcomm.fsdp.groups import ShardGroups, shard_groups
+from dpcomm.fsdp.groups import ROOT, ShardGroups, shard_groups
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, Modules, fsdp_time, peak_memory, plan_fsdp
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.trace.format import Layer, Trace
@@ -269,7 +269,11 @@ def as_run(
     m = np.array([sum(size[n] for n in names) for names in layer_params], dtype=float)
     run = replace(plan, units=groups.units) if tuple(plan.units) != groups.units else plan
     d, r = run.depth, run.reshard_after_forward
-    peak = peak_memory(list(run.units), m, depth=d, reshard=r)
+    held = m.copy()  # what each unit's fully_shard call also gathers: frozen parameters under its modules
+    per_unit, always = _untrained_bytes(model, groups, layer_params)
+    for (a, _), extra in zip(groups.units, per_unit, strict=True):
+        held[a] += extra
+    peak = peak_memory(list(run.units), held, depth=d, reshard=r) + always
     if run is not plan:
         t = float("nan")
         if trace is not None and ag is not None:
@@ -278,8 +282,36 @@ def as_run(
                 list(run.units), f, b, m, ag, rs, depth=d, reshard=r, overlap=overlap_of(model), ar_cost=ar
             )
         run = replace(run, time_s=t, peak_bytes=int(peak))
-    spans = sum(int(m[a : z + 1].sum()) for k, (a, z) in enumerate(run.units) if k in groups.spanning)
+    spans = sum(int(held[a : z + 1].sum()) for k, (a, z) in enumerate(run.units) if k in groups.spanning)
     return run, int(peak) + spans
+
+
+def _untrained_bytes(model: nn.Module, groups: ShardGroups, layer_params: Any) -> tuple[list[int], int]:
+    """Bytes each unit's ``fully_shard`` call manages beyond its layers' parameters (frozen ones under its
+    modules: FSDP2 gathers them with the unit), and the bytes the root call keeps unsharded from the
+    first forward to the end of backward when no unit is the root's (``reshard_after_forward=False``)."""
+    mods = dict(model.named_modules())
+    sizes = {id(p): p.numel() * p.element_size() for p in model.parameters()}
+    named = dict(model.named_parameters())
+    taken: set[int] = set()
+    extra = [0] * len(groups.units)
+    for k in groups.order:
+        if groups.modules[k] == (ROOT,):
+            continue
+        mine = {id(p) for path in groups.modules[k] for p in mods[path].parameters()} - taken
+        taken |= mine
+        a, z = groups.units[k]
+        trained = {id(named[n]) for names in layer_params[a : z + 1] for n in names}
+        extra[k] = sum(sizes[i] for i in mine - trained)
+    rest = set(sizes) - taken
+    root = groups.root_unit
+    if root is None:
+        return extra, sum(sizes[i] for i in rest)
+    a, z = groups.units[root]
+    extra[root] = sum(
+        sizes[i] for i in rest - {id(named[n]) for names in layer_params[a : z + 1] for n in names}
+    )
+    return extra, 0
 
 
 REPLANS = 4
