@@ -364,9 +364,10 @@ def shard(
         groups = shard_groups(model, kept, layer_params, shardable)
         run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs, ar)
     if budget is not None and bound > budget:
+        notes = f" ({'; '.join(groups.notes)})" if groups.notes else ""
         raise UserError(
-            f"FSDP plan '{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it, over the budget of "
-            f"{budget:,} ({'; '.join(groups.notes)})"
+            f"FSDP plan '{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it (frozen parameters "
+            f"included), over the budget of {budget:,}{notes}"
         )
     layout = [(*groups.modules[k], "|", *(n for ns in layer_params[a : z + 1] for n in ns))
               for k in groups.order for a, z in [groups.units[k]]]  # fmt: skip
