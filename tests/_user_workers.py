@@ -90,10 +90,15 @@ def _none_as_zero(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) 
     return out | {n: g for n, g in grads.items() if n not in out and not g.any()}
 
 
+def _strip(name: str) -> str:
+    """A parameter's name in the user's model: without DDP's ``module.`` (and a compiled DDP's
+    ``_orig_mod.``)."""
+    return name.removeprefix("_orig_mod.").removeprefix("module.")
+
+
 def _params(model: nn.Module) -> dict[str, torch.Tensor]:
-    strip = lambda n: n.removeprefix("module.")  # noqa: E731
     return {
-        strip(n): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        _strip(n): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
         for n, p in model.named_parameters()
     }
 
@@ -143,6 +148,8 @@ def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             w = ddp.dpcomm
             r["text"] = str(w)
             caps = w.caps
+            if case.get("extra") == "compile":  # compiled after wrap, as PyTorch's DDP tutorial does
+                ddp = torch.compile(ddp, backend="eager")
             if case.get("extra") == "hook":  # a user's comm hook, registered after wrap
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -160,15 +167,17 @@ def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r.update(
                 losses=losses,
                 ref_losses=ref_losses,
-                grad_diff=_diff({k.removeprefix("module."): v for k, v in grads.items()}, {
-                    k.removeprefix("module."): v for k, v in ref_grads.items()}),
+                grad_diff=_diff({_strip(k): v for k, v in grads.items()}, {
+                    _strip(k): v for k, v in ref_grads.items()}),
                 param_diff=_diff(_params(ddp), _params(ref)),
                 replicas=_same_on_all_ranks(_fingerprint(model)),
                 plan=[list(g) for g in caps.plan.groups],
                 requested=[list(g) for g in caps.requested.groups],
                 dropped=list(caps.dropped),
                 walk=caps.walk,
-                seen=None if case.get("extra") == "hook" else _recorded_buckets(ddp, batch, unit_of),
+                seen=None if case.get("extra") == "hook" else _recorded_buckets(
+                    getattr(ddp, "_orig_mod", ddp), batch, unit_of
+                ),
             )  # fmt: skip
             del ddp, ref
         except Exception as exc:  # one case's failure is reported, the others still run

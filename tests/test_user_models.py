@@ -36,6 +36,7 @@ EXTRA_CASES = [  # the rest of what users pass, on two models, with a timed plan
     {"model": "sdpa-gpt", "planner": "optimal", "ddp": STATIC, "extra": "hook"},
     {"model": "encoder", "planner": "mgwfbp", "ddp": {}, "extra": "no_sync"},
     {"model": "sdpa-gpt", "planner": "optimal", "ddp": UNUSED, "extra": "autocast"},
+    {"model": "nested", "planner": "wfbp", "ddp": {}, "extra": "compile"},  # issue 46, finding 4
 ]
 BAD = ("planner", "shape", "shape-on-rank-1", "no-params", "weights", "unused", "wrap-layout")
 BAD_SHARD = (

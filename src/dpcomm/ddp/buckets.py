@@ -355,12 +355,44 @@ def _assigned(model: nn.Module, groups: tuple[tuple[str, ...], ...]) -> Iterator
         dist._compute_bucket_assignment_by_size = compute
 
 
+class PlannedDDP(DistributedDataParallel):
+    """``DistributedDataParallel`` as :func:`build_ddp` builds it. After construction only dynamo reads
+    ``bucket_bytes_cap`` (``DDPOptimizer(bucket_bytes_cap=...)``, when the DDP module is compiled). Compiled
+    after ``wrap`` without :mod:`dpcomm.ddp.compiled`'s optimizer installed (``torch._dynamo`` not yet
+    imported when ``wrap`` ran), dynamo's own rule splits the graph: it asserts on a cap under its 1 MiB
+    first bucket (``wfbp``'s), so it reads at least that, and one line on rank 0 says so."""
+
+    @property
+    def bucket_bytes_cap(self) -> int:
+        cap = self.__dict__.get("_dpcomm_cap", 0)
+        if not self.__dict__.get("_dpcomm_built"):
+            return cap
+        from dpcomm.ddp import compiled
+
+        if compiled.PlannedDDPOptimizer is not None:
+            return cap
+        if not self.__dict__.get("_dpcomm_said") and dist.get_rank(self.process_group) == 0:
+            import logging
+
+            logging.getLogger("dpcomm.ddp").info(
+                "dpcomm: torch.compile after wrap: dynamo splits this DDP's graph by its own size rule, not "
+                "at the plan's cuts (the buckets are still the plan's); compile the model first "
+                "(docs/compile.md) to split at them"
+            )
+        self.__dict__["_dpcomm_said"] = True
+        return max(cap, dist._DEFAULT_FIRST_BUCKET_BYTES)
+
+    @bucket_bytes_cap.setter
+    def bucket_bytes_cap(self, value: int) -> None:
+        self.__dict__["_dpcomm_cap"] = value
+
+
 def build_ddp(
     model: nn.Module, caps: BucketCaps, process_group: Any = None, **ddp_kwargs: Any
 ) -> DistributedDataParallel:
     """``DistributedDataParallel(model, bucket_cap_mb_list=..., **ddp_kwargs)`` running ``caps.plan``: for
     the walk ``assigned`` its construction-time buckets are the plan's groups (module docstring)."""
-    if caps.walk != "assigned":
-        return DistributedDataParallel(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
-    with _assigned(model, caps.param_groups):
-        return DistributedDataParallel(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
+    with _assigned(model, caps.param_groups) if caps.walk == "assigned" else contextlib.nullcontext():
+        ddp = PlannedDDP(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
+    ddp.__dict__["_dpcomm_built"] = True
+    return ddp

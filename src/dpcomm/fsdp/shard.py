@@ -39,6 +39,7 @@ anything is sharded.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import statistics
 from dataclasses import dataclass, replace
@@ -257,6 +258,7 @@ def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh,
         if step >= len(plans):
             times[k].append(t1 - t0)
     del copies
+    gc.collect()  # the copies' FSDP2 states (cycles) go now, not in the interpreter's teardown (SIGABRT)
     medians = slowest([statistics.median(t) for t in times], group)
     best = min(range(len(plans)), key=medians.__getitem__)
     if medians[-1] <= medians[best] * (1 + _PREFER_WITHIN):
