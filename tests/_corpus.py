@@ -197,6 +197,30 @@ class BNConv(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
+class HFStyle(nn.Module):
+    """As Hugging Face models take and give them: ``model(input_ids=..., attention_mask=...)`` returning a
+    dict (``logits`` and the pooled ``hidden`` state); padding masked out of the mean."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.layer = nn.Sequential(nn.Linear(DIM, DIM), nn.GELU())
+        self.classifier = nn.Linear(DIM, 4)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        h = self.layer(self.embed(input_ids))
+        m = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        pooled = (h * m.unsqueeze(-1)).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
+        return {"logits": self.classifier(pooled), "hidden": pooled}
+
+
+def _hf_batch(seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Keyword inputs: ``input_ids`` and an ``attention_mask`` padding each row's tail."""
+    x, y = _tokens(4)(seed)
+    mask = (torch.arange(CTX) < CTX - torch.arange(4).unsqueeze(1)).long()
+    return {"input_ids": x, "attention_mask": mask}, y
+
+
 class FrozenBackbone(nn.Module):
     """A frozen 4-layer MLP backbone (``requires_grad_(False)``: fine-tuning only the head) and a head."""
 
@@ -309,6 +333,7 @@ CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dic
     "nested": (NestedDict, _vectors, ALL_MODES),
     "bn": (BNConv, _images, ALL_MODES),
     "frozen": (FrozenBackbone, _vectors, (DEFAULT,)),
+    "hf-kw": (HFStyle, _hf_batch, (DEFAULT,)),
     "moe-top1": (HashMoE, _domain_tokens, (UNUSED,)),
     "moe-top2": (lambda: HashMoE(k=2, experts=4), _domain_tokens, (UNUSED,)),
     "tasks": (TaskHeads, _domain_tokens, (UNUSED,)),
@@ -318,6 +343,7 @@ ZOO = {"gpt2-tiny": (_zoo_gpt2, _gpt2_tokens, ALL_MODES)}
 """The zoo's GPT-2 (tied ``lm_head``), for the FSDP budget finding of issue 36."""
 
 
-def loss_of(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the last dimension (classes or vocabulary)."""
+def loss_of(output: Any, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the last dimension (classes or vocabulary); a dict output's ``logits``."""
+    output = output["logits"] if isinstance(output, dict) else output
     return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dpcomm.launch import init_worker
+from dpcomm.utils.user_run import call
 from tests._corpus import CORPUS, ZOO, loss_of
 
 STEPS = 3
@@ -62,10 +63,10 @@ def _train(model: nn.Module, batch: Any, extra: str | None) -> tuple[list[float]
             loss.backward()
         elif extra == "autocast":
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = loss_of(model(x), y)
+                loss = loss_of(call(model, x), y)
             loss.backward()
         else:
-            loss = loss_of(model(x), y)
+            loss = loss_of(call(model, x), y)
             loss.backward()
         grads = {
             n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
@@ -115,7 +116,7 @@ def _recorded_buckets(ddp: DistributedDataParallel, batch: Any, unit_of: dict[in
 
     ddp.register_comm_hook(None, hook)
     x, y = batch
-    loss_of(ddp(x), y).backward()
+    loss_of(call(ddp, x), y).backward()
     return log
 
 
@@ -314,7 +315,7 @@ def _held_in_forward(model: nn.Module, x: Any) -> int:
     hooks += [m.register_forward_hook(hold) for m in model.modules()]
     try:
         with torch.no_grad():
-            model(x)
+            call(model, x)
     finally:
         for h in hooks:
             h.remove()

@@ -59,7 +59,14 @@ from dpcomm.plan import Plan
 from dpcomm.timing import now
 from dpcomm.trace.format import Trace
 from dpcomm.trace.units import Analysis, agree
-from dpcomm.utils.user_run import check_same_layout, check_same_weights, first_param, on_every_rank, untouched
+from dpcomm.utils.user_run import (
+    call,
+    check_same_layout,
+    check_same_weights,
+    first_param,
+    on_every_rank,
+    untouched,
+)
 
 _log = logging.getLogger("dpcomm.ddp")
 
@@ -345,7 +352,7 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs,
             for p in params:
                 p.grad = None
             t0 = now(device)
-            out = ddps[k](*example) if isinstance(example, tuple) else ddps[k](example)
+            out = call(ddps[k], example)
             (loss_fn or default_loss)(out).backward()
             t1 = now(device)  # CUDA runs kernels after the calls return: read the clock once they ran
             if step >= 2 * len(ddps):

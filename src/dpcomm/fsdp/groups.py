@@ -82,6 +82,8 @@ def merge_units(units: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int
 def shardable_modules(model: nn.Module, example: Any) -> frozenset[str]:
     """Paths of the modules whose forward runs on ``example`` and returns no view that needs a gradient
     (point 4); one forward, no backward. Run it under :func:`dpcomm.utils.user_run.untouched`."""
+    from dpcomm.utils.user_run import call
+
     paths = {m: p for p, m in model.named_modules()}
     ran: set[str] = {ROOT}
     views: set[str] = set()
@@ -103,7 +105,7 @@ def shardable_modules(model: nn.Module, example: Any) -> frozenset[str]:
     handles = [m.register_forward_hook(hook) for m in model.modules()]
     try:
         with torch.enable_grad():
-            model(*example) if isinstance(example, tuple) else model(example)
+            call(model, example)
     finally:
         for h in handles:
             h.remove()

@@ -23,7 +23,7 @@ from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, Modules, fsdp_time, peak_memory,
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.utils.sizes import parse_size
-from dpcomm.utils.user_run import on_every_rank
+from dpcomm.utils.user_run import batch_size, call, map_tensors, on_every_rank
 
 __all__ = [
     "REPLANS",
@@ -60,11 +60,7 @@ def overlap_of(model: nn.Module) -> str:
 
 def on_model_device(model: nn.Module, example: Any) -> Any:
     """``example`` on ``meta`` for a meta-device model (its forward then costs nothing), else as given."""
-    if not is_meta(model):
-        return example
-    if isinstance(example, tuple):
-        return tuple(x.to("meta") if isinstance(x, torch.Tensor) else x for x in example)
-    return example.to("meta") if isinstance(example, torch.Tensor) else example
+    return example if not is_meta(model) else map_tensors(example, lambda t: t.to("meta"))
 
 
 def _flops_per_s(device: torch.device) -> float:
@@ -102,9 +98,8 @@ def _analytic_profile(model: nn.Module, example: Any, units: Any, group: Any) ->
         f, b = (c.fwd_flops * share, c.bwd_flops * share) if c is not None else (2.0 * n, 4.0 * n)
         rows.append(Layer(name=u.name, params=n, forward_s=f / rate, backward_s=b / rate,
                           param_names=u.param_names, unused=u.unused))  # fmt: skip
-    first = example[0] if isinstance(example, tuple) else example
     return Trace(
-        model=type(model).__name__, batch_size=int(first.shape[0]) if first.dim() else 1,
+        model=type(model).__name__, batch_size=batch_size(example),
         device=f"analytic:{target_device(model).type}", dtype_bytes=next(model.parameters()).element_size(),
         layers=tuple(rows), extra={"measured_by": "dpcomm.fsdp.shard (meta: FLOPs / measured rate)"},
     )  # fmt: skip
@@ -121,7 +116,7 @@ def budget_bytes(memory: int | str | None) -> int | None:
 
 
 def call_model(model: nn.Module, example: Any) -> Any:
-    return model(*example) if isinstance(example, tuple) else model(example)
+    return call(model, example)
 
 
 def _profile_local(model: nn.Module, example: Any, loss_fn: Any, iters: int) -> Trace:

@@ -84,10 +84,6 @@ def owners(model: nn.Module) -> dict[int, str]:
     return out
 
 
-def _call(model: nn.Module, example: Any) -> Any:
-    return model(*example) if isinstance(example, tuple) else model(example)
-
-
 def ready_sequence(
     model: nn.Module, example: Any, loss_fn: Callable[[Any], torch.Tensor] | None = None
 ) -> list[int]:
@@ -95,6 +91,7 @@ def ready_sequence(
     backward (a parameter whose hook fires twice counts at its last firing); unused parameters are absent.
     Gradients and buffers are restored."""
     from dpcomm.trace.profiler import default_loss
+    from dpcomm.utils.user_run import call
 
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [p.grad for p in params]
@@ -104,7 +101,7 @@ def ready_sequence(
     try:
         for p in params:
             p.grad = None
-        (loss_fn or default_loss)(_call(model, example)).backward()
+        (loss_fn or default_loss)(call(model, example)).backward()
     finally:
         for h in handles:
             h.remove()
