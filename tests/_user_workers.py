@@ -292,6 +292,20 @@ def _view_warnings(caught: list[Any], model: nn.Module) -> list[str]:
     return out
 
 
+def _fsdp_alive() -> set[int]:
+    import gc
+
+    from torch.distributed.fsdp import FSDPModule
+
+    return {id(o) for o in gc.get_objects() if isinstance(o, FSDPModule)}
+
+
+def _lingering_fsdp(model: nn.Module, before: set[int]) -> int:
+    """FSDP2 modules made since ``before`` and still alive that are not the user's model's (the trial's
+    copies, left to the interpreter's teardown, ended jobs in SIGABRT: issue 46, finding 3)."""
+    return len(_fsdp_alive() - before - {id(m) for m in model.modules()})
+
+
 def _held_in_forward(model: nn.Module, x: Any) -> int:
     """The most parameter bytes FSDP2 holds unsharded at any module's forward entry or exit in one forward
     of ``x`` (read from its parameters' states), every parameter counted, frozen ones included."""
@@ -349,6 +363,7 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             None if case.get("memory") is None else int(case["memory"] * total)
         )
         torch.manual_seed(100 + rank)
+        alive = _fsdp_alive()
         before = _rng()
         r: dict[str, Any] = {}
         try:
@@ -357,6 +372,7 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 model = dpcomm.fsdp.shard(model, case["planner"], example=batch[0], memory=memory,
                                           profile_iters=1, verify_iters=1, mesh=case.get("mesh"))  # fmt: skip
                 r["rng_same"] = bool(torch.equal(before, _rng()))
+                r["lingering"] = _lingering_fsdp(model, alive)
                 if case.get("meta"):  # materialise and initialise after sharding, torchtitan's way
                     model.to_empty(device="cpu")
                     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))

@@ -5,6 +5,8 @@ SGD steps, ``destroy_process_group()``, and the interpreter's own exit. Two rank
 processes (``env://``, no launcher: the cheapest start) ten times; every process must exit 0. Before the fix
 the trial's sharded copies (FSDP2 states in reference cycles) outlived ``shard`` and were torn down with the
 interpreter, and about one run in eight ended in "terminate called without an active exception" (SIGABRT).
+That no copy outlives ``shard`` is checked deterministically on every corpus case
+(``tests/test_user_models.py``); this test is the symptom's, so it can pass on a faulty build by chance.
 """
 
 from __future__ import annotations

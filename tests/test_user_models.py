@@ -163,6 +163,7 @@ def test_shard_trains_like_plain_ddp_within_the_budget(runs, index):
     for rank, r in enumerate(runs[2][index]):
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
         assert r["rng_same"], "shard changed the caller's random state"
+        assert r["lingering"] == 0, "the trial's sharded copies outlive shard (SIGABRT at exit)"
         assert r["losses"] == pytest.approx(r["ref_losses"], rel=1e-5)
         assert r["grad_diff"] <= 1e-5 and r["param_diff"] <= 1e-5, (r["grad_diff"], r["param_diff"])
         assert r["replicas"]
