@@ -275,6 +275,12 @@ def _bad_shard(kind: str, rank: int) -> None:
         dpcomm.fsdp.shard(nn.ReLU(), "per-block", example=x)
     elif kind == "weights":
         dpcomm.fsdp.shard(model, "per-block", example=x)
+    elif kind == "mixed-dtypes":  # bf16 linears, fp32 norms: FSDP2 asserts on a call that mixes them
+        torch.manual_seed(0)
+        mixed = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+        mixed[0].bfloat16(), mixed[2].bfloat16()
+        x = torch.randn(6, 16, dtype=torch.bfloat16)
+        dpcomm.fsdp.shard(mixed, "optimal", example=x, loss_fn=lambda out: out.float().pow(2).mean())
     elif kind == "frozen-budget":  # the frozen backbone is gathered whole: 1,000 bytes cannot hold it
         build, batch_of, _ = CORPUS["frozen"]
         dpcomm.fsdp.shard(build(), "optimal", example=batch_of(rank)[0], memory=1000)

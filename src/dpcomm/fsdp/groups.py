@@ -40,7 +40,7 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp_model import FsdpPlan
 
-__all__ = ["ShardGroups", "merge_units", "shard_groups", "shardable_modules"]
+__all__ = ["ShardGroups", "call_params", "merge_units", "mixed_dtypes", "shard_groups", "shardable_modules"]
 
 ROOT = ""
 """The root module's path (``model.named_modules()`` names it ``""``)."""
@@ -65,6 +65,53 @@ class ShardGroups:
     def root_unit(self) -> int | None:
         """The unit made by the root call, if a unit holds the root's own parameters."""
         return next((k for k, m in enumerate(self.modules) if m == (ROOT,)), None)
+
+
+def call_params(model: nn.Module, groups: ShardGroups) -> tuple[list[list[nn.Parameter]], list[nn.Parameter]]:
+    """The parameters each unit's ``fully_shard`` call manages (every one under its modules that no earlier
+    call took, frozen ones included; the root unit's call takes whatever is left), and those the root call
+    takes when no unit is the root's."""
+    mods = dict(model.named_modules())
+    taken: set[int] = set()
+    out: list[list[nn.Parameter]] = [[] for _ in groups.units]
+    for k in groups.order:
+        if groups.modules[k] == (ROOT,):
+            continue
+        for path in groups.modules[k]:
+            for p in mods[path].parameters():
+                if id(p) not in taken:
+                    taken.add(id(p))
+                    out[k].append(p)
+    rest = [p for p in model.parameters() if id(p) not in taken]
+    if groups.root_unit is None:
+        return out, rest
+    out[groups.root_unit] = rest
+    return out, []
+
+
+def mixed_dtypes(model: nn.Module, groups: ShardGroups) -> str | None:
+    """One line naming the first ``fully_shard`` call whose parameters differ in dtype (FSDP2 asserts
+    "uniform original parameter dtype"), None when every call's are uniform."""
+    per_unit, rest = call_params(model, groups)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for k, ps in [*enumerate(per_unit), (None, rest)]:
+        kinds: dict[torch.dtype, list[str]] = {}
+        for p in ps:
+            kinds.setdefault(p.dtype, []).append(names[id(p)])
+        if len(kinds) > 1:
+            where = (
+                "the root call"
+                if k is None
+                else f"unit {k} ({', '.join(m or '(root)' for m in groups.modules[k])})"
+            )
+            parts = "; ".join(
+                f"{dt}: {', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''}" for dt, ns in kinds.items()
+            )
+            return (
+                f"dpcomm.fsdp.shard: FSDP2 needs one parameter dtype per fully_shard call, and {where} mixes "
+                f"{parts}; cast them alike (and pass FSDP2 a MixedPrecisionPolicy for the compute dtype)"
+            )
+    return None
 
 
 def merge_units(units: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -18,7 +18,7 @@ from torch import nn
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.costs import fsdp_costs
-from dpcomm.fsdp.groups import ROOT, ShardGroups, shard_groups
+from dpcomm.fsdp.groups import ShardGroups, call_params, shard_groups
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, Modules, fsdp_time, peak_memory, plan_fsdp
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.trace.format import Layer, Trace
@@ -285,28 +285,13 @@ def _untrained_bytes(model: nn.Module, groups: ShardGroups, layer_params: Any) -
     """Bytes each unit's ``fully_shard`` call manages beyond its layers' parameters (frozen ones under its
     modules: FSDP2 gathers them with the unit), and the bytes the root call keeps unsharded from the
     first forward to the end of backward when no unit is the root's (``reshard_after_forward=False``)."""
-    mods = dict(model.named_modules())
-    sizes = {id(p): p.numel() * p.element_size() for p in model.parameters()}
     named = dict(model.named_parameters())
-    taken: set[int] = set()
-    extra = [0] * len(groups.units)
-    for k in groups.order:
-        if groups.modules[k] == (ROOT,):
-            continue
-        mine = {id(p) for path in groups.modules[k] for p in mods[path].parameters()} - taken
-        taken |= mine
-        a, z = groups.units[k]
+    per_unit, rest = call_params(model, groups)
+    extra = []
+    for (a, z), ps in zip(groups.units, per_unit, strict=True):
         trained = {id(named[n]) for names in layer_params[a : z + 1] for n in names}
-        extra[k] = sum(sizes[i] for i in mine - trained)
-    rest = set(sizes) - taken
-    root = groups.root_unit
-    if root is None:
-        return extra, sum(sizes[i] for i in rest)
-    a, z = groups.units[root]
-    extra[root] = sum(
-        sizes[i] for i in rest - {id(named[n]) for names in layer_params[a : z + 1] for n in names}
-    )
-    return extra, 0
+        extra.append(sum(p.numel() * p.element_size() for p in ps if id(p) not in trained))
+    return extra, sum(p.numel() * p.element_size() for p in rest)
 
 
 REPLANS = 4

@@ -51,7 +51,7 @@ from torch import nn
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.fsdp.groups import ROOT, ShardGroups, shard_groups, shardable_modules
+from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups, shardable_modules
 from dpcomm.fsdp.mesh import meshes
 from dpcomm.fsdp.planning import (
     as_run,
@@ -140,6 +140,9 @@ def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any)
     """Step 5: ``fully_shard`` per unit in ``groups.order``, the root last; prefetch and reshard set."""
     from torch.distributed.fsdp import fully_shard
 
+    mixed = mixed_dtypes(model, groups)
+    if mixed:
+        raise UserError(mixed)
     mods = dict(model.named_modules())
     last = len(groups.units) - 1
     handles: dict[int, Any] = {}
