@@ -303,7 +303,7 @@ def _fsdp_alive() -> set[int]:
 
     from torch.distributed.fsdp import FSDPModule
 
-    return {id(o) for o in gc.get_objects() if isinstance(o, FSDPModule)}
+    return {id(o) for o in gc.get_objects() if issubclass(type(o), FSDPModule)}  # type(): a dead proxy raises
 
 
 def _lingering_fsdp(model: nn.Module, before: set[int]) -> int:
