@@ -24,6 +24,10 @@ to the module registered first, e.g. GPT-2's ``wte``, not ``lm_head``). Then:
    first gradient-ready event of each backward (``Reducer::autograd_hook``,
    ``has_marked_unused_parameters_``).
 
+Across ranks (:func:`agree`): each rank records its own example's ready order and every rank builds from
+rank 0's, by parameter name (:class:`Analysis`), so ranks whose data uses different parameters (routing, a
+task's head) still plan, time and build one layout; ``uneven`` names the parameters the ranks disagree on.
+
 Units are listed in *forward order* as the papers' layers are (unit 0 is ready last, unit ``L-1`` first),
 so a plan over units is a plan over a trace's layers and every planner and the simulator take them as they
 are. A unit is named after its owner (``h.0.attn.c_attn``); where the owner's parameters split over several
