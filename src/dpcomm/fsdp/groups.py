@@ -15,7 +15,9 @@ before their parents and the root (``fully_shard(model)``) last, taking whatever
    make). A tied parameter joins *every* module holding it to its unit; where such a module runs
    elsewhere in forward (``lm_head`` last, ``wte`` first), FSDP2 keeps the group unsharded from its
    first module's forward to its last's (it reshards a group after its last module's forward): the
-   unit is *spanning*, and its bytes are added to the plan's peak as a bound;
+   unit is *spanning*, and its bytes are added to the plan's peak as a bound; so is a unit whose module
+   contains another unit's (a child called first, e.g. a layer's last norm joined to the next layer): the
+   child is gathered while its parent's unit is still unsharded;
 3. each unit's module list is lifted to the largest subtrees whose parameter-holding modules are all in
    the unit (``h.3`` rather than its eight leaves): the same parameters, fewer hooks;
 4. a module whose forward never runs on the example (``nn.MultiheadAttention``'s ``out_proj``: its weight is
@@ -249,6 +251,13 @@ def shard_groups(
             )
     ok = _shardable(model, shardable)
     lifted = [_lift(model, mods, set(direct), ok) if ROOT not in mods else (ROOT,) for mods in members]
+    for k, j, outer, inner in _nested(lifted):  # k's module runs j's inside it: both unsharded at once
+        if k not in spanning:
+            spanning.add(k)
+            notes.append(
+                f"the unit of {_unit_text(units, k, layer_params)} ({outer}) runs {inner} of unit {j} inside "
+                "its forward: FSDP2 holds both unsharded then"
+            )
     return ShardGroups(
         units=tuple(units),
         modules=tuple(lifted),
@@ -256,6 +265,26 @@ def shard_groups(
         spanning=tuple(sorted(spanning)),
         notes=tuple(notes),
     )
+
+
+def _nested(lifted: Sequence[tuple[str, ...]]) -> list[tuple[int, int, str, str]]:
+    """``(k, j, outer, inner)`` where unit ``k``'s module ``outer`` (not the root) contains unit ``j``'s
+    ``inner``: a call on a child made before its parent's (children first), run inside the parent's
+    forward."""
+    out = []
+    for k, outer_mods in enumerate(lifted):
+        for outer in outer_mods:
+            inner = [
+                (j, q)
+                for j, qs in enumerate(lifted)
+                if j != k
+                for q in qs
+                if outer and q.startswith(outer + ".")
+            ]
+            if outer and inner:
+                out.append((k, inner[0][0], outer, inner[0][1]))
+                break
+    return out
 
 
 def _unit_text(units: Sequence[tuple[int, int]], k: int, layer_params: Sequence[Sequence[str]]) -> str:
