@@ -24,11 +24,14 @@ def _mode_name(kw: dict) -> str:
     return "+".join(sorted(kw)) or "default"
 
 
+NEW = {"moe-top1": PLANNERS, "moe-top2": ("optimal",), "tasks": ("wfbp", "optimal"), "frozen": ("optimal",),
+       "hf-kw": ("optimal",)}  # fmt: skip
+"""Issue 46's models, each with the planners its finding needs (every planner builds from one analysis)."""
 WRAP_CASES = [
     {"model": m, "planner": p, "ddp": kw}
     for m, (_, _, modes) in CORPUS.items()
     for kw in modes
-    for p in PLANNERS
+    for p in NEW.get(m, PLANNERS)
 ]
 EXTRA_CASES = [  # the rest of what users pass, on two models, with a timed planner
     {"model": "encoder", "planner": "optimal", "ddp": {"gradient_as_bucket_view": True}},
@@ -55,9 +58,13 @@ TIGHT = {"nested": 1.0, "bn": 1.0, "lora": 1.0, "frozen": 1.0, "hf-kw": 1.0}
 a frozen backbone is gathered whole by the root call, and the bound counts it: issue 46)."""
 SHARD_CASES = [
     {"model": m, "planner": p, "memory": mem and TIGHT.get(m, mem)}
-    for m in CORPUS if m not in PER_RANK for p in ("per-block", "optimal") for mem in (None, 0.6)
+    for m in CORPUS if m not in NEW for p in ("per-block", "optimal") for mem in (None, 0.6)
 ] + [
-    {"model": m, "planner": p, "memory": None} for m in PER_RANK for p in ("per-block", "optimal")
+    {"model": m, "planner": "optimal", "memory": None} for m in PER_RANK
+] + [
+    {"model": "moe-top1", "planner": "per-block", "memory": None},
+    {"model": "frozen", "planner": "optimal", "memory": 1.0},  # the root gathers the frozen backbone whole
+    {"model": "hf-kw", "planner": "per-block", "memory": None},
 ] + [
     {"model": m, "planner": "optimal", "memory": None, "meta": True}
     for m in ("encoder", "decoder", "lora", "bn")
