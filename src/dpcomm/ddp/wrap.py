@@ -164,8 +164,10 @@ def wrap(
     """``DistributedDataParallel(model, ...)`` whose buckets are ``plan``'s groups.
 
     ``plan``: a :class:`Plan` or a planner name (``wfbp``, ``single``, ``bucket:25MB``, ``mgwfbp``,
-    ``optimal``; the last two need ``example``). ``example``: one input batch (a tensor or a tuple), used to
-    order the layers as they run, to find the gradient-ready order, and to time the layers. ``collective``:
+    ``optimal``; the last two need ``example``). ``example``: one input batch as forward takes it (a tensor,
+    a tuple, a dict of keyword arguments or :class:`~dpcomm.utils.user_run.Inputs`), used to find the
+    gradient units and their ready order (rank 0's, for every rank: :func:`dpcomm.trace.units.agree`) and
+    to time them; the buckets are checked alike on every rank before DDP is built. ``collective``:
     ``native`` (DDP's own all-reduce) or a dpcomm collective registered as a comm hook
     (:func:`collective_hook`; on its own thread when ``overlap``). ``network``: price the all-reduce with a
     modelled network instead of measuring it. ``verify_iters``: timed passes per candidate in the trial

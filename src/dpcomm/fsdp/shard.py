@@ -290,7 +290,8 @@ def shard(
     """``model`` sharded by FSDP2 as ``plan`` says (see the module docstring); returns it (the same object).
 
     ``plan``: an :class:`FsdpPlan` or a planner name (``optimal`` needs ``example``). ``example``: one input
-    batch (a tensor or a tuple) to time the units on and find their gradient-ready order. ``memory``: the
+    batch as forward takes it (a tensor, a tuple, a dict of keyword arguments or ``dpcomm.ddp.Inputs``)
+    to time the units on and find their gradient-ready order (rank 0's, for every rank). ``memory``: the
     budget of unsharded parameter bytes (an int or ``"64MB"``). ``verify_iters``: timed passes per
     candidate in the trial (``optimal`` only; 0: keep the planned plan untimed). ``layer_params``: with a
     given plan, the parameter names of each of its layers (default: the gradient units of ``example``, else
