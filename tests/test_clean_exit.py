@@ -47,6 +47,8 @@ HELPER = """
 import json, os, runpy, sys
 sys.path.insert(0, sys.argv[1])
 import torch, torch.distributed, dpcomm.fsdp, tests._corpus  # imported once, before the forks
+import torch._dynamo, torch.distributed.fsdp, torch.distributed.checkpoint.state_dict  # what shard imports
+import dpcomm.fsdp.costs, dpcomm.planner.fsdp, dpcomm.trace.profiler  # on its first call (~3 s a run)
 rank, script, ports = sys.argv[2], sys.argv[3], json.loads(sys.argv[4])
 codes = []
 for port in ports:
