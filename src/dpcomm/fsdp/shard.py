@@ -51,7 +51,8 @@ from torch import nn
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups, shardable_modules
+from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of, zeros_for_uneven
+from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups
 from dpcomm.fsdp.mesh import meshes
 from dpcomm.fsdp.planning import (
     as_run,
@@ -69,7 +70,7 @@ from dpcomm.planner.fsdp import FSDP_MAX_DEPTH
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.trace.format import Trace
 from dpcomm.trace.units import agree
-from dpcomm.utils.user_run import check_same_layout, check_same_weights, first_param, on_every_rank, untouched
+from dpcomm.utils.user_run import check_same_layout, check_same_weights, first_param, untouched
 
 _log = logging.getLogger("dpcomm.fsdp")
 
@@ -176,49 +177,6 @@ def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any)
     return model
 
 
-def _layer_params(model: nn.Module, analysis: Any) -> tuple[tuple[str, ...], ...]:
-    from dpcomm.models.layers import learnable_layers
-    from dpcomm.trace.units import layer_units
-
-    units = analysis.units if analysis is not None else layer_units(model, learnable_layers(model))
-    return tuple(u.param_names for u in units)
-
-
-def _agreed_shardable(model: nn.Module, example: Any, analysis: Any, group: Any) -> frozenset[str]:
-    """The modules shardable on every rank's example (:func:`shardable_modules`), less those holding a
-    parameter some rank's example leaves without a gradient (a unit of its own would gather on the ranks
-    that run it and not on the others: its parameters go to an ancestor every rank runs), plus those whose
-    parameters no rank's example uses (a unit no rank gathers, whose gradients stay None as under DDP)."""
-    mine = on_every_rank(
-        lambda: shardable_modules(model, on_model_device(model, example)), group,
-        "dpcomm.fsdp.shard: running the model on the example",
-    )  # fmt: skip
-    every: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(every, sorted(mine), group=group)
-    params = dict(model.named_parameters())
-    uneven = {id(params[n]) for n in analysis.uneven}
-    idle = {id(params[n]) for u in analysis.units if u.unused for n in u.param_names} - uneven
-    held, unused = set(), set()
-    for path, m in model.named_modules():
-        mine = [id(p) for p in m.parameters(recurse=False) if p.requires_grad]
-        held |= {path} if any(i in uneven for i in mine) else set()
-        unused |= {path} if mine and all(i in idle for i in mine) else set()
-    return frozenset((set.intersection(*(set(e) for e in every)) | unused) - held)
-
-
-def _zeros_for_uneven(model: nn.Module, analysis: Any) -> None:
-    """FSDP2 reduce-scatters zeros for the parameters of a group some rank left without a gradient (set on
-    the groups holding ``analysis.uneven``), as DDP's ``find_unused_parameters`` sums them."""
-    from torch.distributed.fsdp import FSDPModule
-
-    mods = dict(model.named_modules())
-    for name in analysis.uneven:
-        path = name.rpartition(".")[0]
-        while not isinstance(mods[path], FSDPModule):
-            path = path.rpartition(".")[0]
-        mods[path].set_reduce_scatter_unused_params(True, recurse=False)
-
-
 def _sharded_copy(
     model: nn.Module, plan: FsdpPlan, layer_params: Any, shardable: Any, mesh: Any
 ) -> nn.Module:
@@ -322,7 +280,7 @@ def shard(
             analysis = agree(
                 model, on_model_device(model, example), loss_fn, process_group, "dpcomm.fsdp.shard"
             )
-            shardable = _agreed_shardable(model, example, analysis, process_group)
+            shardable = agreed_shardable(model, example, analysis, process_group)
         if isinstance(plan, str):
             requested, trace, ag, rs, ar = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, memory=budget, profile_iters=profile_iters,
@@ -333,7 +291,7 @@ def shard(
         else:
             requested = _given_on(plan, candidates, dist.get_world_size(process_group))
             if layer_params is None:
-                layer_params = _layer_params(model, analysis)
+                layer_params = layer_params_of(model, analysis)
             layer_params = tuple(tuple(x) for x in layer_params)
         if trace is not None:
             requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
@@ -380,7 +338,7 @@ def shard(
     check_same_layout(model, [*layout, (str(_shape(run)),)], process_group, "dpcomm.fsdp.shard", "units")
     apply_plan(model, run, groups, on)
     if analysis is not None:
-        _zeros_for_uneven(model, analysis)
+        zeros_for_uneven(model, analysis)
     model.dpcomm = Sharded(
         plan=run, requested=requested, groups=groups, layer_params=layer_params, peak_bound_bytes=bound,
         trace=trace, ag_cost=ag, rs_cost=rs, ar_cost=ar, trial=trial, overlap=overlap_of(model),
