@@ -197,6 +197,99 @@ class BNConv(nn.Module):
         return self.head(self.features(x).flatten(1))
 
 
+class HFStyle(nn.Module):
+    """As Hugging Face models take and give them: ``model(input_ids=..., attention_mask=...)`` returning a
+    dict (``logits`` and the pooled ``hidden`` state); padding masked out of the mean."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.layer = nn.Sequential(nn.Linear(DIM, DIM), nn.GELU())
+        self.classifier = nn.Linear(DIM, 4)
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> dict[str, Any]:
+        h = self.layer(self.embed(input_ids))
+        m = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        pooled = (h * m.unsqueeze(-1)).sum(1) / m.sum(1, keepdim=True).clamp(min=1)
+        return {"logits": self.classifier(pooled), "hidden": pooled}
+
+
+def _hf_batch(seed: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Keyword inputs: ``input_ids`` and an ``attention_mask`` padding each row's tail."""
+    x, y = _tokens(4)(seed)
+    mask = (torch.arange(CTX) < CTX - torch.arange(4).unsqueeze(1)).long()
+    return {"input_ids": x, "attention_mask": mask}, y
+
+
+class FrozenBackbone(nn.Module):
+    """A frozen 4-layer MLP backbone (``requires_grad_(False)``: fine-tuning only the head) and a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = nn.Sequential(*(nn.Linear(DIM, DIM) for _ in range(4))).requires_grad_(False)
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.backbone(x)))
+
+
+class HashMoE(nn.Module):
+    """Token embedding, then a mixture of ``experts`` MLPs with data-dependent top-``k`` routing: token ``t``
+    goes to experts ``(t + j s) % experts`` for ``j < k``, ``s = experts // k`` (hash routing, Roller et al.
+    2021), weighed by a
+    learnt gate's softmax over them; mean pooling and a head. Which experts a batch uses depends on its
+    tokens: with :func:`_domain_tokens`, rank 0's batch routes to other experts than rank 1's."""
+
+    def __init__(self, k: int = 1, experts: int = 2) -> None:
+        super().__init__()
+        self.k, self.n = k, experts
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.gate = nn.Linear(DIM, experts)
+        self.experts = nn.ModuleList(nn.Sequential(nn.Linear(DIM, DIM), nn.ReLU()) for _ in range(experts))
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.embed(idx).flatten(0, 1)
+        tok = idx.flatten()
+        route = torch.stack(
+            [(tok + j * (self.n // self.k)) % self.n for j in range(self.k)], dim=1
+        )  # (tokens, k)
+        w = self.gate(h).gather(1, route).softmax(-1)
+        y = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            rows, slot = (route == e).nonzero(as_tuple=True)
+            if rows.numel():
+                y = y.index_add(0, rows, expert(h[rows]) * w[rows, slot].unsqueeze(1))
+        return self.head((h + y).view(*idx.shape, DIM).mean(dim=1))
+
+
+class TaskHeads(nn.Module):
+    """Multi-task: a shared trunk and a ``ModuleDict`` of heads; the batch's first token names its task (a
+    task prefix, as T5's), so a rank whose data is one task trains only that task's head."""
+
+    TASKS = ("sentiment", "topic", "language")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.trunk = nn.Sequential(nn.Linear(DIM, DIM), nn.ReLU())
+        self.heads = nn.ModuleDict({t: nn.Linear(DIM, 4) for t in self.TASKS})
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        task = self.TASKS[int(idx[0, 0]) % len(self.TASKS)]
+        return self.heads[task](self.trunk(self.embed(idx[:, 1:]).mean(dim=1)))
+
+
+def _domain_tokens(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """One rank's batch from its own domain: every token ``= seed (mod 2)`` (rank 0's even, rank 1's odd,
+    with seeds ``10 + rank``: top-1 over 2 experts, rank 0 runs expert 0 only, rank 1 expert 1 only), and
+    every row's first token ``seed % 6`` (a task prefix ``seed % 3``: each rank its own task)."""
+    g = torch.Generator().manual_seed(seed)
+    x = 2 * torch.randint(0, VOCAB // 2, (4, CTX), generator=g) + seed % 2
+    x[:, 0] = seed % 6
+    return x, torch.randint(0, 4, (4,), generator=g)
+
+
 def _tokens(classes: int | None) -> Callable[[int], tuple[torch.Tensor, torch.Tensor]]:
     def batch(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
         g = torch.Generator().manual_seed(seed)
@@ -239,12 +332,18 @@ CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dic
     "shared": (SharedTwice, _vectors, ALL_MODES),
     "nested": (NestedDict, _vectors, ALL_MODES),
     "bn": (BNConv, _images, ALL_MODES),
+    "frozen": (FrozenBackbone, _vectors, (DEFAULT,)),
+    "hf-kw": (HFStyle, _hf_batch, (DEFAULT,)),
+    "moe-top1": (HashMoE, _domain_tokens, (UNUSED,)),
+    "moe-top2": (lambda: HashMoE(k=2, experts=4), _domain_tokens, (UNUSED,)),
+    "tasks": (TaskHeads, _domain_tokens, (UNUSED,)),
 }
 
 ZOO = {"gpt2-tiny": (_zoo_gpt2, _gpt2_tokens, ALL_MODES)}
 """The zoo's GPT-2 (tied ``lm_head``), for the FSDP budget finding of issue 36."""
 
 
-def loss_of(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Cross-entropy over the last dimension (classes or vocabulary)."""
+def loss_of(output: Any, target: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy over the last dimension (classes or vocabulary); a dict output's ``logits``."""
+    output = output["logits"] if isinstance(output, dict) else output
     return F.cross_entropy(output.reshape(-1, output.shape[-1]), target.reshape(-1))

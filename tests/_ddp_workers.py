@@ -199,7 +199,9 @@ def bucket_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for case in cases:
         model, x = _model(case["model"], case.get("batch", 2))
         if case["model"] == "splituse":
-            trace = _sizes_trace(model, x, "splituse")
+            from dpcomm.trace.units import gradient_units
+
+            trace = _sizes_trace(model, gradient_units(model, x), "splituse")
         else:
             trace = analytic_trace(case["model"], 2, "cpu")
         walk = case.get("ddp", {})

@@ -21,6 +21,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from dpcomm.launch import init_worker
+from dpcomm.utils.user_run import call
 from tests._corpus import CORPUS, ZOO, loss_of
 
 STEPS = 3
@@ -62,10 +63,10 @@ def _train(model: nn.Module, batch: Any, extra: str | None) -> tuple[list[float]
             loss.backward()
         elif extra == "autocast":
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                loss = loss_of(model(x), y)
+                loss = loss_of(call(model, x), y)
             loss.backward()
         else:
-            loss = loss_of(model(x), y)
+            loss = loss_of(call(model, x), y)
             loss.backward()
         grads = {
             n: (p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
@@ -83,10 +84,22 @@ def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
     return max((float((a[n] - b[n]).abs().max()) for n in a), default=0.0)
 
 
+def _none_as_zero(grads: dict[str, torch.Tensor], ref: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """DDP's gradients by name, zeros where DDP left ``None`` and ``grads`` holds zeros: FSDP2 reduce-scatters
+    zeros for the parameters no rank used in a group some rank left without a gradient."""
+    out = {k.removeprefix("module."): v for k, v in ref.items()}
+    return out | {n: g for n, g in grads.items() if n not in out and not g.any()}
+
+
+def _strip(name: str) -> str:
+    """A parameter's name in the user's model: without DDP's ``module.`` (and a compiled DDP's
+    ``_orig_mod.``)."""
+    return name.removeprefix("_orig_mod.").removeprefix("module.")
+
+
 def _params(model: nn.Module) -> dict[str, torch.Tensor]:
-    strip = lambda n: n.removeprefix("module.")  # noqa: E731
     return {
-        strip(n): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+        _strip(n): (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
         for n, p in model.named_parameters()
     }
 
@@ -103,7 +116,7 @@ def _recorded_buckets(ddp: DistributedDataParallel, batch: Any, unit_of: dict[in
 
     ddp.register_comm_hook(None, hook)
     x, y = batch
-    loss_of(ddp(x), y).backward()
+    loss_of(call(ddp, x), y).backward()
     return log
 
 
@@ -136,6 +149,8 @@ def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             w = ddp.dpcomm
             r["text"] = str(w)
             caps = w.caps
+            if case.get("extra") == "compile":  # compiled after wrap, as PyTorch's DDP tutorial does
+                ddp = torch.compile(ddp, backend="eager")
             if case.get("extra") == "hook":  # a user's comm hook, registered after wrap
                 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
@@ -153,15 +168,17 @@ def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r.update(
                 losses=losses,
                 ref_losses=ref_losses,
-                grad_diff=_diff({k.removeprefix("module."): v for k, v in grads.items()}, {
-                    k.removeprefix("module."): v for k, v in ref_grads.items()}),
+                grad_diff=_diff({_strip(k): v for k, v in grads.items()}, {
+                    _strip(k): v for k, v in ref_grads.items()}),
                 param_diff=_diff(_params(ddp), _params(ref)),
                 replicas=_same_on_all_ranks(_fingerprint(model)),
                 plan=[list(g) for g in caps.plan.groups],
                 requested=[list(g) for g in caps.requested.groups],
                 dropped=list(caps.dropped),
                 walk=caps.walk,
-                seen=None if case.get("extra") == "hook" else _recorded_buckets(ddp, batch, unit_of),
+                seen=None if case.get("extra") == "hook" else _recorded_buckets(
+                    getattr(ddp, "_orig_mod", ddp), batch, unit_of
+                ),
             )  # fmt: skip
             del ddp, ref
         except Exception as exc:  # one case's failure is reported, the others still run
@@ -194,6 +211,34 @@ def _bad_wrap(kind: str, rank: int) -> None:
         wrap(gpt_build(), "mgwfbp", example=gpt_batch(rank)[0])
 
 
+def _skewed(module: Any, rank: int) -> Any:
+    """On rank 1, ``module.agree`` returns the units in reverse: the layout differs from rank 0's (a layout
+    check must catch it before anything trains); restore with ``module.agree = <the result>``."""
+    import dataclasses
+
+    real = module.agree
+    if rank == 1:
+        module.agree = lambda *a: (lambda x: dataclasses.replace(x, units=x.units[::-1]))(real(*a))
+    return real
+
+
+def _mismatch(door: str, rank: int) -> None:
+    """Rank 1 analyses the model differently from rank 0 (forced): ``wrap`` or ``shard`` must refuse."""
+    import importlib
+
+    module = importlib.import_module("dpcomm.ddp.wrap" if door == "wrap" else "dpcomm.fsdp.shard")
+    build, batch_of, _ = CORPUS["moe-top1"]
+    torch.manual_seed(0)
+    real = _skewed(module, rank)
+    try:
+        if door == "wrap":
+            module.wrap(build(), "wfbp", example=batch_of(10 + rank)[0], find_unused_parameters=True)
+        else:
+            module.shard(build(), "per-layer", example=batch_of(10 + rank)[0])
+    finally:
+        module.agree = real
+
+
 def bad_inputs(kinds: list[str]) -> list[dict[str, str]]:
     """Per kind of bad input, what each rank raised: ``{type, message}`` (no hang: the launch returns)."""
     rank, _ = init_worker(timeout_s=30.0)
@@ -201,7 +246,9 @@ def bad_inputs(kinds: list[str]) -> list[dict[str, str]]:
     out = []
     for kind in kinds:
         try:
-            if kind.startswith("shard-"):
+            if kind.endswith("-layout"):
+                _mismatch(kind.removesuffix("-layout"), rank)
+            elif kind.startswith("shard-"):
                 _bad_shard(kind.removeprefix("shard-"), rank)
             else:
                 _bad_wrap(kind, rank)
@@ -228,6 +275,15 @@ def _bad_shard(kind: str, rank: int) -> None:
         dpcomm.fsdp.shard(nn.ReLU(), "per-block", example=x)
     elif kind == "weights":
         dpcomm.fsdp.shard(model, "per-block", example=x)
+    elif kind == "mixed-dtypes":  # bf16 linears, fp32 norms: FSDP2 asserts on a call that mixes them
+        torch.manual_seed(0)
+        mixed = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+        mixed[0].bfloat16(), mixed[2].bfloat16()
+        x = torch.randn(6, 16, dtype=torch.bfloat16)
+        dpcomm.fsdp.shard(mixed, "optimal", example=x, loss_fn=lambda out: out.float().pow(2).mean())
+    elif kind == "frozen-budget":  # the frozen backbone is gathered whole: 1,000 bytes cannot hold it
+        build, batch_of, _ = CORPUS["frozen"]
+        dpcomm.fsdp.shard(build(), "optimal", example=batch_of(rank)[0], memory=1000)
 
 
 def _view_warnings(caught: list[Any], model: nn.Module) -> list[str]:
@@ -240,6 +296,50 @@ def _view_warnings(caught: list[Any], model: nn.Module) -> list[str]:
         if "returned a view tensor" in text and f"({root})" not in text:
             out.append(text[:120])
     return out
+
+
+def _fsdp_alive() -> set[int]:
+    import gc
+
+    from torch.distributed.fsdp import FSDPModule
+
+    return {id(o) for o in gc.get_objects() if issubclass(type(o), FSDPModule)}  # type(): a dead proxy raises
+
+
+def _lingering_fsdp(model: nn.Module, before: set[int]) -> int:
+    """FSDP2 modules made since ``before`` and still alive that are not the user's model's (the trial's
+    copies, left to the interpreter's teardown, ended jobs in SIGABRT: issue 46, finding 3)."""
+    return len(_fsdp_alive() - before - {id(m) for m in model.modules()})
+
+
+def _held_in_forward(model: nn.Module, x: Any) -> int:
+    """The most parameter bytes FSDP2 holds unsharded at any module's forward entry or exit in one forward
+    of ``x`` (read from its parameters' states), every parameter counted, frozen ones included."""
+    from torch.distributed.fsdp import FSDPModule
+    from torch.distributed.fsdp._fully_shard._fsdp_param import ShardedState
+
+    groups = {id(g): g for m in model.modules() if isinstance(m, FSDPModule)
+              for g in [m._get_fsdp_state()._fsdp_param_group] if g is not None}  # fmt: skip
+    params = [fp for g in groups.values() for fp in g.fsdp_params]  # a call on a list: one group
+    peak = [0]
+
+    def hold(*_: Any) -> None:
+        now = sum(
+            fp._orig_size.numel() * fp.orig_dtype.itemsize
+            for fp in params
+            if fp.sharded_state == ShardedState.UNSHARDED
+        )
+        peak[0] = max(peak[0], now)
+
+    hooks = [m.register_forward_pre_hook(hold) for m in model.modules()]
+    hooks += [m.register_forward_hook(hold) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            call(model, x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return peak[0]
 
 
 def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -269,6 +369,7 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             None if case.get("memory") is None else int(case["memory"] * total)
         )
         torch.manual_seed(100 + rank)
+        alive = _fsdp_alive()
         before = _rng()
         r: dict[str, Any] = {}
         try:
@@ -277,6 +378,7 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 model = dpcomm.fsdp.shard(model, case["planner"], example=batch[0], memory=memory,
                                           profile_iters=1, verify_iters=1, mesh=case.get("mesh"))  # fmt: skip
                 r["rng_same"] = bool(torch.equal(before, _rng()))
+                r["lingering"] = _lingering_fsdp(model, alive)
                 if case.get("meta"):  # materialise and initialise after sharding, torchtitan's way
                     model.to_empty(device="cpu")
                     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
@@ -291,6 +393,7 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r["mesh_shape"] = list(p0.device_mesh.shape)
             r["placements"] = [type(x).__name__ for x in p0.placements]
             r["bound"] = model.dpcomm.peak_bound_bytes
+            r["held"] = _held_in_forward(model, batch[0])
             r["memory"] = memory
             torch.set_rng_state(before)
             kw = {} if modes[0] == {} else {"find_unused_parameters": True}
@@ -299,7 +402,7 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r.update(
                 losses=losses,
                 ref_losses=ref_losses,
-                grad_diff=_diff(grads, {k.removeprefix("module."): v for k, v in ref_grads.items()}),
+                grad_diff=_diff(grads, _none_as_zero(grads, ref_grads)),
                 param_diff=_diff(_params(model), _params(ref)),
                 replicas=_same_on_all_ranks(_fingerprint(model)),
             )

@@ -167,30 +167,68 @@ def _make(args: argparse.Namespace, user: bool):
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     if user:
-        from dpcomm.trace.user_model import build_model, make_inputs, parse_inputs, parse_model_args
+        from dpcomm.trace.user_model import build_model, parse_model_args
 
-        specs = parse_inputs(args.input)  # bad specs fail before the user's module is imported
+        inputs = _inputs(args.input)  # bad specs fail before the user's module is imported
         model = build_model(args.model, parse_model_args(args.model_args))
-        batch = make_inputs(specs)
+        batch = inputs("cpu")
     else:
         model = get_model(args.model)  # unknown names fail here, before any device work
         batch = example_input(args.model, args.batch_size)
-    return _measure(profile, model, batch, args)
+    try:
+        return _measure(profile, model, batch, args)
+    except (TypeError, ValueError, RuntimeError, IndexError, KeyError, AttributeError) as exc:
+        from dpcomm.errors import first_line
+
+        raise UserError(f"--model {args.model} on its --input: {first_line(exc, with_type=True)}") from None
+
+
+def _inputs(text: str):
+    """``--input``: positional specs, then keyword ones as ``NAME=SPEC`` (``input_ids=long[4,128]:vocab=1000;
+    attention_mask=long[4,128]:vocab=2``, for ``forward(input_ids, attention_mask=...)``); a function of
+    the device giving the example (a tensor, a tuple, a dict or :class:`dpcomm.ddp.Inputs`)."""
+    import re
+
+    from dpcomm.trace.user_model import _split, make_inputs, parse_inputs
+    from dpcomm.utils.user_run import Inputs
+
+    parts = _split(text)
+    named = [re.match(r"([A-Za-z_]\w*)\s*=\s*(.+)$", p) for p in parts]
+    if any(m is not None and n is None for m, n in zip(named, named[1:], strict=False)):
+        raise UserError(f"--input {text!r}: positional inputs come before NAME=SPEC ones")
+    positional = parse_inputs(";".join(p for p, m in zip(parts, named, strict=True) if m is None)) if (
+        any(m is None for m in named)) else ()  # fmt: skip
+    keyword = {m.group(1): parse_inputs(m.group(2)) for m in named if m is not None}
+    if any(len(v) != 1 for v in keyword.values()):
+        raise UserError(f"--input {text!r}: one tensor per NAME=SPEC")
+    if not keyword:
+        return lambda device: make_inputs(positional, device=device)
+
+    def build(device):
+        args = make_inputs(positional, device=device) if positional else ()
+        return Inputs(
+            args=args if isinstance(args, tuple) else (args,),
+            kwargs={k: make_inputs(v, device=device) for k, v in keyword.items()},
+        )
+
+    return build
 
 
 def _meta_user(args: argparse.Namespace):
     """The user's model and example input on the meta device: shapes only, no memory, no arithmetic."""
     import torch
 
-    from dpcomm.trace.user_model import build_model, make_inputs, parse_inputs, parse_model_args
+    from dpcomm.trace.user_model import build_model, parse_model_args
+    from dpcomm.utils.user_run import batch_size
 
     if args.input is None:
         raise UserError(f"--model {args.model}: give its example input, e.g. --input float32[8,3,32,32]")
-    specs = parse_inputs(args.input)
+    inputs = _inputs(args.input)
     with torch.device("meta"):
         model = build_model(args.model, parse_model_args(args.model_args))
     model.train()
-    return model, make_inputs(specs, device="meta"), specs[0].shape[0]
+    example = inputs("meta")
+    return model, example, batch_size(example)
 
 
 def _analytic(args: argparse.Namespace, user: bool):
@@ -324,8 +362,9 @@ def _measure(profile, model, batch, args):
     console = Console(stderr=True)
     # a bar only on a terminal: elsewhere rich's stop() prints an empty line on stderr, and nothing else
     bar = Progress(*columns, console=console, transient=True, disable=not console.is_terminal)
-    first = batch[0] if isinstance(batch, tuple) else batch
-    task = bar.add_task(f"profiling {args.model} b{first.shape[0]} on {args.device}", total=None)
+    from dpcomm.utils.user_run import batch_size
+
+    task = bar.add_task(f"profiling {args.model} b{batch_size(batch)} on {args.device}", total=None)
 
     def _tick(done: int, total: int) -> None:
         if not bar.disable and not bar.live.is_started:  # on the first iteration: set-up errors print none

@@ -62,6 +62,7 @@ from dpcomm.models.layers import learnable_layers
 from dpcomm.plan import Plan
 from dpcomm.trace.format import Trace
 from dpcomm.trace.units import (
+    Analysis,
     Unit,
     gradient_units,
     layer_units,
@@ -276,6 +277,7 @@ def bucket_caps(
     find_unused_parameters: bool = False,
     static_graph: bool = False,
     assign: bool = False,
+    analysis: Analysis | None = None,
 ) -> BucketCaps:
     """The ``bucket_cap_mb_list`` that makes DDP form ``plan``'s groups (see module docstring).
 
@@ -285,9 +287,13 @@ def bucket_caps(
     cuts in (:func:`ddp_walk`). Cuts DDP cannot make are dropped (a warning says so, priced by
     :func:`dpcomm.sim.simulate` when ``trace``, ``cost`` and ``nodes`` are given). ``assign``: DDP will be
     built by :func:`build_ddp`, which hands a DDP that never rebuilds (the registration walk) the plan's
-    buckets, so no cut is dropped there (walk ``assigned``).
+    buckets, so no cut is dropped there (walk ``assigned``). ``analysis``: the units and ready order every
+    rank agreed on (:func:`dpcomm.trace.units.agree`), used instead of a local pass of ``example``.
     """
-    ready = ready_sequence(model, example, loss_fn) if example is not None else None  # one pass serves both
+    if analysis is not None:
+        ready = analysis.ready_ids(model)
+    else:  # one local pass serves both
+        ready = ready_sequence(model, example, loss_fn) if example is not None else None
     units = model_units(model, example, loss_fn, trace, ready=ready)
     if plan.num_layers != len(units):
         raise UserError(f"plan '{plan.schedule}' has {plan.num_layers} layers, the model {len(units)} units")
@@ -349,12 +355,44 @@ def _assigned(model: nn.Module, groups: tuple[tuple[str, ...], ...]) -> Iterator
         dist._compute_bucket_assignment_by_size = compute
 
 
+class PlannedDDP(DistributedDataParallel):
+    """``DistributedDataParallel`` as :func:`build_ddp` builds it. After construction only dynamo reads
+    ``bucket_bytes_cap`` (``DDPOptimizer(bucket_bytes_cap=...)``, when the DDP module is compiled). Compiled
+    after ``wrap`` without :mod:`dpcomm.ddp.compiled`'s optimizer installed (``torch._dynamo`` not yet
+    imported when ``wrap`` ran), dynamo's own rule splits the graph: it asserts on a cap under its 1 MiB
+    first bucket (``wfbp``'s), so it reads at least that, and one line on rank 0 says so."""
+
+    @property
+    def bucket_bytes_cap(self) -> int:
+        cap = self.__dict__.get("_dpcomm_cap", 0)
+        if not self.__dict__.get("_dpcomm_built"):
+            return cap
+        from dpcomm.ddp import compiled
+
+        if compiled.PlannedDDPOptimizer is not None:
+            return cap
+        if not self.__dict__.get("_dpcomm_said") and dist.get_rank(self.process_group) == 0:
+            import logging
+
+            logging.getLogger("dpcomm.ddp").info(
+                "dpcomm: torch.compile after wrap: dynamo splits this DDP's graph by its own size rule, not "
+                "at the plan's cuts (the buckets are still the plan's); compile the model first "
+                "(docs/compile.md) to split at them"
+            )
+        self.__dict__["_dpcomm_said"] = True
+        return max(cap, dist._DEFAULT_FIRST_BUCKET_BYTES)
+
+    @bucket_bytes_cap.setter
+    def bucket_bytes_cap(self, value: int) -> None:
+        self.__dict__["_dpcomm_cap"] = value
+
+
 def build_ddp(
     model: nn.Module, caps: BucketCaps, process_group: Any = None, **ddp_kwargs: Any
 ) -> DistributedDataParallel:
     """``DistributedDataParallel(model, bucket_cap_mb_list=..., **ddp_kwargs)`` running ``caps.plan``: for
     the walk ``assigned`` its construction-time buckets are the plan's groups (module docstring)."""
-    if caps.walk != "assigned":
-        return DistributedDataParallel(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
-    with _assigned(model, caps.param_groups):
-        return DistributedDataParallel(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
+    with _assigned(model, caps.param_groups) if caps.walk == "assigned" else contextlib.nullcontext():
+        ddp = PlannedDDP(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
+    ddp.__dict__["_dpcomm_built"] = True
+    return ddp

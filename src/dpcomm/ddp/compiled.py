@@ -217,7 +217,9 @@ def capture_graph(model: nn.Module, example: Any) -> torch.fx.GraphModule:
         return gm.forward
 
     fn = torch.compile(model, backend=capture, dynamic=False)
-    fn(*example) if isinstance(example, tuple) else fn(example)
+    from dpcomm.utils.user_run import call
+
+    call(fn, example)
     if len(graphs) != 1:
         from dpcomm.errors import UserError
 

@@ -22,6 +22,7 @@ from dpcomm.utils.user_run import first_param, on_every_rank
 
 __all__ = [
     "TIMED",
+    "agreed_trace",
     "check_unused",
     "compiled_times",
     "compiled_units",
@@ -35,12 +36,12 @@ TIMED = ("mgwfbp", "optimal")
 """Planners whose plan depends on measured times (the others need only the layer sizes)."""
 
 
-def sizes_trace(model: nn.Module, example: Any | None, name: str, loss_fn: Any = None) -> Trace:
-    """Sizes only: the gradient units of ``example`` (learnable layers in registration order without it)."""
+def sizes_trace(model: nn.Module, units: Any, name: str) -> Trace:
+    """Sizes only: ``units`` (the agreed analysis's; the learnable layers in registration order if None)."""
     from dpcomm.ddp.buckets import model_units
     from dpcomm.trace.units import unit_params
 
-    units = model_units(model, example, loss_fn)
+    units = list(units) if units is not None else model_units(model)
     owned = unit_params(model, units)
     dtype_bytes = next((p.element_size() for ps in owned for p in ps), 4)
     rows = tuple(
@@ -51,6 +52,27 @@ def sizes_trace(model: nn.Module, example: Any | None, name: str, loss_fn: Any =
         for u, ps in zip(units, owned, strict=True)
     )  # fmt: skip
     return Trace(model=name, batch_size=1, device="none", dtype_bytes=dtype_bytes, layers=rows)
+
+
+def agreed_trace(model: nn.Module, local: Trace, units: Any, group: Any, measured_by: str) -> Trace:
+    """This rank's profile ``local`` (its own example's units) as times of the agreed ``units``, averaged
+    over ranks: each local unit's forward and backward time is shared among its parameters by size and
+    summed per agreed unit (a unit this rank did not run costs it nothing)."""
+    from dpcomm.planner.autoplan import rank_mean
+
+    numel = {n: p.numel() for n, p in model.named_parameters()}
+    fwd: dict[str, float] = {}
+    bwd: dict[str, float] = {}
+    for x in local.layers:
+        size = sum(numel[n] for n in x.param_names) or 1
+        for n in x.param_names:
+            fwd[n], bwd[n] = x.forward_s * numel[n] / size, x.backward_s * numel[n] / size
+    f = [sum(fwd.get(n, 0.0) for n in u.param_names) for u in units]
+    b = [sum(bwd.get(n, 0.0) for n in u.param_names) for u in units]
+    fb = rank_mean(f + b, group)
+    sized = sizes_trace(model, units, type(model).__name__)
+    layers = tuple(replace(x, forward_s=fb[i], backward_s=fb[len(f) + i]) for i, x in enumerate(sized.layers))
+    return replace(local, model=type(model).__name__, layers=layers, extra={"measured_by": measured_by})
 
 
 def plan_on_workers(
@@ -66,6 +88,7 @@ def plan_on_workers(
     static_graph: bool = False,
     coarsen: Any = None,
     retime: Any = None,
+    analysis: Any = None,
 ) -> tuple[Plan, Trace, CommCost]:
     """Profile, price and plan on every rank of ``process_group`` (see module docstring); every rank gets
     the same plan, trace and cost. ``mgwfbp`` and ``optimal`` need ``example`` (one input batch).
@@ -73,7 +96,8 @@ def plan_on_workers(
     (:mod:`dpcomm.ddp.buckets`): they are planned there (:func:`static_order`). ``coarsen(trace) -> trace``:
     the units as they can be cut (a compiled graph's: :func:`dpcomm.ddp.compiled.graph_atoms`).
     ``retime(trace) -> trace``: the profiled units' times as the model runs them (a compiled model's:
-    :func:`compiled_times`), applied before ``coarsen``; the plan is made on them."""
+    :func:`compiled_times`), applied before ``coarsen``; the plan is made on them. ``analysis``: the units
+    every rank agreed on (:func:`dpcomm.trace.units.agree`; with ``example``, made here if not given)."""
     from dpcomm.collectives import get
     from dpcomm.costmodel.collective import ALGORITHMS
     from dpcomm.planner import autoplan
@@ -87,25 +111,18 @@ def plan_on_workers(
         if name in TIMED:
             raise UserError(f"planner '{schedule}' needs the layers' times: pass example=<one input batch>")
         trace = sizes_trace(model, None, type(model).__name__)
-    else:  # every rank profiles; the units' times are averaged over ranks
+    else:  # every rank profiles; the agreed units' times are averaged over ranks
         from dpcomm.trace.profiler import profile
+        from dpcomm.trace.units import agree
 
+        if analysis is None:
+            analysis = agree(model, example, loss_fn, process_group, "dpcomm.ddp.wrap")
         device = first_param(model, "dpcomm.ddp.wrap").device
         local = on_every_rank(
             lambda: profile(model, example, iters=profile_iters, warmup=1, device=device, loss_fn=loss_fn),
             process_group, "dpcomm.ddp.wrap: profiling the model on the example",
         )  # fmt: skip
-        n = local.num_layers
-        fb = autoplan.rank_mean(
-            [x.forward_s for x in local.layers] + [x.backward_s for x in local.layers], process_group
-        )
-        layers = tuple(
-            replace(x, forward_s=fb[i], backward_s=fb[n + i], extra={}) for i, x in enumerate(local.layers)
-        )  # the units, their parameters' names kept
-        trace = Trace(
-            model=type(model).__name__, batch_size=local.batch_size, device=local.device,
-            dtype_bytes=local.dtype_bytes, layers=layers, extra={"measured_by": "dpcomm.ddp.wrap"},
-        )  # fmt: skip
+        trace = agreed_trace(model, local, analysis.units, process_group, "dpcomm.ddp.wrap")
         if retime is not None:
             trace = retime(trace)
     if static_graph:
@@ -162,7 +179,12 @@ def compiled_units(model: nn.Module, example: Any, trace: Trace, group: Any) -> 
         gm = capture_graph(model, example)
         return graph_atoms(gm, [x.param_names for x in trace.layers], model)
 
-    return merge_layers(trace, on_every_rank(atoms, group, "dpcomm.ddp.wrap: tracing the compiled model"))
+    sizes = on_every_rank(atoms, group, "dpcomm.ddp.wrap: tracing the compiled model")
+    box = [sizes]  # rank 0's cuts on every rank: one layout whatever each rank's example
+    dist.broadcast_object_list(
+        box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group
+    )
+    return merge_layers(trace, box[0])
 
 
 def compiled_times(
@@ -201,12 +223,13 @@ def compiled_times(
     return replace(trace, layers=layers, extra=extra)
 
 
-def check_unused(trace: Trace, walk: dict[str, bool]) -> None:
+def check_unused(trace: Trace, walk: dict[str, bool], uneven: tuple[str, ...] = ()) -> None:
     """DDP without ``find_unused_parameters`` or ``static_graph`` fails in its second iteration on a model
-    whose parameters get no gradient; say so now, naming them."""
+    whose parameters get no gradient (on rank 0's example, or ``uneven``: on some rank's); say so now, naming
+    them."""
     from dpcomm.trace.names import pattern
 
-    unused = [n for x in trace.layers if x.unused for n in x.param_names]
+    unused = [n for x in trace.layers for n in x.param_names if x.unused or n in uneven]
     if unused and not any(walk.values()):
         every = [n for x in trace.layers for n in x.param_names]
         raise UserError(

@@ -47,12 +47,26 @@ from torch.nn.parallel import DistributedDataParallel
 from dpcomm.costmodel.base import CommCost
 from dpcomm.ddp.buckets import BucketCaps, bucket_caps, build_ddp
 from dpcomm.ddp.hooks import HookState, collective_hook
-from dpcomm.ddp.planning import TIMED, check_unused, compiled_times, compiled_units, plan_on_workers
+from dpcomm.ddp.planning import (
+    TIMED,
+    check_unused,
+    compiled_times,
+    compiled_units,
+    plan_on_workers,
+)
 from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.timing import now
 from dpcomm.trace.format import Trace
-from dpcomm.utils.user_run import check_same_weights, first_param, on_every_rank, untouched
+from dpcomm.trace.units import Analysis, agree
+from dpcomm.utils.user_run import (
+    call,
+    check_same_layout,
+    check_same_weights,
+    first_param,
+    on_every_rank,
+    untouched,
+)
 
 _log = logging.getLogger("dpcomm.ddp")
 
@@ -150,8 +164,10 @@ def wrap(
     """``DistributedDataParallel(model, ...)`` whose buckets are ``plan``'s groups.
 
     ``plan``: a :class:`Plan` or a planner name (``wfbp``, ``single``, ``bucket:25MB``, ``mgwfbp``,
-    ``optimal``; the last two need ``example``). ``example``: one input batch (a tensor or a tuple), used to
-    order the layers as they run, to find the gradient-ready order, and to time the layers. ``collective``:
+    ``optimal``; the last two need ``example``). ``example``: one input batch as forward takes it (a tensor,
+    a tuple, a dict of keyword arguments or :class:`~dpcomm.utils.user_run.Inputs`), used to find the
+    gradient units and their ready order (rank 0's, for every rank: :func:`dpcomm.trace.units.agree`) and
+    to time them; the buckets are checked alike on every rank before DDP is built. ``collective``:
     ``native`` (DDP's own all-reduce) or a dpcomm collective registered as a comm hook
     (:func:`collective_hook`; on its own thread when ``overlap``). ``network``: price the all-reduce with a
     modelled network instead of measuring it. ``verify_iters``: timed passes per candidate in the trial
@@ -194,6 +210,10 @@ def wrap(
     world = dist.get_world_size(process_group)
     walk = _walk_kwargs(ddp_kwargs)
     with untouched(model):
+        analysis = None  # one analysis of the model, rank 0's, for every step below (trace/units.agree)
+        if example is not None:
+            analysis = agree(model, example, loss_fn, process_group, "dpcomm.ddp.wrap")
+            _say_uneven(analysis, process_group)
         if isinstance(plan, str):
             coarsen = retime = None
             if compiled is not model and example is not None and not reducer:  # cut where dynamo's graph can,
@@ -204,14 +224,14 @@ def wrap(
             plan, trace, cost = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, collective=collective, network=network,
                 profile_iters=profile_iters, process_group=process_group, static_graph=walk["static_graph"],
-                coarsen=coarsen, retime=retime,
+                coarsen=coarsen, retime=retime, analysis=analysis,
             )  # fmt: skip
             planned = plan
-            check_unused(trace, walk)
+            check_unused(trace, walk, analysis.uneven if analysis else ())
         caps = on_every_rank(
             lambda: bucket_caps(
-                plan, model, example=example, loss_fn=loss_fn, trace=trace, cost=cost, nodes=world,
-                warn=False, assign=True, **walk,
+                plan, model, trace=trace, cost=cost, nodes=world, warn=False, assign=True, analysis=analysis,
+                **walk,
             ), process_group, "dpcomm.ddp.wrap: matching the plan to the model",
         )  # fmt: skip
         if (
@@ -222,8 +242,10 @@ def wrap(
             and collective == "native"
         ):
             caps, timed, predicted = _trial(
-                model, caps, trace, cost, example, loss_fn, verify_iters, process_group, ddp_kwargs
+                model, caps, trace, cost, example, loss_fn, verify_iters, process_group, ddp_kwargs, analysis
             )
+        layout = [*caps.param_groups, (caps.walk, *(f"{c:.9g}" for c in caps.bucket_cap_mb_list))]
+        check_same_layout(model, layout, process_group, "dpcomm.ddp.wrap")
     buckets: list[list[list[str]]] = []
     notes: list[str] = []
     if "torch._dynamo" in sys.modules:  # the model may be compiled: dynamo must split at the plan's cuts
@@ -268,6 +290,18 @@ def wrap(
     return ddp
 
 
+def _say_uneven(analysis: Analysis, group: Any) -> None:
+    """One line on rank 0 where the ranks' examples use different parameters (the layout is rank 0's)."""
+    if analysis.uneven and dist.get_rank(group) == 0:
+        from dpcomm.trace.names import pattern
+
+        every = [n for u in analysis.units for n in u.param_names]
+        _log.info(
+            "dpcomm: the ranks' examples give gradients to different parameters (%s); every rank runs "
+            "rank 0's layout", pattern(list(analysis.uneven), every),
+        )  # fmt: skip
+
+
 def _python_reducer() -> bool:
     """DDP will run its python reducer (``optimize_ddp = "python_reducer"``), for compiled autograd."""
     if "torch._dynamo" not in sys.modules:  # never imported: the mode cannot have been set
@@ -292,7 +326,7 @@ def _trial_kwargs(ddp_kwargs: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs):
+def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs, analysis):
     """Time the planned plan, ``single`` and DDP's default buckets as real DDP modules, round-robin; return
     the kept plan's caps (for the user's DDP options), each candidate's median (see step 4) and the cost
     model's price of each. The candidates' DDPs are gone when it returns, and their hooks with them."""
@@ -307,8 +341,7 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs)
     plans = [caps.plan] + candidates(caps.plan, trace, cost, world)[1:]
     plans = [p for k, p in enumerate(plans) if all(p.groups != o.groups for o in plans[:k])]
     options = [
-        bucket_caps(p, model, example=example, loss_fn=loss_fn, trace=trace, warn=False, assign=True,
-                    **_walk_kwargs(kwargs))
+        bucket_caps(p, model, trace=trace, warn=False, assign=True, analysis=analysis, **_walk_kwargs(kwargs))
         for p in plans
     ]  # fmt: skip
     device = first_param(model, "dpcomm.ddp.wrap").device
@@ -321,7 +354,7 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs)
             for p in params:
                 p.grad = None
             t0 = now(device)
-            out = ddps[k](*example) if isinstance(example, tuple) else ddps[k](example)
+            out = call(ddps[k], example)
             (loss_fn or default_loss)(out).backward()
             t1 = now(device)  # CUDA runs kernels after the calls return: read the clock once they ran
             if step >= 2 * len(ddps):
@@ -339,7 +372,7 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs)
     predicted = {c.plan.schedule: simulate(trace, c.plan, cost, world).t_iter_s for c in options}
     if kept.plan.groups != caps.plan.groups:  # the winner's caps for the user's own DDP options
         caps = bucket_caps(
-            kept.plan, model, example=example, loss_fn=loss_fn, trace=trace, cost=cost, nodes=world,
-            warn=False, assign=True, **_walk_kwargs(ddp_kwargs),
+            kept.plan, model, trace=trace, cost=cost, nodes=world, warn=False, assign=True, analysis=analysis,
+            **_walk_kwargs(ddp_kwargs),
         )  # fmt: skip
     return caps, {c.plan.schedule: m for c, m in zip(options, medians, strict=True)}, predicted

@@ -15,7 +15,9 @@ before their parents and the root (``fully_shard(model)``) last, taking whatever
    make). A tied parameter joins *every* module holding it to its unit; where such a module runs
    elsewhere in forward (``lm_head`` last, ``wte`` first), FSDP2 keeps the group unsharded from its
    first module's forward to its last's (it reshards a group after its last module's forward): the
-   unit is *spanning*, and its bytes are added to the plan's peak as a bound;
+   unit is *spanning*, and its bytes are added to the plan's peak as a bound; so is a unit whose module
+   contains another unit's (a child called first, e.g. a layer's last norm joined to the next layer): the
+   child is gathered while its parent's unit is still unsharded;
 3. each unit's module list is lifted to the largest subtrees whose parameter-holding modules are all in
    the unit (``h.3`` rather than its eight leaves): the same parameters, fewer hooks;
 4. a module whose forward never runs on the example (``nn.MultiheadAttention``'s ``out_proj``: its weight is
@@ -40,7 +42,7 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp_model import FsdpPlan
 
-__all__ = ["ShardGroups", "merge_units", "shard_groups", "shardable_modules"]
+__all__ = ["ShardGroups", "call_params", "merge_units", "mixed_dtypes", "shard_groups", "shardable_modules"]
 
 ROOT = ""
 """The root module's path (``model.named_modules()`` names it ``""``)."""
@@ -67,6 +69,53 @@ class ShardGroups:
         return next((k for k, m in enumerate(self.modules) if m == (ROOT,)), None)
 
 
+def call_params(model: nn.Module, groups: ShardGroups) -> tuple[list[list[nn.Parameter]], list[nn.Parameter]]:
+    """The parameters each unit's ``fully_shard`` call manages (every one under its modules that no earlier
+    call took, frozen ones included; the root unit's call takes whatever is left), and those the root call
+    takes when no unit is the root's."""
+    mods = dict(model.named_modules())
+    taken: set[int] = set()
+    out: list[list[nn.Parameter]] = [[] for _ in groups.units]
+    for k in groups.order:
+        if groups.modules[k] == (ROOT,):
+            continue
+        for path in groups.modules[k]:
+            for p in mods[path].parameters():
+                if id(p) not in taken:
+                    taken.add(id(p))
+                    out[k].append(p)
+    rest = [p for p in model.parameters() if id(p) not in taken]
+    if groups.root_unit is None:
+        return out, rest
+    out[groups.root_unit] = rest
+    return out, []
+
+
+def mixed_dtypes(model: nn.Module, groups: ShardGroups) -> str | None:
+    """One line naming the first ``fully_shard`` call whose parameters differ in dtype (FSDP2 asserts
+    "uniform original parameter dtype"), None when every call's are uniform."""
+    per_unit, rest = call_params(model, groups)
+    names = {id(p): n for n, p in model.named_parameters()}
+    for k, ps in [*enumerate(per_unit), (None, rest)]:
+        kinds: dict[torch.dtype, list[str]] = {}
+        for p in ps:
+            kinds.setdefault(p.dtype, []).append(names[id(p)])
+        if len(kinds) > 1:
+            where = (
+                "the root call"
+                if k is None
+                else f"unit {k} ({', '.join(m or '(root)' for m in groups.modules[k])})"
+            )
+            parts = "; ".join(
+                f"{dt}: {', '.join(ns[:3])}{' ...' if len(ns) > 3 else ''}" for dt, ns in kinds.items()
+            )
+            return (
+                f"dpcomm.fsdp.shard: FSDP2 needs one parameter dtype per fully_shard call, and {where} mixes "
+                f"{parts}; cast them alike (and pass FSDP2 a MixedPrecisionPolicy for the compute dtype)"
+            )
+    return None
+
+
 def merge_units(units: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
     """``units`` with every cut inside a span of unit indices ``(i, j)`` removed (``i..j`` become one)."""
     cut = [True] * max(0, len(units) - 1)  # cut[k]: between unit k and k+1
@@ -82,6 +131,8 @@ def merge_units(units: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int
 def shardable_modules(model: nn.Module, example: Any) -> frozenset[str]:
     """Paths of the modules whose forward runs on ``example`` and returns no view that needs a gradient
     (point 4); one forward, no backward. Run it under :func:`dpcomm.utils.user_run.untouched`."""
+    from dpcomm.utils.user_run import call
+
     paths = {m: p for p, m in model.named_modules()}
     ran: set[str] = {ROOT}
     views: set[str] = set()
@@ -103,7 +154,7 @@ def shardable_modules(model: nn.Module, example: Any) -> frozenset[str]:
     handles = [m.register_forward_hook(hook) for m in model.modules()]
     try:
         with torch.enable_grad():
-            model(*example) if isinstance(example, tuple) else model(example)
+            call(model, example)
     finally:
         for h in handles:
             h.remove()
@@ -200,6 +251,13 @@ def shard_groups(
             )
     ok = _shardable(model, shardable)
     lifted = [_lift(model, mods, set(direct), ok) if ROOT not in mods else (ROOT,) for mods in members]
+    for k, j, outer, inner in _nested(lifted):  # k's module runs j's inside it: both unsharded at once
+        if k not in spanning:
+            spanning.add(k)
+            notes.append(
+                f"the unit of {_unit_text(units, k, layer_params)} ({outer}) runs {inner} of unit {j} inside "
+                "its forward: FSDP2 holds both unsharded then"
+            )
     return ShardGroups(
         units=tuple(units),
         modules=tuple(lifted),
@@ -207,6 +265,26 @@ def shard_groups(
         spanning=tuple(sorted(spanning)),
         notes=tuple(notes),
     )
+
+
+def _nested(lifted: Sequence[tuple[str, ...]]) -> list[tuple[int, int, str, str]]:
+    """``(k, j, outer, inner)`` where unit ``k``'s module ``outer`` (not the root) contains unit ``j``'s
+    ``inner``: a call on a child made before its parent's (children first), run inside the parent's
+    forward."""
+    out = []
+    for k, outer_mods in enumerate(lifted):
+        for outer in outer_mods:
+            inner = [
+                (j, q)
+                for j, qs in enumerate(lifted)
+                if j != k
+                for q in qs
+                if outer and q.startswith(outer + ".")
+            ]
+            if outer and inner:
+                out.append((k, inner[0][0], outer, inner[0][1]))
+                break
+    return out
 
 
 def _unit_text(units: Sequence[tuple[int, int]], k: int, layer_params: Sequence[Sequence[str]]) -> str:

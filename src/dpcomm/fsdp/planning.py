@@ -18,12 +18,12 @@ from torch import nn
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.costs import fsdp_costs
-from dpcomm.fsdp.groups import ShardGroups, shard_groups
+from dpcomm.fsdp.groups import ShardGroups, call_params, shard_groups
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, Modules, fsdp_time, peak_memory, plan_fsdp
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.utils.sizes import parse_size
-from dpcomm.utils.user_run import on_every_rank
+from dpcomm.utils.user_run import batch_size, call, map_tensors, on_every_rank
 
 __all__ = [
     "REPLANS",
@@ -60,11 +60,7 @@ def overlap_of(model: nn.Module) -> str:
 
 def on_model_device(model: nn.Module, example: Any) -> Any:
     """``example`` on ``meta`` for a meta-device model (its forward then costs nothing), else as given."""
-    if not is_meta(model):
-        return example
-    if isinstance(example, tuple):
-        return tuple(x.to("meta") if isinstance(x, torch.Tensor) else x for x in example)
-    return example.to("meta") if isinstance(example, torch.Tensor) else example
+    return example if not is_meta(model) else map_tensors(example, lambda t: t.to("meta"))
 
 
 def _flops_per_s(device: torch.device) -> float:
@@ -80,16 +76,14 @@ def _flops_per_s(device: torch.device) -> float:
     return 3 * 2 * 256**3 / max(now(device) - t0, 1e-9)
 
 
-def _analytic_profile(model: nn.Module, example: Any, loss_fn: Any, group: Any) -> Trace:
+def _analytic_profile(model: nn.Module, example: Any, units: Any, group: Any) -> Trace:
     """Step 1 for a meta-device model: the gradient units from one forward and backward on ``meta`` (no
     memory, no compute), each timed as its layers' FLOPs (:func:`dpcomm.trace.analytic.layer_costs`, shared
     among a layer's units by parameters) over the device's measured matrix-multiply rate, averaged over
     ranks. No parameter is materialised."""
     from dpcomm.planner.autoplan import rank_mean
     from dpcomm.trace.analytic import layer_costs
-    from dpcomm.trace.units import gradient_units
 
-    units = gradient_units(model, example, loss_fn)
     costs = {c.name: c for c in layer_costs(model, example)}
     named = dict(model.named_parameters())
     sizes = [sum(named[n].numel() for n in u.param_names) for u in units]
@@ -104,9 +98,8 @@ def _analytic_profile(model: nn.Module, example: Any, loss_fn: Any, group: Any) 
         f, b = (c.fwd_flops * share, c.bwd_flops * share) if c is not None else (2.0 * n, 4.0 * n)
         rows.append(Layer(name=u.name, params=n, forward_s=f / rate, backward_s=b / rate,
                           param_names=u.param_names, unused=u.unused))  # fmt: skip
-    first = example[0] if isinstance(example, tuple) else example
     return Trace(
-        model=type(model).__name__, batch_size=int(first.shape[0]) if first.dim() else 1,
+        model=type(model).__name__, batch_size=batch_size(example),
         device=f"analytic:{target_device(model).type}", dtype_bytes=next(model.parameters()).element_size(),
         layers=tuple(rows), extra={"measured_by": "dpcomm.fsdp.shard (meta: FLOPs / measured rate)"},
     )  # fmt: skip
@@ -123,7 +116,7 @@ def budget_bytes(memory: int | str | None) -> int | None:
 
 
 def call_model(model: nn.Module, example: Any) -> Any:
-    return model(*example) if isinstance(example, tuple) else model(example)
+    return call(model, example)
 
 
 def _profile_local(model: nn.Module, example: Any, loss_fn: Any, iters: int) -> Trace:
@@ -132,20 +125,6 @@ def _profile_local(model: nn.Module, example: Any, loss_fn: Any, iters: int) -> 
 
     return profile(model, example, iters=iters, warmup=1, device=next(model.parameters()).device,
                    loss_fn=loss_fn)  # fmt: skip
-
-
-def _rank_mean_trace(model: nn.Module, local: Trace, group: Any) -> Trace:
-    """Step 1 over ranks: every unit's times averaged."""
-    from dpcomm.planner.autoplan import rank_mean
-
-    n = local.num_layers
-    fb = rank_mean([x.forward_s for x in local.layers] + [x.backward_s for x in local.layers], group)
-    layers = tuple(
-        replace(x, forward_s=fb[i], backward_s=fb[n + i], extra={}) for i, x in enumerate(local.layers)
-    )
-    return replace(
-        local, model=type(model).__name__, layers=layers, extra={"measured_by": "dpcomm.fsdp.shard"}
-    )
 
 
 def _sizes_trace(model: nn.Module) -> Trace:
@@ -221,28 +200,37 @@ def plan_on_workers(
     max_depth: int = FSDP_MAX_DEPTH,
     process_group: Any = None,
     meshes: dict[int, Any] | None = None,
+    analysis: Any = None,
 ) -> tuple[FsdpPlan, Trace, CommCost, CommCost, CommCost | None]:
     """Steps 1-3 of :mod:`dpcomm.fsdp.shard` on every rank of ``process_group``: ``(plan, trace, T_ag,
     T_rs, T_ar)``, the same on every rank. ``optimal`` needs ``example`` (one input batch). ``meshes``:
     HSDP, ``{G: DeviceMesh}`` over every rank (:func:`dpcomm.fsdp.mesh.meshes`), each one's collectives
     measured; with several the planner chooses ``G`` (the plan's ``shard_group``), and ``T_ar`` is that
-    mesh's all-reduce across the replicas (``None``: FSDP)."""
+    mesh's all-reduce across the replicas (``None``: FSDP). ``analysis``: the units every rank agreed on
+    (:func:`dpcomm.trace.units.agree`; with ``example``, made here if not given)."""
     name = str(method).strip().lower()
     if example is None and name == "optimal":
         raise UserError("FSDP planner 'optimal' needs the units' times: pass example=<one input batch>")
     if example is None:
         trace = _sizes_trace(model)
-    elif is_meta(model):
-        trace = on_every_rank(
-            lambda: _analytic_profile(model, on_model_device(model, example), loss_fn, process_group),
-            process_group, "dpcomm.fsdp.shard: running the meta-device model on the example",
-        )  # fmt: skip
     else:
-        local = on_every_rank(
-            lambda: _profile_local(model, example, loss_fn, profile_iters), process_group,
-            "dpcomm.fsdp.shard: profiling the model on the example",
-        )  # fmt: skip
-        trace = _rank_mean_trace(model, local, process_group)
+        from dpcomm.ddp.planning import agreed_trace
+        from dpcomm.trace.units import agree
+
+        example = on_model_device(model, example)
+        if analysis is None:
+            analysis = agree(model, example, loss_fn, process_group, "dpcomm.fsdp.shard")
+        if is_meta(model):
+            trace = on_every_rank(
+                lambda: _analytic_profile(model, example, analysis.units, process_group), process_group,
+                "dpcomm.fsdp.shard: running the meta-device model on the example",
+            )  # fmt: skip
+        else:
+            local = on_every_rank(
+                lambda: _profile_local(model, example, loss_fn, profile_iters), process_group,
+                "dpcomm.fsdp.shard: profiling the model on the example",
+            )  # fmt: skip
+            trace = agreed_trace(model, local, analysis.units, process_group, "dpcomm.fsdp.shard")
     total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
     if meshes is None:
         ag, rs, _, _ = fsdp_costs(total, process_group)
@@ -276,7 +264,11 @@ def as_run(
     m = np.array([sum(size[n] for n in names) for names in layer_params], dtype=float)
     run = replace(plan, units=groups.units) if tuple(plan.units) != groups.units else plan
     d, r = run.depth, run.reshard_after_forward
-    peak = peak_memory(list(run.units), m, depth=d, reshard=r)
+    held = m.copy()  # what each unit's fully_shard call also gathers: frozen parameters under its modules
+    per_unit, always = _untrained_bytes(model, groups, layer_params)
+    for (a, _), extra in zip(groups.units, per_unit, strict=True):
+        held[a] += extra
+    peak = peak_memory(list(run.units), held, depth=d, reshard=r) + always
     if run is not plan:
         t = float("nan")
         if trace is not None and ag is not None:
@@ -285,8 +277,21 @@ def as_run(
                 list(run.units), f, b, m, ag, rs, depth=d, reshard=r, overlap=overlap_of(model), ar_cost=ar
             )
         run = replace(run, time_s=t, peak_bytes=int(peak))
-    spans = sum(int(m[a : z + 1].sum()) for k, (a, z) in enumerate(run.units) if k in groups.spanning)
+    spans = sum(int(held[a : z + 1].sum()) for k, (a, z) in enumerate(run.units) if k in groups.spanning)
     return run, int(peak) + spans
+
+
+def _untrained_bytes(model: nn.Module, groups: ShardGroups, layer_params: Any) -> tuple[list[int], int]:
+    """Bytes each unit's ``fully_shard`` call manages beyond its layers' parameters (frozen ones under its
+    modules: FSDP2 gathers them with the unit), and the bytes the root call keeps unsharded from the
+    first forward to the end of backward when no unit is the root's (``reshard_after_forward=False``)."""
+    named = dict(model.named_parameters())
+    per_unit, rest = call_params(model, groups)
+    extra = []
+    for (a, z), ps in zip(groups.units, per_unit, strict=True):
+        trained = {id(named[n]) for names in layer_params[a : z + 1] for n in names}
+        extra.append(sum(p.numel() * p.element_size() for p in ps if id(p) not in trained))
+    return extra, sum(p.numel() * p.element_size() for p in rest)
 
 
 REPLANS = 4

@@ -39,6 +39,7 @@ anything is sharded.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import statistics
 from dataclasses import dataclass, replace
@@ -50,7 +51,8 @@ from torch import nn
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.fsdp.groups import ROOT, ShardGroups, shard_groups, shardable_modules
+from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of, zeros_for_uneven
+from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups
 from dpcomm.fsdp.mesh import meshes
 from dpcomm.fsdp.planning import (
     as_run,
@@ -67,7 +69,8 @@ from dpcomm.fsdp.planning import (
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.trace.format import Trace
-from dpcomm.utils.user_run import check_same_weights, first_param, on_every_rank, untouched
+from dpcomm.trace.units import agree
+from dpcomm.utils.user_run import check_same_layout, check_same_weights, first_param, untouched
 
 _log = logging.getLogger("dpcomm.fsdp")
 
@@ -139,6 +142,9 @@ def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any,
     ``fsdp_kw``: FSDP2's other keywords (``mp_policy``, ``offload_policy``, ...), given to every call."""
     from torch.distributed.fsdp import fully_shard
 
+    mixed = mixed_dtypes(model, groups)
+    if mixed:
+        raise UserError(mixed)
     mods = dict(model.named_modules())
     last = len(groups.units) - 1
     handles: dict[int, Any] = {}
@@ -172,15 +178,6 @@ def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any,
             if bwd:
                 handles[k].set_modules_to_backward_prefetch(bwd)
     return model
-
-
-def _layer_params(model: nn.Module, example: Any, loss_fn: Any) -> tuple[tuple[str, ...], ...]:
-    from dpcomm.models.layers import learnable_layers
-    from dpcomm.trace.units import gradient_units, layer_units
-
-    if example is None:
-        return tuple(u.param_names for u in layer_units(model, learnable_layers(model)))
-    return tuple(u.param_names for u in gradient_units(model, on_model_device(model, example), loss_fn))
 
 
 def _sharded_copy(
@@ -227,6 +224,7 @@ def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh,
         if step >= len(plans):
             times[k].append(t1 - t0)
     del copies
+    gc.collect()  # the copies' FSDP2 states (cycles) go now, not in the interpreter's teardown (SIGABRT)
     medians = slowest([statistics.median(t) for t in times], group)
     best = min(range(len(plans)), key=medians.__getitem__)
     if medians[-1] <= medians[best] * (1 + _PREFER_WITHIN):
@@ -256,7 +254,8 @@ def shard(
     """``model`` sharded by FSDP2 as ``plan`` says (see the module docstring); returns it (the same object).
 
     ``plan``: an :class:`FsdpPlan` or a planner name (``optimal`` needs ``example``). ``example``: one input
-    batch (a tensor or a tuple) to time the units on and find their gradient-ready order. ``memory``: the
+    batch as forward takes it (a tensor, a tuple, a dict of keyword arguments or ``dpcomm.ddp.Inputs``)
+    to time the units on and find their gradient-ready order (rank 0's, for every rank). ``memory``: the
     budget of unsharded parameter bytes (an int or ``"64MB"``). ``verify_iters``: timed passes per
     candidate in the trial (``optimal`` only; 0: keep the planned plan untimed). ``layer_params``: with a
     given plan, the parameter names of each of its layers (default: the gradient units of ``example``, else
@@ -286,22 +285,23 @@ def shard(
     said: list[str] = []
     with untouched(model):
         candidates = meshes(model, mesh, process_group)
-        shardable = None
+        shardable = analysis = None  # one analysis of the model, rank 0's (trace/units.agree)
         if example is not None:
-            shardable = on_every_rank(
-                lambda: shardable_modules(model, on_model_device(model, example)), process_group,
-                "dpcomm.fsdp.shard: running the model on the example",
-            )  # fmt: skip
+            analysis = agree(
+                model, on_model_device(model, example), loss_fn, process_group, "dpcomm.fsdp.shard"
+            )
+            shardable = agreed_shardable(model, example, analysis, process_group)
         if isinstance(plan, str):
             requested, trace, ag, rs, ar = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, memory=budget, profile_iters=profile_iters,
                 max_depth=max_depth, process_group=process_group, meshes=None if mesh is None else candidates,
+                analysis=analysis,
             )  # fmt: skip
             layer_params = tuple(tuple(x.param_names) for x in trace.layers)
         else:
             requested = _given_on(plan, candidates, dist.get_world_size(process_group))
             if layer_params is None:
-                layer_params = _layer_params(model, example, loss_fn)
+                layer_params = layer_params_of(model, analysis)
             layer_params = tuple(tuple(x) for x in layer_params)
         if trace is not None:
             requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
@@ -338,11 +338,17 @@ def shard(
         groups = shard_groups(model, kept, layer_params, shardable)
         run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs, ar)
     if budget is not None and bound > budget:
+        notes = f" ({'; '.join(groups.notes)})" if groups.notes else ""
         raise UserError(
-            f"FSDP plan '{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it, over the budget of "
-            f"{budget:,} ({'; '.join(groups.notes)})"
+            f"FSDP plan '{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it (frozen parameters "
+            f"included), over the budget of {budget:,}{notes}"
         )
+    layout = [(*groups.modules[k], "|", *(n for ns in layer_params[a : z + 1] for n in ns))
+              for k in groups.order for a, z in [groups.units[k]]]  # fmt: skip
+    check_same_layout(model, [*layout, (str(_shape(run)),)], process_group, "dpcomm.fsdp.shard", "units")
     apply_plan(model, run, groups, on, **fsdp_kw)
+    if analysis is not None:
+        zeros_for_uneven(model, analysis)
     model.dpcomm = Sharded(
         plan=run, requested=requested, groups=groups, layer_params=layer_params, peak_bound_bytes=bound,
         trace=trace, ag_cost=ag, rs_cost=rs, ar_cost=ar, trial=trial, overlap=overlap_of(model),

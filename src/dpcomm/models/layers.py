@@ -59,6 +59,8 @@ def layers_in_call_order(module: nn.Module, order: dict[int, int]) -> list[tuple
 
 def call_order(module: nn.Module, example: Any) -> dict[int, int]:
     """``id(submodule) -> index of its first call`` in one no-grad forward of ``example`` (every module)."""
+    from dpcomm.utils.user_run import call
+
     order: dict[int, int] = {}
 
     def _first_call(m: nn.Module, _inputs: Any) -> None:  # must return None: a value would replace the inputs
@@ -67,7 +69,7 @@ def call_order(module: nn.Module, example: Any) -> dict[int, int]:
     hooks = [mod.register_forward_pre_hook(_first_call) for mod in module.modules()]
     try:
         with torch.no_grad():
-            module(*example) if isinstance(example, tuple) else module(example)
+            call(module, example)
     finally:
         for h in hooks:
             h.remove()

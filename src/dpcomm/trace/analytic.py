@@ -206,10 +206,12 @@ def layer_costs(module: nn.Module, example: Any, *, dtype_bytes: int = 4) -> lis
 
         return hook
 
+    from dpcomm.utils.user_run import call
+
     handles = [mod.register_forward_hook(_hook(i)) for i, (_, mod) in enumerate(layers)]
     try:
         with torch.enable_grad():
-            module(*example) if isinstance(example, tuple) else module(example)
+            call(module, example)
     finally:
         for h in handles:
             h.remove()

@@ -171,7 +171,9 @@ def _partition(clock: _Clock, start: Any, marks: list[tuple[int, Any]], end: Any
 
 
 def _call(module: nn.Module, example: Any) -> Any:
-    return module(*example) if isinstance(example, tuple) else module(example)
+    from dpcomm.utils.user_run import call
+
+    return call(module, example)
 
 
 def _iteration(module, example, loss_fn, params, clock, amp=None) -> tuple[Any, Any, Any]:
@@ -203,7 +205,14 @@ def _to(example: Any, dev: torch.device) -> Any:
         return example.to(dev)
     if isinstance(example, tuple | list):
         return tuple(_to(x, dev) for x in example)
-    raise UserError(f"example batch must be a tensor or a tuple of tensors, got {type(example).__name__}")
+    from dpcomm.utils.user_run import Inputs, map_tensors
+
+    if isinstance(example, dict | Inputs):  # keyword inputs (dpcomm.utils.user_run.Inputs)
+        return map_tensors(example, lambda t: t.to(dev))
+    raise UserError(
+        "example batch must be a tensor, a tuple (positional), a dict (keyword) or dpcomm.ddp.Inputs, got "
+        f"{type(example).__name__}"
+    )
 
 
 def _device_label(dev: torch.device) -> str:
@@ -281,8 +290,9 @@ def profile(
     clock = _Clock(dev, timer)
     module.to(dev).train()
     example = _to(example_batch, dev)
-    first = example[0] if isinstance(example, tuple) else example
-    batch_size = int(first.shape[0]) if first.dim() > 0 else 1
+    from dpcomm.utils.user_run import batch_size as _batch
+
+    batch_size = _batch(example)
     loss_fn = loss_fn or default_loss
     try:
         with _amp(dev, amp):  # the passes that find the layers and units run as the measured ones

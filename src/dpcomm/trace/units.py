@@ -24,6 +24,10 @@ to the module registered first, e.g. GPT-2's ``wte``, not ``lm_head``). Then:
    first gradient-ready event of each backward (``Reducer::autograd_hook``,
    ``has_marked_unused_parameters_``).
 
+Across ranks (:func:`agree`): each rank records its own example's ready order and every rank builds from
+rank 0's, by parameter name (:class:`Analysis`), so ranks whose data uses different parameters (routing, a
+task's head) still plan, time and build one layout; ``uneven`` names the parameters the ranks disagree on.
+
 Units are listed in *forward order* as the papers' layers are (unit 0 is ready last, unit ``L-1`` first),
 so a plan over units is a plan over a trace's layers and every planner and the simulator take them as they
 are. A unit is named after its owner (``h.0.attn.c_attn``); where the owner's parameters split over several
@@ -40,7 +44,9 @@ import torch
 from torch import nn
 
 __all__ = [
+    "Analysis",
     "Unit",
+    "agree",
     "gradient_units",
     "layer_units",
     "owners",
@@ -82,10 +88,6 @@ def owners(model: nn.Module) -> dict[int, str]:
     return out
 
 
-def _call(model: nn.Module, example: Any) -> Any:
-    return model(*example) if isinstance(example, tuple) else model(example)
-
-
 def ready_sequence(
     model: nn.Module, example: Any, loss_fn: Callable[[Any], torch.Tensor] | None = None
 ) -> list[int]:
@@ -93,6 +95,7 @@ def ready_sequence(
     backward (a parameter whose hook fires twice counts at its last firing); unused parameters are absent.
     Gradients and buffers are restored."""
     from dpcomm.trace.profiler import default_loss
+    from dpcomm.utils.user_run import call
 
     params = [p for p in model.parameters() if p.requires_grad]
     grads = [p.grad for p in params]
@@ -102,7 +105,7 @@ def ready_sequence(
     try:
         for p in params:
             p.grad = None
-        (loss_fn or default_loss)(_call(model, example)).backward()
+        (loss_fn or default_loss)(call(model, example)).backward()
     finally:
         for h in handles:
             h.remove()
@@ -172,6 +175,52 @@ def layer_units(model: nn.Module, layers: list[tuple[str, nn.Module]]) -> list[U
         Unit(name=n, module=n, param_names=tuple(names[id(p)] for p in ps))
         for (n, _), ps in zip(layers, layer_params(model, layers), strict=True)
     ]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Analysis:
+    """The one analysis of a model every rank builds from (:func:`agree`): rank 0's units and ready order,
+    by parameter name, and which parameters the ranks' examples disagree on."""
+
+    units: tuple[Unit, ...]
+    """Rank 0's units, forward order (rules 1-4)."""
+    ready: tuple[str, ...]
+    """Rank 0's trainable parameters in gradient-ready order (used ones only)."""
+    uneven: tuple[str, ...] = ()
+    """Parameters with a gradient on some ranks' examples and not on others' (the data decides: routing,
+    a task's head), registration order."""
+
+    def ready_ids(self, model: nn.Module) -> list[int]:
+        """:attr:`ready` as this rank's parameter ids (what :func:`ready_sequence` returns)."""
+        by_name = dict(model.named_parameters())
+        return [id(by_name[n]) for n in self.ready]
+
+
+def agree(
+    model: nn.Module, example: Any, loss_fn: Callable[[Any], torch.Tensor] | None, group: Any, who: str
+) -> Analysis:
+    """One forward and backward of this rank's ``example`` (gradients and buffers restored), then every
+    rank takes rank 0's ready order: the units, and so the buckets, are one layout on every rank whatever
+    each rank's data (a parameter rank 0 did not use is an unused unit everywhere). A failure on any rank
+    is one :class:`~dpcomm.errors.UserError` on every rank."""
+    import torch.distributed as dist
+
+    from dpcomm.utils.user_run import on_every_rank
+
+    names = trainable_names(model)
+    local = on_every_rank(
+        lambda: [names[pid] for pid in ready_sequence(model, example, loss_fn) if pid in names],
+        group, f"{who}: running the model on the example",
+    )  # fmt: skip
+    every: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(every, local, group=group)
+    used = [set(r) for r in every]
+    some = set().union(*used) - set.intersection(*used)
+    by_name = dict(model.named_parameters())
+    units = units_from_ready(model, [id(by_name[n]) for n in every[0]])
+    return Analysis(
+        units=tuple(units), ready=tuple(every[0]), uneven=tuple(n for n in names.values() if n in some)
+    )
 
 
 def unit_params(model: nn.Module, units: list[Unit] | tuple[Unit, ...]) -> list[list[nn.Parameter]]:

@@ -10,6 +10,12 @@ gradients, buffers, training flags and random state (docs/ddp.md, "What wrap lea
 - :func:`on_every_rank`: runs a local step and makes its failure everyone's: the ranks exchange their
   one-line errors, and each rank raises the same :class:`~dpcomm.errors.UserError` naming the first rank
   that failed, instead of leaving the others to hang in the next collective.
+- :class:`Inputs`, :func:`call`: an ``example`` as a forward takes it: a tensor (``model(x)``), a tuple
+  (``model(*example)``), a dict (``model(**example)``, Hugging Face's way) or ``Inputs(args, kwargs)``
+  (both); the same in ``wrap``, ``shard`` and ``dpcomm.profile``.
+- :func:`check_same_layout`: before ``wrap`` or ``shard`` returns, every rank checks that its buckets
+  (units) hold the same parameters (names, shapes, dtypes) in the same order as every other rank's: a DDP
+  whose ranks pair different gradients in one all-reduce trains, silently wrong.
 - :func:`check_same_weights`: ranks whose initial parameters differ are refused in one line on every rank
   (plain DDP would silently overwrite them with rank 0's; a dpcomm plan profiled on different models is
   not the plan of either).
@@ -21,6 +27,7 @@ import contextlib
 import hashlib
 import logging
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import torch
@@ -29,9 +36,63 @@ from torch import nn
 
 from dpcomm.errors import UserError, first_line
 
-__all__ = ["check_same_weights", "first_param", "on_every_rank", "rank0_log", "untouched"]
+__all__ = [
+    "check_same_layout",
+    "check_same_weights",
+    "first_param",
+    "on_every_rank",
+    "rank0_log",
+    "untouched",
+]
 
 T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Inputs:
+    """Positional and keyword arguments of one forward: ``model(*args, **kwargs)``."""
+
+    args: tuple[Any, ...] = ()
+    """Positional arguments."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    """Keyword arguments (``input_ids=...``, ``attention_mask=...``)."""
+
+
+def as_inputs(example: Any) -> Inputs:
+    """``example`` as :class:`Inputs`: a tuple is positional, a dict keyword, anything else one argument."""
+    if isinstance(example, Inputs):
+        return example
+    if isinstance(example, tuple):
+        return Inputs(args=example)
+    if isinstance(example, dict):
+        return Inputs(kwargs=dict(example))
+    return Inputs(args=(example,))
+
+
+def call(model: Any, example: Any) -> Any:
+    """``model`` run on ``example`` (a tensor, a tuple, a dict of keyword arguments, or :class:`Inputs`)."""
+    i = as_inputs(example)
+    return model(*i.args, **i.kwargs)
+
+
+def map_tensors(example: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """``example`` with ``fn`` applied to every tensor in it, its shape (tensor, tuple, dict, Inputs) kept."""
+    if isinstance(example, torch.Tensor):
+        return fn(example)
+    if isinstance(example, Inputs):
+        return Inputs(args=map_tensors(example.args, fn), kwargs=map_tensors(example.kwargs, fn))
+    if isinstance(example, tuple | list):
+        return type(example)(map_tensors(x, fn) for x in example)
+    if isinstance(example, dict):
+        return {k: map_tensors(v, fn) for k, v in example.items()}
+    return example
+
+
+def batch_size(example: Any) -> int:
+    """The first dimension of the first tensor in ``example`` (1 for a scalar or none)."""
+    found: list[torch.Tensor] = []
+    map_tensors(example, lambda t: found.append(t))
+    return int(found[0].shape[0]) if found and found[0].dim() > 0 else 1
 
 
 def first_param(model: nn.Module, who: str) -> nn.Parameter:
@@ -106,6 +167,27 @@ def check_same_weights(model: nn.Module, group: Any, who: str) -> None:
         raise UserError(
             f"{who}: rank(s) {', '.join(map(str, odd))} hold other initial weights than rank 0; build the "
             "model from the same seed on every rank (torch.manual_seed before constructing it)"
+        )
+
+
+def check_same_layout(model: nn.Module, layout: Any, group: Any, who: str, what: str = "buckets") -> None:
+    """Refuse, on every rank in one line, ranks whose ``layout`` (per bucket or unit, in communication or
+    call order: parameter names, or module paths and names) differs from rank 0's, parameters' shapes and
+    dtypes included; one ``all_gather_object`` of a sha256."""
+    params = dict(model.named_parameters())
+    h = hashlib.sha256()
+    for k, entries in enumerate(layout):
+        h.update(f"[{k}]".encode())
+        for n in entries:
+            p = params.get(n)
+            h.update(f"{n}:{'' if p is None else (tuple(p.shape), p.dtype)};".encode())
+    digests: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(digests, h.hexdigest(), group=group)
+    odd = [r for r, d in enumerate(digests) if d != digests[0]]
+    if odd:
+        raise UserError(
+            f"{who}: rank(s) {', '.join(map(str, odd))} would run other {what} (parameters, shapes, dtypes "
+            "or order) than rank 0; nothing was built (a dpcomm bug: please report it with the model)"
         )
 
 
