@@ -122,3 +122,26 @@ def test_plan_fsdp_cli_takes_the_dtypes(capsys):
     assert main([*args, "--param-dtype", "int8"]) == 2
     err = capsys.readouterr().err
     assert "param dtype must be one of" in err and "Traceback" not in err
+
+
+def test_simulate_fsdp_and_hsdp_rows_take_the_dtypes(capsys):
+    args = ["simulate", "--trace", "gpt2-tiny-cpu-b16", "--nodes", "8", "--network", "10gbe", "--schedules",
+            "fsdp:per-block,hsdp:whole:2", "--max-depth", "0"]  # fmt: skip
+    assert main([*args, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--json", "--param-dtype", "bf16", "--reduce-dtype", "fp32"]) == 0
+    mixed = json.loads(capsys.readouterr().out)
+    assert [r["schedule"] for r in mixed] == ["fsdp:per-block", "hsdp:whole:2"]
+    for p, m in zip(plain, mixed, strict=True):
+        assert m["memory_bytes"] * 2 == p["memory_bytes"] > 0  # gathered and held in bf16
+        assert m["t_iter_s"] < p["t_iter_s"]  # gathers of half the bytes, reductions of all of them
+    assert main([*args, "--param-dtype", "bf16"]) == 0
+    assert "FSDP2 mixed precision: param_dtype bf16" in capsys.readouterr().out
+    bad_ones = [
+        (["--param-dtype", "int8"], "param dtype must be one of"),
+        (["--schedules", "mgwfbp", "--param-dtype", "bf16"], "name an fsdp: or hsdp: schedule"),
+    ]
+    for bad, said in bad_ones:
+        assert main([*args, *bad]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
