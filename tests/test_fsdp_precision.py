@@ -145,3 +145,32 @@ def test_simulate_fsdp_and_hsdp_rows_take_the_dtypes(capsys):
         assert main([*args, *bad]) == 2
         err = capsys.readouterr().err
         assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_shards_bound_counts_the_gathered_bytes_in_param_dtype():
+    """``as_run`` (``shard``'s plan as FSDP2 runs it, and its peak bound) under a bf16 policy: the bound,
+    the tied unit FSDP2 keeps unsharded included, is half the fp32 one."""
+    import torch
+
+    from dpcomm.fsdp.groups import shard_groups
+    from dpcomm.fsdp.planning import as_run
+    from dpcomm.models import get_model
+    from dpcomm.trace.units import gradient_units
+
+    torch.manual_seed(0)
+    model = get_model("gpt2-tiny")
+    units = gradient_units(model, torch.randint(0, 256, (2, 16)))
+    layers = [u.param_names for u in units]
+    size = {n: p.numel() for n, p in model.named_parameters()}
+    tr = Trace(model="gpt2-tiny", batch_size=2, device="cpu", dtype_bytes=4, layers=tuple(
+        Layer(name=u.name, params=sum(size[n] for n in u.param_names), forward_s=1e-4, backward_s=2e-4,
+              param_names=tuple(u.param_names)) for u in units
+    ))  # fmt: skip
+    cost = LinearCost(1e-4, 8e-9)
+    bf16 = Precision(param_dtype="bf16", reduce_dtype="fp32")
+    plan = plan_fsdp("per-block", tr, cost, cost, depth=1, reshard=True, overlap="gathers", precision=bf16)
+    groups = shard_groups(model, plan, layers)
+    assert groups.spanning  # the embedding's unit, tied to lm_head
+    bound = as_run(model, plan, groups, layers, tr, cost, cost, None, bf16)[1]
+    bound32 = as_run(model, plan, groups, layers, tr, cost, cost)[1]
+    assert 2 * bound == bound32 > 2 * plan.peak_bytes  # the bf16 peak and the tied unit, in bf16
