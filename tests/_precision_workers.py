@@ -57,6 +57,29 @@ def _train(model: nn.Module, batch: Any) -> tuple[list[float], list[str]]:
     return losses, dtypes
 
 
+def _priced(said: Any, plain: nn.Module, planner: str, mp: Any) -> dict[str, Any]:
+    """What ``shard`` planned and bounded under the policy, beside the planner's own plan under the
+    policy's prices on the same trace and costs, and the bound of the same units counted in fp32 (on the
+    unsharded copy)."""
+    from dpcomm.fsdp.planning import as_run
+    from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, plan_fsdp
+    from dpcomm.planner.fsdp_precision import Precision
+
+    mine = plan_fsdp(planner, said.trace, said.ag_cost, said.rs_cost, max_depth=FSDP_MAX_DEPTH,
+                     overlap=said.overlap, precision=Precision.of(mp))  # fmt: skip
+    req = said.requested
+
+    def shape(p: Any) -> list[Any]:
+        return [[list(u) for u in p.units], p.depth, p.reshard_after_forward, p.time_s, p.peak_bytes]
+
+    return {
+        "requested": shape(req), "planner": shape(mine), "meta_precision": req.meta.get("precision"),
+        "bound": said.peak_bound_bytes, "computed_in": said.trace.extra.get("computed_in"),
+        "fp32_bound": as_run(plain, said.plan, said.groups, said.layer_params, None, None, None)[1],
+        "text": str(said), "certified": "lower_bound_s" in req.meta,
+    }  # fmt: skip
+
+
 def precision_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per case ``{model, planner}``: ``shard`` with ``MixedPrecisionPolicy(bf16, fp32)``, then plain
     ``fully_shard`` calls with that policy over the module groups ``shard`` chose (children first, the root
@@ -82,6 +105,7 @@ def precision_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             model = dpcomm.fsdp.shard(model, case["planner"], example=batch[0], profile_iters=1,
                                       verify_iters=1, mp_policy=mp)  # fmt: skip
             groups = model.dpcomm.groups
+            r |= _priced(model.dpcomm, plain, case["planner"], mp)
             torch.set_rng_state(before)
             r["losses"], r["dtypes"] = _train(model, batch)
             r["units"], r["policies"] = _units(model), _policies(model)

@@ -122,3 +122,55 @@ def test_plan_fsdp_cli_takes_the_dtypes(capsys):
     assert main([*args, "--param-dtype", "int8"]) == 2
     err = capsys.readouterr().err
     assert "param dtype must be one of" in err and "Traceback" not in err
+
+
+def test_simulate_fsdp_and_hsdp_rows_take_the_dtypes(capsys):
+    args = ["simulate", "--trace", "gpt2-tiny-cpu-b16", "--nodes", "8", "--network", "10gbe", "--schedules",
+            "fsdp:per-block,hsdp:whole:2", "--max-depth", "0"]  # fmt: skip
+    assert main([*args, "--json"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--json", "--param-dtype", "bf16", "--reduce-dtype", "fp32"]) == 0
+    mixed = json.loads(capsys.readouterr().out)
+    assert [r["schedule"] for r in mixed] == ["fsdp:per-block", "hsdp:whole:2"]
+    for p, m in zip(plain, mixed, strict=True):
+        assert m["memory_bytes"] * 2 == p["memory_bytes"] > 0  # gathered and held in bf16
+        assert m["t_iter_s"] < p["t_iter_s"]  # gathers of half the bytes, reductions of all of them
+    assert main([*args, "--param-dtype", "bf16"]) == 0
+    assert "FSDP2 mixed precision: param_dtype bf16" in capsys.readouterr().out
+    bad_ones = [
+        (["--param-dtype", "int8"], "param dtype must be one of"),
+        (["--schedules", "mgwfbp", "--param-dtype", "bf16"], "name an fsdp: or hsdp: schedule"),
+    ]
+    for bad, said in bad_ones:
+        assert main([*args, *bad]) == 2
+        err = capsys.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_shards_bound_counts_the_gathered_bytes_in_param_dtype():
+    """``as_run`` (``shard``'s plan as FSDP2 runs it, and its peak bound) under a bf16 policy: the bound,
+    the tied unit FSDP2 keeps unsharded included, is half the fp32 one."""
+    import torch
+
+    from dpcomm.fsdp.groups import shard_groups
+    from dpcomm.fsdp.planning import as_run
+    from dpcomm.models import get_model
+    from dpcomm.trace.units import gradient_units
+
+    torch.manual_seed(0)
+    model = get_model("gpt2-tiny")
+    units = gradient_units(model, torch.randint(0, 256, (2, 16)))
+    layers = [u.param_names for u in units]
+    size = {n: p.numel() for n, p in model.named_parameters()}
+    tr = Trace(model="gpt2-tiny", batch_size=2, device="cpu", dtype_bytes=4, layers=tuple(
+        Layer(name=u.name, params=sum(size[n] for n in u.param_names), forward_s=1e-4, backward_s=2e-4,
+              param_names=tuple(u.param_names)) for u in units
+    ))  # fmt: skip
+    cost = LinearCost(1e-4, 8e-9)
+    bf16 = Precision(param_dtype="bf16", reduce_dtype="fp32")
+    plan = plan_fsdp("per-block", tr, cost, cost, depth=1, reshard=True, overlap="gathers", precision=bf16)
+    groups = shard_groups(model, plan, layers)
+    assert groups.spanning  # the embedding's unit, tied to lm_head
+    bound = as_run(model, plan, groups, layers, tr, cost, cost, None, bf16)[1]
+    bound32 = as_run(model, plan, groups, layers, tr, cost, cost)[1]
+    assert 2 * bound == bound32 > 2 * plan.peak_bytes  # the bf16 peak and the tied unit, in bf16

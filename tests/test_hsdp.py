@@ -103,3 +103,22 @@ def test_shard_with_a_policy_trains_as_plain_fully_shard_with_it(runs, index):
         assert r["losses"] == pytest.approx(r["ref_losses"], rel=2.0**-8)
         assert r["losses"] != r["fp32_losses"], "the policy made no difference: not applied"
         assert r["replicas"]
+
+
+@pytest.mark.parametrize("index", range(len(PRECISION)), ids=[c["model"] for c in PRECISION])
+def test_shard_plans_and_bounds_in_the_policys_dtypes(runs, index):
+    """``shard``'s own plan and bound follow ``mp_policy``: the plan is the planner's under bf16 gathers and
+    fp32 reductions, the bound counts the gathered parameters in bf16 (half the fp32 bytes), the units
+    were timed computing in bf16, and ``str(model.dpcomm)`` says so (with the certificate of ``optimal``)."""
+    for rank, (_, _, out) in enumerate(runs):
+        r = out[index]
+        assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
+        assert r["meta_precision"] == {"param_dtype": "bf16", "reduce_dtype": "fp32"}, r["meta_precision"]
+        assert r["requested"][:3] == r["planner"][:3], (r["requested"], r["planner"])
+        assert r["requested"][3:] == pytest.approx(r["planner"][3:], rel=1e-12)
+        assert 2 * r["bound"] == r["fp32_bound"] > 0, (r["bound"], r["fp32_bound"])
+        assert r["computed_in"] == "bfloat16"
+        first = r["text"].splitlines()[0]
+        assert "param_dtype bf16, reduce_dtype fp32" in first and f"{r['bound']:,} bytes" in first, first
+        assert r["certified"] == (PRECISION[index]["planner"] == "optimal")
+        assert ("certified lower bound" in r["text"]) == r["certified"], r["text"]

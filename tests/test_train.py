@@ -138,6 +138,25 @@ def test_resume_with_a_different_model_is_exit_2(capsys, no_launch, tmp_path):
     assert "model='resnet20'" in _error_line(capsys)
 
 
+@pytest.mark.parametrize(("saved", "argv", "said"), [
+    ({}, ["--param-dtype", "bf16"], "param_dtype=None, this run has 'bf16'"),
+    ({"param_dtype": "bf16", "reduce_dtype": "fp32"}, [], "param_dtype='bf16', this run has None"),
+    ({"param_dtype": "bf16", "reduce_dtype": "fp32"}, ["--param-dtype", "bfloat16"],
+     "reduce_dtype='fp32', this run has 'bf16'"),
+    ({"param_dtype": "bf16", "reduce_dtype": "fp32", "at": 5}, ["--param-dtype", "bfloat16", "--reduce-dtype",
+     "float32"], "already at iteration 5"),  # the same policy, spelled otherwise: past the check
+])  # fmt: skip
+def test_resume_with_another_fsdp_precision_policy_is_exit_2(capsys, no_launch, tmp_path, saved, argv, said):
+    saved = dict(saved)
+    at = saved.pop("at", 1)
+    cfg = {"model": "lenet5", "data": "synthetic", "seed": 0, "batch_size": 32, "world_size": 2,
+           "dtype": "float32", **saved}  # fmt: skip
+    save_checkpoint(tmp_path, {"iteration": at, "config": cfg})
+    argv = ["train", "--schedule", "fsdp:per-block", "--nproc", "2", *argv]
+    assert main([*argv, "--checkpoint", str(tmp_path), "--resume", "--iters", "5"]) == 2
+    assert said in _error_line(capsys)
+
+
 def test_digits_order_is_a_function_of_seed_epoch_iteration():
     def data(rank: int, seed: int = 3) -> TrainData:
         return TrainData("digits", input_shape=(1, 28, 28), num_classes=10, batch_size=16, world_size=4,

@@ -253,10 +253,24 @@ def add_fsdp_arguments(parser: argparse.ArgumentParser) -> None:
         choices=("streams", "gathers"),
         help="FSDP/HSDP model: streams (GPUs, the default) or gathers (CPU: reduce-scatters block)",
     )
+    parser.add_argument(
+        "--param-dtype",
+        metavar="DTYPE",
+        help="FSDP/HSDP: FSDP2's MixedPrecisionPolicy param_dtype (bf16, fp16, fp32): units gathered and "
+        "held in it (default: the trace's dtype)",
+    )
+    parser.add_argument(
+        "--reduce-dtype",
+        metavar="DTYPE",
+        help="FSDP/HSDP: the policy's reduce_dtype: gradients reduce-scattered (and HSDP all-reduced) in it "
+        "(default: --param-dtype)",
+    )
 
 
 def fsdp_options(args: argparse.Namespace) -> dict:
-    """:func:`dpcomm.sim.fsdp.plan_row`'s options from :func:`add_fsdp_arguments`' flags, checked."""
+    """:func:`dpcomm.sim.fsdp.plan_row`'s options from :func:`add_fsdp_arguments`' flags, checked
+    (``precision``: ``--param-dtype``/``--reduce-dtype`` as FSDP2's mixed-precision policy)."""
+    from dpcomm.planner.fsdp_precision import Precision
     from dpcomm.utils.sizes import parse_size
 
     memory = None if args.memory is None else parse_size(args.memory, what="--memory")
@@ -272,4 +286,5 @@ def fsdp_options(args: argparse.Namespace) -> dict:
         "max_depth": args.max_depth,
         "gap": float(args.gap),
         "overlap": args.overlap,
+        "precision": Precision(param_dtype=args.param_dtype, reduce_dtype=args.reduce_dtype),
     }

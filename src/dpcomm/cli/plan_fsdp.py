@@ -51,18 +51,6 @@ def add_plan_fsdp_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--plot", metavar="FILE", help="with --fsdp: write the time-memory front (PNG, SVG, PDF)"
     )
-    parser.add_argument(
-        "--param-dtype",
-        metavar="DTYPE",
-        help="with --fsdp: FSDP2's MixedPrecisionPolicy param_dtype (bf16, fp16, fp32): units gathered and "
-        "held in it (default: the trace's dtype)",
-    )
-    parser.add_argument(
-        "--reduce-dtype",
-        metavar="DTYPE",
-        help="with --fsdp: the policy's reduce_dtype: gradients reduce-scattered (and HSDP all-reduced) in "
-        "it (default: --param-dtype)",
-    )
 
 
 def _layer_modules(trace: Trace) -> list[list[str]]:
@@ -185,7 +173,7 @@ def run_fsdp(args: argparse.Namespace) -> int:
     except UserError:
         known = ", ".join(FSDP_METHODS)
         raise UserError(f"unknown --fsdp method {args.fsdp!r}: use one of {known}") from None
-    opts = fsdp_options(args) | {"precision": precision_of(args)}
+    opts = fsdp_options(args)
     trace = load_trace_arg(args.trace)
     world = world_of(args)
     _, model = costs_of(args, world)
@@ -209,14 +197,6 @@ def run_fsdp(args: argparse.Namespace) -> int:
         mods.param_bytes,
     )  # fmt: skip
     return 0
-
-
-def precision_of(args: argparse.Namespace):
-    """``--param-dtype``/``--reduce-dtype`` as a :class:`~dpcomm.planner.fsdp_precision.Precision`."""
-    from dpcomm.planner.fsdp_precision import Precision
-
-    return Precision(param_dtype=getattr(args, "param_dtype", None),
-                     reduce_dtype=getattr(args, "reduce_dtype", None))  # fmt: skip
 
 
 def world_of(args: argparse.Namespace) -> int:

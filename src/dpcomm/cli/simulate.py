@@ -91,6 +91,9 @@ def run(args: argparse.Namespace) -> int:
     schedules = parse_schedules(",".join(others)) if others else []
     for s in fsdp_schedules:
         parse_fsdp_schedule(s)
+    if (args.param_dtype or args.reduce_dtype) and not fsdp_schedules:
+        raise UserError("--param-dtype/--reduce-dtype are FSDP2's mixed precision: name an fsdp: or hsdp: "
+                        "schedule")  # fmt: skip
     fsdp = fsdp_options(args) if fsdp_schedules else None
     update_s = check_update(args.update_s)
     shown = args.timeline_nodes if args.timeline_nodes is not None else max(nodes_list)
@@ -129,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
     where = priced_by(args, model)
     if fsdp_schedules:
         where += "; FSDP/HSDP all-gather and reduce-scatter: half a ring all-reduce (docs/fsdp.md)"
+        if not fsdp["precision"].plain:
+            where += f"; FSDP2 mixed precision: {fsdp['precision']}"
     _print(trace, rows, written, where, state_bytes=fsdp["state_bytes"] if fsdp else None)
     return 0
 

@@ -212,15 +212,18 @@ def _price(model: nn.Module, said: Any) -> float:
 
     from dpcomm.fsdp.planning import overlap_of
     from dpcomm.planner.fsdp import Modules, fsdp_time
+    from dpcomm.planner.fsdp_precision import scaled_bytes
 
     if said.ag_cost is None:
         return float("nan")
-    size = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+    gather = said.precision.gather_bytes  # bytes per element as FSDP2 gathers them (mp_policy)
+    size = {n: p.numel() * gather(p.element_size()) for n, p in model.named_parameters()}
     m = np.array([sum(size.get(n, 0) for n in names) for names in said.layer_params], dtype=float)
-    f, b, _ = Modules.from_trace(said.trace).arrays
+    mods, k = Modules.from_trace(said.trace).under(said.precision)
+    f, b, _ = mods.arrays
     plan = said.plan
     t = fsdp_time(
-        list(plan.units), f, b, m, said.ag_cost, said.rs_cost, depth=plan.depth,
-        reshard=plan.reshard_after_forward, overlap=overlap_of(model), ar_cost=said.ar_cost,
+        list(plan.units), f, b, m, said.ag_cost, scaled_bytes(said.rs_cost, k), depth=plan.depth,
+        reshard=plan.reshard_after_forward, overlap=overlap_of(model), ar_cost=scaled_bytes(said.ar_cost, k),
     )  # fmt: skip
     return float(t)

@@ -18,6 +18,7 @@ reduce-scatter within the shard group, and the all-reduce of the group's ``B/G``
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
@@ -28,8 +29,9 @@ from dpcomm.errors import UserError
 from dpcomm.fsdp.costs import fsdp_costs, measure_replica_all_reduce
 from dpcomm.fsdp.planning import target_device
 from dpcomm.planner.autoplan import fit_linear
+from dpcomm.planner.fsdp_model import FsdpPlan
 
-__all__ = ["MESH_DIMS", "mesh_costs", "meshes", "shard_size"]
+__all__ = ["MESH_DIMS", "given_on", "mesh_costs", "meshes", "shard_size"]
 
 MESH_DIMS = ("replicate", "shard")
 """The dims of the 2-D meshes built here, in FSDP2's order."""
@@ -81,3 +83,16 @@ def mesh_costs(total_bytes: int, mesh: Any) -> Costs:
     if mesh.size(0) == 1:
         return ag, rs, None
     return ag, rs, fit_linear(measure_replica_all_reduce(total_bytes, shard_size(mesh), mesh.get_group(0)))
+
+
+def given_on(plan: FsdpPlan, candidates: dict[int, Any], P: int) -> FsdpPlan:
+    """A given plan on the ``mesh=`` asked for (``P`` ranks): its ``shard_group`` must be the mesh's, or
+    chooses it among ``"auto"``'s."""
+    want = plan.shard_group or P
+    if len(candidates) == 1 and want != next(iter(candidates)):
+        raise UserError(f"dpcomm.fsdp.shard: the plan shards over groups of {want} ranks, the mesh over "
+                        f"{next(iter(candidates))}")  # fmt: skip
+    if want not in candidates:
+        raise UserError(f"dpcomm.fsdp.shard: the plan's shard group of {want} ranks does not divide {P} "
+                        "ranks")  # fmt: skip
+    return replace(plan, shard_group=None if want == P else want)

@@ -21,6 +21,7 @@ from dpcomm.fsdp.costs import fsdp_costs
 from dpcomm.fsdp.groups import ShardGroups, call_params, shard_groups
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, Modules, fsdp_time, peak_memory, plan_fsdp
 from dpcomm.planner.fsdp_model import FsdpPlan
+from dpcomm.planner.fsdp_precision import Precision, scaled_bytes
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.utils.sizes import parse_size
 from dpcomm.utils.user_run import batch_size, call, map_tensors, on_every_rank
@@ -63,12 +64,13 @@ def on_model_device(model: nn.Module, example: Any) -> Any:
     return example if not is_meta(model) else map_tensors(example, lambda t: t.to("meta"))
 
 
-def _flops_per_s(device: torch.device) -> float:
-    """Measured matrix-multiply rate of ``device`` (FLOP/s): 3 products of 256 x 256 fp32 matrices (read on
-    the device's clock, :func:`dpcomm.timing.now`; no random numbers drawn)."""
+def _flops_per_s(device: torch.device, dtype: torch.dtype | None = None) -> float:
+    """Measured matrix-multiply rate of ``device`` (FLOP/s): 3 products of 256 x 256 matrices in ``dtype``
+    (None: fp32; a mixed-precision policy's ``param_dtype``, what the units compute in), read on the
+    device's clock (:func:`dpcomm.timing.now`; no random numbers drawn)."""
     from dpcomm.timing import now
 
-    a = torch.full((256, 256), 0.5, device=device)
+    a = torch.full((256, 256), 0.5, device=device, dtype=dtype or torch.float32)
     a @ a  # warm-up
     t0 = now(device)
     for _ in range(3):
@@ -76,11 +78,11 @@ def _flops_per_s(device: torch.device) -> float:
     return 3 * 2 * 256**3 / max(now(device) - t0, 1e-9)
 
 
-def _analytic_profile(model: nn.Module, example: Any, units: Any, group: Any) -> Trace:
+def _analytic_profile(model: nn.Module, example: Any, units: Any, group: Any, dtype: Any = None) -> Trace:
     """Step 1 for a meta-device model: the gradient units from one forward and backward on ``meta`` (no
     memory, no compute), each timed as its layers' FLOPs (:func:`dpcomm.trace.analytic.layer_costs`, shared
-    among a layer's units by parameters) over the device's measured matrix-multiply rate, averaged over
-    ranks. No parameter is materialised."""
+    among a layer's units by parameters) over the device's measured matrix-multiply rate in ``dtype`` (a
+    policy's ``param_dtype``; None: fp32), averaged over ranks. No parameter is materialised."""
     from dpcomm.planner.autoplan import rank_mean
     from dpcomm.trace.analytic import layer_costs
 
@@ -90,7 +92,7 @@ def _analytic_profile(model: nn.Module, example: Any, units: Any, group: Any) ->
     per_module: dict[str, int] = {}
     for u, n in zip(units, sizes, strict=True):
         per_module[u.module] = per_module.get(u.module, 0) + n
-    rate = rank_mean([_flops_per_s(target_device(model))], group)[0]
+    rate = rank_mean([_flops_per_s(target_device(model), dtype)], group)[0]
     rows = []
     for u, n in zip(units, sizes, strict=True):
         c = costs.get(u.module)
@@ -103,6 +105,12 @@ def _analytic_profile(model: nn.Module, example: Any, units: Any, group: Any) ->
         device=f"analytic:{target_device(model).type}", dtype_bytes=next(model.parameters()).element_size(),
         layers=tuple(rows), extra={"measured_by": "dpcomm.fsdp.shard (meta: FLOPs / measured rate)"},
     )  # fmt: skip
+
+
+def _compute_dtype(precision: Precision | None) -> torch.dtype | None:
+    """The half dtype a policy's units compute in (``param_dtype`` bf16 or fp16), else None (as stored)."""
+    name = precision.param_dtype if precision is not None else None
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name or "")
 
 
 def budget_bytes(memory: int | str | None) -> int | None:
@@ -119,12 +127,15 @@ def call_model(model: nn.Module, example: Any) -> Any:
     return call(model, example)
 
 
-def _profile_local(model: nn.Module, example: Any, loss_fn: Any, iters: int) -> Trace:
-    """Step 1 on this rank: the gradient units' times (the caller restores the model: ``untouched``)."""
+def _profile_local(model: nn.Module, example: Any, loss_fn: Any, iters: int, dtype: Any = None) -> Trace:
+    """Step 1 on this rank: the gradient units' times (the caller restores the model: ``untouched``).
+    ``dtype``: a mixed-precision policy's ``param_dtype``, the forward timed under ``torch.autocast`` to it
+    (FSDP2 casts the parameters themselves; autocast computes the products in that dtype without a copy of
+    the model, its other operations staying in the parameters' dtype)."""
     from dpcomm.trace.profiler import profile
 
     return profile(model, example, iters=iters, warmup=1, device=next(model.parameters()).device,
-                   loss_fn=loss_fn)  # fmt: skip
+                   loss_fn=loss_fn, autocast=dtype)  # fmt: skip
 
 
 def _sizes_trace(model: nn.Module) -> Trace:
@@ -146,11 +157,13 @@ def _sizes_trace(model: nn.Module) -> Trace:
 
 def plan_on_root(method: str, trace: Trace, ag: CommCost, rs: CommCost, memory: int | None, max_depth: int,
                  group: Any, overlap: str, ar: CommCost | None = None,
-                 choices: dict[int, Any] | None = None) -> FsdpPlan:  # fmt: skip
-    """Step 3: rank 0 plans, every rank gets the plan or rank 0's one-line error, and checks the hash.
-    ``ar``: HSDP's all-reduce across the replicas. ``choices``: ``{G: (T_ag, T_rs, T_ar)}`` for several
-    shard-group sizes, the planner choosing among them (:func:`dpcomm.planner.hsdp.plan_hsdp`; ``ag``,
-    ``rs`` and ``ar`` are then unused)."""
+                 choices: dict[int, Any] | None = None,
+                 precision: Precision | None = None) -> FsdpPlan:  # fmt: skip
+    """Step 3: rank 0 plans, every rank gets the plan (its ``meta`` too: a certified bound) or rank 0's
+    one-line error, and checks the hash. ``ar``: HSDP's all-reduce across the replicas. ``choices``:
+    ``{G: (T_ag, T_rs, T_ar)}`` for several shard-group sizes, the planner choosing among them
+    (:func:`dpcomm.planner.hsdp.plan_hsdp`; ``ag``, ``rs`` and ``ar`` are then unused). ``precision``:
+    FSDP2's mixed-precision policy, priced (:mod:`dpcomm.planner.fsdp_precision`)."""
     box: list[Any] = [None]
     if dist.get_rank(group) == 0:
         try:
@@ -166,12 +179,12 @@ def plan_on_root(method: str, trace: Trace, ag: CommCost, rs: CommCost, memory: 
                     memory=memory,
                     max_depth=max_depth,
                     overlap=overlap,
+                    precision=precision,
                 )
             else:
-                p = plan_fsdp(
-                    method, trace, ag, rs, memory=memory, max_depth=max_depth, overlap=overlap, ar_cost=ar
-                )
-            box[0] = {"plan": p.to_dict(), "time_s": p.time_s, "peak_bytes": p.peak_bytes}
+                p = plan_fsdp(method, trace, ag, rs, memory=memory, max_depth=max_depth, overlap=overlap,
+                              ar_cost=ar, precision=precision)  # fmt: skip
+            box[0] = {"plan": p.to_dict(), "time_s": p.time_s, "peak_bytes": p.peak_bytes, "meta": p.meta}
         except UserError as exc:
             box[0] = {"error": str(exc)}
     dist.broadcast_object_list(
@@ -179,9 +192,9 @@ def plan_on_root(method: str, trace: Trace, ag: CommCost, rs: CommCost, memory: 
     )
     if "error" in box[0]:
         raise UserError(box[0]["error"])
-    plan = replace(
-        FsdpPlan.from_dict(box[0]["plan"]), time_s=box[0]["time_s"], peak_bytes=box[0]["peak_bytes"]
-    )
+    got = box[0]
+    plan = replace(FsdpPlan.from_dict(got["plan"]), time_s=got["time_s"], peak_bytes=got["peak_bytes"],
+                   meta=dict(got["meta"]))  # fmt: skip
     hashes: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(hashes, plan.sha256(), group=group)
     if len(set(hashes)) > 1:
@@ -201,14 +214,18 @@ def plan_on_workers(
     process_group: Any = None,
     meshes: dict[int, Any] | None = None,
     analysis: Any = None,
+    precision: Precision | None = None,
 ) -> tuple[FsdpPlan, Trace, CommCost, CommCost, CommCost | None]:
     """Steps 1-3 of :mod:`dpcomm.fsdp.shard` on every rank of ``process_group``: ``(plan, trace, T_ag,
     T_rs, T_ar)``, the same on every rank. ``optimal`` needs ``example`` (one input batch). ``meshes``:
     HSDP, ``{G: DeviceMesh}`` over every rank (:func:`dpcomm.fsdp.mesh.meshes`), each one's collectives
     measured; with several the planner chooses ``G`` (the plan's ``shard_group``), and ``T_ar`` is that
     mesh's all-reduce across the replicas (``None``: FSDP). ``analysis``: the units every rank agreed on
-    (:func:`dpcomm.trace.units.agree`; with ``example``, made here if not given)."""
+    (:func:`dpcomm.trace.units.agree`; with ``example``, made here if not given). ``precision``: FSDP2's
+    mixed-precision policy: the units timed computing in its ``param_dtype``, the plan priced in its
+    dtypes."""
     name = str(method).strip().lower()
+    dtype = _compute_dtype(precision)
     if example is None and name == "optimal":
         raise UserError("FSDP planner 'optimal' needs the units' times: pass example=<one input batch>")
     if example is None:
@@ -222,27 +239,30 @@ def plan_on_workers(
             analysis = agree(model, example, loss_fn, process_group, "dpcomm.fsdp.shard")
         if is_meta(model):
             trace = on_every_rank(
-                lambda: _analytic_profile(model, example, analysis.units, process_group), process_group,
-                "dpcomm.fsdp.shard: running the meta-device model on the example",
+                lambda: _analytic_profile(model, example, analysis.units, process_group, dtype),
+                process_group, "dpcomm.fsdp.shard: running the meta-device model on the example",
             )  # fmt: skip
         else:
             local = on_every_rank(
-                lambda: _profile_local(model, example, loss_fn, profile_iters), process_group,
+                lambda: _profile_local(model, example, loss_fn, profile_iters, dtype), process_group,
                 "dpcomm.fsdp.shard: profiling the model on the example",
             )  # fmt: skip
             trace = agreed_trace(model, local, analysis.units, process_group, "dpcomm.fsdp.shard")
+        if dtype is not None:  # what the units' times were measured computing in
+            trace = replace(trace, extra={**trace.extra, "computed_in": str(dtype).removeprefix("torch.")})
     total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
     if meshes is None:
         ag, rs, _, _ = fsdp_costs(total, process_group)
         plan = plan_on_root(name, trace, ag, rs, budget_bytes(memory), max_depth, process_group,
-                            overlap_of(model))  # fmt: skip
+                            overlap_of(model), precision=precision)  # fmt: skip
         return plan, trace, ag, rs, None
     from dpcomm.fsdp.mesh import mesh_costs
 
     choices = {G: mesh_costs(total, m) for G, m in sorted(meshes.items())}
     G = next(iter(choices))
     plan = plan_on_root(name, trace, *choices[G][:2], budget_bytes(memory), max_depth, process_group,
-                        overlap_of(model), ar=choices[G][2], choices=choices)  # fmt: skip
+                        overlap_of(model), ar=choices[G][2], choices=choices,
+                        precision=precision)  # fmt: skip
     G = plan.shard_group or G
     world = dist.get_world_size(process_group)
     return replace(plan, shard_group=None if G == world else G), trace, *choices[G]
@@ -257,41 +277,51 @@ def as_run(
     ag: Any,
     rs: Any,
     ar: Any = None,
+    precision: Precision | None = None,
 ) -> tuple[FsdpPlan, int]:  # fmt: skip
     """The plan with the units FSDP2 runs (re-modelled where merged and the trace is known), and the peak
-    bound: the model's peak plus the spanning units' bytes (bytes from the model's own parameters)."""
-    size = {n: p.numel() * p.element_size() for n, p in model.named_parameters()}
+    bound: the model's peak plus the spanning units' bytes (bytes from the model's own parameters, in
+    ``precision``'s ``param_dtype``: FSDP2 gathers and holds them cast)."""
+    p = precision or Precision()
+    size = {n: x.numel() * p.gather_bytes(x.element_size()) for n, x in model.named_parameters()}
     m = np.array([sum(size[n] for n in names) for names in layer_params], dtype=float)
     run = replace(plan, units=groups.units) if tuple(plan.units) != groups.units else plan
     d, r = run.depth, run.reshard_after_forward
     held = m.copy()  # what each unit's fully_shard call also gathers: frozen parameters under its modules
-    per_unit, always = _untrained_bytes(model, groups, layer_params)
+    per_unit, always = _untrained_bytes(model, groups, layer_params, p)
     for (a, _), extra in zip(groups.units, per_unit, strict=True):
         held[a] += extra
     peak = peak_memory(list(run.units), held, depth=d, reshard=r) + always
     if run is not plan:
         t = float("nan")
         if trace is not None and ag is not None:
-            f, b, _ = Modules.from_trace(trace).arrays
-            t = fsdp_time(
-                list(run.units), f, b, m, ag, rs, depth=d, reshard=r, overlap=overlap_of(model), ar_cost=ar
-            )
+            mods, k = Modules.from_trace(trace).under(precision)
+            f, b, _ = mods.arrays
+            t = fsdp_time(list(run.units), f, b, m, ag, scaled_bytes(rs, k), depth=d, reshard=r,
+                          overlap=overlap_of(model), ar_cost=scaled_bytes(ar, k))  # fmt: skip
         run = replace(run, time_s=t, peak_bytes=int(peak))
     spans = sum(int(held[a : z + 1].sum()) for k, (a, z) in enumerate(run.units) if k in groups.spanning)
     return run, int(peak) + spans
 
 
-def _untrained_bytes(model: nn.Module, groups: ShardGroups, layer_params: Any) -> tuple[list[int], int]:
+def _untrained_bytes(
+    model: nn.Module, groups: ShardGroups, layer_params: Any, precision: Precision
+) -> tuple[list[int], int]:
     """Bytes each unit's ``fully_shard`` call manages beyond its layers' parameters (frozen ones under its
     modules: FSDP2 gathers them with the unit), and the bytes the root call keeps unsharded from the
-    first forward to the end of backward when no unit is the root's (``reshard_after_forward=False``)."""
+    first forward to the end of backward when no unit is the root's (``reshard_after_forward=False``), in
+    ``precision``'s ``param_dtype``."""
     named = dict(model.named_parameters())
     per_unit, rest = call_params(model, groups)
     extra = []
+
+    def nbytes(p: torch.Tensor) -> int:
+        return p.numel() * precision.gather_bytes(p.element_size())
+
     for (a, z), ps in zip(groups.units, per_unit, strict=True):
         trained = {id(named[n]) for names in layer_params[a : z + 1] for n in names}
-        extra.append(sum(p.numel() * p.element_size() for p in ps if id(p) not in trained))
-    return extra, sum(p.numel() * p.element_size() for p in rest)
+        extra.append(sum(nbytes(p) for p in ps if id(p) not in trained))
+    return extra, sum(nbytes(p) for p in rest)
 
 
 REPLANS = 4
@@ -302,6 +332,7 @@ REPLANS = 4
 def within_bound(
     method: str, plan: FsdpPlan, model: nn.Module, layer_params: Any, trace: Trace, ag: Any, rs: Any,
     budget: int | None, max_depth: int, group: Any, shardable: Any = None, ar: Any = None,
+    precision: Precision | None = None,
 ) -> FsdpPlan:  # fmt: skip
     """``plan`` (planner ``method``'s), or ``method``'s plan under a budget lowered by what FSDP2 keeps
     unsharded beyond the model's peak (a tied weight's unit, kept to its last module's forward:
@@ -313,12 +344,13 @@ def within_bound(
     lowered = budget
     for _ in range(REPLANS):
         groups = shard_groups(model, plan, layer_params, shardable)
-        over = as_run(model, plan, groups, layer_params, trace, ag, rs, ar)[1] - budget
+        over = as_run(model, plan, groups, layer_params, trace, ag, rs, ar, precision)[1] - budget
         if over <= 0 or lowered - over < 0:
             return plan
         lowered -= over
         try:
-            again = plan_on_root(method, trace, ag, rs, lowered, max_depth, group, overlap_of(model), ar=ar)
+            again = plan_on_root(method, trace, ag, rs, lowered, max_depth, group, overlap_of(model), ar=ar,
+                                 precision=precision)  # fmt: skip
             plan = replace(again, shard_group=plan.shard_group)
         except UserError:  # nothing fits the lowered budget
             return plan

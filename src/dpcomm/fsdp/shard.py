@@ -53,7 +53,7 @@ from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of, zeros_for_uneven
 from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups
-from dpcomm.fsdp.mesh import meshes
+from dpcomm.fsdp.mesh import given_on, meshes
 from dpcomm.fsdp.planning import (
     as_run,
     budget_bytes,
@@ -68,6 +68,7 @@ from dpcomm.fsdp.planning import (
 )
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH
 from dpcomm.planner.fsdp_model import FsdpPlan
+from dpcomm.planner.fsdp_precision import Precision
 from dpcomm.trace.format import Trace
 from dpcomm.trace.units import agree
 from dpcomm.utils.user_run import check_same_layout, check_same_weights, first_param, untouched
@@ -109,6 +110,8 @@ class Sharded:
     """What ``shard`` told rank 0's log besides its decision (a comparison skipped, and why)."""
     why: str = ""
     """Why this plan runs (as given, planned, the trial's choice, the budget)."""
+    precision: Precision = Precision()
+    """FSDP2's mixed-precision policy (``mp_policy``) the plan was priced and the bound counted in."""
 
     def __str__(self) -> str:
         from dpcomm.trace.names import pattern
@@ -118,6 +121,7 @@ class Sharded:
         peak = f"{self.peak_bound_bytes:,} bytes unsharded at most"
         G = self.plan.shard_group
         mesh = "" if G is None else f", HSDP: shard groups of {G} ranks"
+        mesh += "" if self.precision.plain else f", {self.precision}"
         lines = [
             f"dpcomm.fsdp.shard: {len(self.plan.units)} fully_shard units{mesh}, prefetch depth "
             f"{self.plan.depth}, reshard after forward {self.plan.reshard_after_forward}, {peak} ({why})"
@@ -128,6 +132,11 @@ class Sharded:
                 lines.append(f"    {name:<10}{t * 1e3:9.3f} ms")
         if self.plan.time_s == self.plan.time_s and self.plan.time_s:  # not NaN, not 0
             lines.append(f"  the model's iteration time: {self.plan.time_s * 1e3:.3f} ms")
+        meta = self.requested.meta
+        if "lower_bound_s" in meta:  # the planner's certificate (dpcomm.planner.fsdp_optimal)
+            lb, gap = meta["lower_bound_s"] * 1e3, meta.get("gap", 0.0)
+            lines.append(f"  '{self.requested.method}' planned within {gap:.2%} of the model's optimum "
+                         f"(certified lower bound {lb:.3f} ms)")  # fmt: skip
         lines.append("  units in forward order:")
         for k, (a, z) in enumerate(self.plan.units):
             params = [n for names_ in self.layer_params[a : z + 1] for n in names_]
@@ -282,6 +291,7 @@ def shard(
     check_same_weights(model, process_group, "dpcomm.fsdp.shard")
     trace = ag = rs = ar = None
     trial = None
+    precision = Precision.of(fsdp_kw.get("mp_policy"))  # priced as FSDP2 will run it
     said: list[str] = []
     with untouched(model):
         candidates = meshes(model, mesh, process_group)
@@ -295,26 +305,26 @@ def shard(
             requested, trace, ag, rs, ar = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, memory=budget, profile_iters=profile_iters,
                 max_depth=max_depth, process_group=process_group, meshes=None if mesh is None else candidates,
-                analysis=analysis,
+                analysis=analysis, precision=precision,
             )  # fmt: skip
             layer_params = tuple(tuple(x.param_names) for x in trace.layers)
         else:
-            requested = _given_on(plan, candidates, dist.get_world_size(process_group))
+            requested = given_on(plan, candidates, dist.get_world_size(process_group))
             if layer_params is None:
                 layer_params = layer_params_of(model, analysis)
             layer_params = tuple(tuple(x) for x in layer_params)
         if trace is not None:
             requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
-                                      budget, max_depth, process_group, shardable, ar)  # fmt: skip
+                                      budget, max_depth, process_group, shardable, ar, precision)  # fmt: skip
         kept = requested
         why = "as given" if trace is None else f"planned by '{requested.method}'"
         on = candidates[requested.shard_group or max(candidates)]  # the mesh the plan runs on
         groups = shard_groups(model, kept, layer_params, shardable)
-        run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs, ar)
+        run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs, ar, precision)
         fits = budget is None or bound <= budget
         if not fits and trace is not None and kept.method != "per-block":
-            block = _comparison(model, trace, (ag, rs, ar), budget, max_depth, process_group, layer_params,
-                                shardable, [], kept.shard_group)  # fmt: skip
+            block = _comparison(model, trace, (ag, rs, ar), budget, max_depth, process_group,
+                                layer_params, shardable, [], kept.shard_group, precision)  # fmt: skip
             if block is not None:  # the planner's units merged past the budget where FSDP2 cannot cut
                 said.append(
                     f"'{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it (units merged where "
@@ -326,8 +336,8 @@ def shard(
         if timed and is_meta(model):
             said.append("not timed against per-block: the model is on the meta device (nothing to run)")
         elif timed:
-            block = _comparison(model, trace, (ag, rs, ar), budget, max_depth, process_group, layer_params,
-                                shardable, said, kept.shard_group)  # fmt: skip
+            block = _comparison(model, trace, (ag, rs, ar), budget, max_depth, process_group,
+                                layer_params, shardable, said, kept.shard_group, precision)  # fmt: skip
             if block is not None and _shape(block) != _shape(requested):
                 best, medians = _trial(model, [requested, block], layer_params, shardable, example, loss_fn,
                                        verify_iters, on, process_group, fsdp_kw)  # fmt: skip
@@ -336,7 +346,7 @@ def shard(
                 why = "fastest in the timed trial" if best == 0 else (
                     "per-block: the plan was not measurably (> 2%) faster in the timed trial")  # fmt: skip
         groups = shard_groups(model, kept, layer_params, shardable)
-        run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs, ar)
+        run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs, ar, precision)
     if budget is not None and bound > budget:
         notes = f" ({'; '.join(groups.notes)})" if groups.notes else ""
         raise UserError(
@@ -352,7 +362,7 @@ def shard(
     model.dpcomm = Sharded(
         plan=run, requested=requested, groups=groups, layer_params=layer_params, peak_bound_bytes=bound,
         trace=trace, ag_cost=ag, rs_cost=rs, ar_cost=ar, trial=trial, overlap=overlap_of(model),
-        said=tuple(said), why=why,
+        said=tuple(said), why=why, precision=precision,
     )  # fmt: skip
     if dist.get_rank(process_group) == 0:
         _log.info(str(model.dpcomm).splitlines()[0])
@@ -361,31 +371,21 @@ def shard(
     return model
 
 
-def _given_on(plan: FsdpPlan, candidates: dict[int, Any], P: int) -> FsdpPlan:
-    """A given plan on the ``mesh=`` asked for (``P`` ranks): its ``shard_group`` must be the mesh's, or
-    chooses it among ``"auto"``'s."""
-    want = plan.shard_group or P
-    if len(candidates) == 1 and want != next(iter(candidates)):
-        raise UserError(f"dpcomm.fsdp.shard: the plan shards over groups of {want} ranks, the mesh over "
-                        f"{next(iter(candidates))}")  # fmt: skip
-    if want not in candidates:
-        raise UserError(f"dpcomm.fsdp.shard: the plan's shard group of {want} ranks does not divide {P} "
-                        "ranks")  # fmt: skip
-    return replace(plan, shard_group=None if want == P else want)
-
-
-def _comparison(model, trace, costs, budget, max_depth, group, layer_params, shardable, said, shard_group):
-    """The trial's comparison plan, ``per-block`` within the budget as FSDP2 runs it, or None (said why)."""
+def _comparison(model, trace, costs, budget, max_depth, group, layer_params, shardable, said, shard_group,
+                pr=None):  # fmt: skip
+    """The trial's comparison plan, ``per-block`` within the budget as FSDP2 runs it, or None (said why).
+    ``pr``: the mixed-precision policy priced (:class:`Precision`)."""
     ag, rs, ar = costs
     try:
-        block = plan_on_root("per-block", trace, ag, rs, budget, max_depth, group, overlap_of(model), ar=ar)
+        block = plan_on_root("per-block", trace, ag, rs, budget, max_depth, group, overlap_of(model), ar=ar,
+                             precision=pr)  # fmt: skip
         block = within_bound("per-block", replace(block, shard_group=shard_group), model, layer_params, trace,
-                             ag, rs, budget, max_depth, group, shardable, ar)  # fmt: skip
+                             ag, rs, budget, max_depth, group, shardable, ar, pr)  # fmt: skip
     except UserError as exc:  # no blocks, or per-block does not fit: nothing to time against
         said.append(f"not timed against per-block: {exc}")
         return None
     bound = as_run(model, block, shard_groups(model, block, layer_params, shardable), layer_params, trace, ag,
-                   rs, ar)[1]  # fmt: skip
+                   rs, ar, pr)[1]  # fmt: skip
     if budget is not None and bound > budget:
         said.append(
             f"not timed against per-block: it needs {bound:,} bytes unsharded, over the budget of {budget:,}"

@@ -35,8 +35,9 @@ DEFAULT_ITERS = 20
 """Iterations when neither ``iters`` nor ``epochs`` is given."""
 DTYPES = {"float32": "float32", "fp32": "float32", "bfloat16": "bfloat16", "bf16": "bfloat16"}
 """``--dtype`` spellings and the torch dtype each names."""
-COMPAT_KEYS = ("model", "data", "seed", "batch_size", "world_size", "dtype")
-"""Config facts a checkpoint must share with the run that resumes it."""
+COMPAT_KEYS = ("model", "data", "seed", "batch_size", "world_size", "dtype", "param_dtype", "reduce_dtype")
+"""Config facts a checkpoint must share with the run that resumes it (``param_dtype``/``reduce_dtype``:
+FSDP2's mixed-precision policy, None in checkpoints made without one)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -344,7 +345,12 @@ def data_args(cfg: TrainConfig, rank: int) -> dict[str, Any]:
 
 
 def compat(cfg: TrainConfig) -> dict[str, Any]:
-    """The config facts a checkpoint records (those in :data:`COMPAT_KEYS` must match to resume)."""
+    """The config facts a checkpoint records (those in :data:`COMPAT_KEYS` must match to resume). The
+    policy's dtypes by one name each (``bf16``), ``reduce_dtype`` as reduced (default: ``param_dtype``)."""
+    from dpcomm.planner.fsdp_precision import Precision
+
+    mp = Precision(param_dtype=cfg.param_dtype, reduce_dtype=cfg.reduce_dtype)
     return {"model": cfg.model, "data": cfg.data, "seed": cfg.seed, "batch_size": cfg.batch_size,
             "world_size": cfg.world_size, "dtype": DTYPES[cfg.dtype], "schedule": cfg.schedule,
-            "collective": cfg.collective, "mode": cfg.mode}  # fmt: skip
+            "collective": cfg.collective, "mode": cfg.mode, "param_dtype": mp.param_dtype,
+            "reduce_dtype": mp.reduce_dtype or mp.param_dtype}  # fmt: skip
