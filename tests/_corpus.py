@@ -165,6 +165,39 @@ class SharedTwice(nn.Module):
         return self.out(self.block(self.drop(self.block(self.inp(x)))))
 
 
+class _AlbertBlock(nn.Module):
+    """Pre-norm block: a token-mixing linear and an MLP, each a residual (its linears run on 3-D inputs: their
+    outputs are views, so ``shard`` gives their parameters to the block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.attn = nn.Linear(DIM, DIM)
+        self.mlp = nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + torch.tanh(self.attn(self.ln_1(x)))
+        return x + self.mlp(self.ln_2(x))
+
+
+class SharedBlocks(nn.Module):
+    """ALBERT-style cross-layer sharing (Lan et al. 2020): one block applied ``n`` times between a token
+    embedding and a pooled head."""
+
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.n = n
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.block = _AlbertBlock()
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for _ in range(self.n):
+            x = self.block(x)
+        return self.head(x.mean(dim=1))
+
+
 class NestedDict(nn.Module):
     """Parameters two ``ModuleDict`` s deep, run in another order than registered."""
 
