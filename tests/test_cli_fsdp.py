@@ -210,6 +210,9 @@ def test_plan_fsdp_prints_only_units_shard_runs_on_a_block_applied_four_times(tm
         if paths != [""]:
             assert under(paths) == under(groups.modules[k]), (paths, groups.modules[k])
     assert got["peak_bytes"] <= 6 * 1024
+    assert main(["plan", "--trace", str(out), "--nodes", "2", "--network", "10gbe", "--fsdp", "optimal"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Module paths are the modules dpcomm.fsdp.shard shards" in text, text
 
 
 @pytest.mark.parametrize(

@@ -380,9 +380,15 @@ def _print(trace, row, paths, costs, world, opts, where, written, param_bytes) -
         console.print(f"shard group sizes (- : none fits, or bound above the best): {shown}")
     if written is not None:
         console.print(f"wrote {written}")
+    where = (
+        "the modules dpcomm.fsdp.shard shards (the trace's fsdp_modules)"
+        if holders(trace) is not None
+        else "the trace's parameter names (it records no fsdp_modules: `dpcomm profile --model` of your "
+        "model does, so that no unit splits a module FSDP2 shards whole)"
+    )
     console.print(
-        "\nfully_shard code (after init_process_group; `model` your module, built or on meta). Module paths "
-        "come from the trace's names; dpcomm.fsdp.shard(model, FsdpPlan.from_dict(plan)) with --json's plan "
-        "checks them against the model:"
+        f"\nfully_shard code (after init_process_group; `model` your module, built or on meta). Module paths "
+        f"are {where}; dpcomm.fsdp.shard(model, FsdpPlan.from_dict(plan)) with --json's plan checks them "
+        "against the model and runs it:"
     )
     console.print(fsdp_code(plan, paths, world), markup=False, highlight=False, soft_wrap=True)
