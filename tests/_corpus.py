@@ -5,7 +5,10 @@ thing our zoo does not: PyTorch's own ``nn.TransformerEncoderLayer`` / ``nn.Tran
 (``MultiheadAttention`` never calls its ``out_proj``'s forward), attention on ``qkv.split`` with
 ``scaled_dot_product_attention``, a tied embedding, modules registered in another order than they run,
 experts a fixed routing never uses, a LoRA-style frozen backbone, one module used twice, nested
-``ModuleDict`` s, BatchNorm (buffers DDP broadcasts) and dropout (random state the wrappers must not eat).
+``ModuleDict`` s, BatchNorm (buffers DDP broadcasts) and dropout (random state the wrappers must not eat);
+issue 46's: data-dependent routing, per-rank tasks, keyword inputs, a frozen backbone, one block applied 4
+times, activation checkpointing, a counter buffer updated in forward; and :class:`MixedDtypes`, which both
+wrappers refuse in one line.
 
 :data:`CORPUS` maps a name to ``(build, batch, modes)``: ``build()`` makes the model (call it under
 ``torch.manual_seed``), ``batch(seed)`` one rank's ``(inputs, targets)``, ``modes`` the DDP keyword sets a
@@ -163,6 +166,90 @@ class SharedTwice(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.out(self.block(self.drop(self.block(self.inp(x)))))
+
+
+class _AlbertBlock(nn.Module):
+    """Pre-norm block: a token-mixing linear and an MLP, each a residual (its linears run on 3-D inputs: their
+    outputs are views, so ``shard`` gives their parameters to the block)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(DIM), nn.LayerNorm(DIM)
+        self.attn = nn.Linear(DIM, DIM)
+        self.mlp = nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + torch.tanh(self.attn(self.ln_1(x)))
+        return x + self.mlp(self.ln_2(x))
+
+
+class SharedBlocks(nn.Module):
+    """ALBERT-style cross-layer sharing (Lan et al. 2020): one block applied ``n`` times between a token
+    embedding and a pooled head."""
+
+    def __init__(self, n: int = 4) -> None:
+        super().__init__()
+        self.n = n
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.block = _AlbertBlock()
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        x = self.embed(idx)
+        for _ in range(self.n):
+            x = self.block(x)
+        return self.head(x.mean(dim=1))
+
+
+class Checkpointed(nn.Module):
+    """Activation checkpointing: two residual MLP blocks each run under ``torch.utils.checkpoint`` (their
+    forward runs again in backward), a head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp = nn.Linear(DIM, DIM)
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.LayerNorm(DIM), nn.Linear(DIM, 2 * DIM), nn.GELU(), nn.Linear(2 * DIM, DIM))
+            for _ in range(2)
+        )
+        self.out = nn.Linear(DIM, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from torch.utils.checkpoint import checkpoint
+
+        h = self.inp(x)
+        for block in self.blocks:
+            h = h + checkpoint(block, h, use_reentrant=False)
+        return self.out(h)
+
+
+class Counting(nn.Module):
+    """A buffer updated in forward: a step counter (``count += 1`` per forward in training) that scales the
+    hidden state, so an extra forward the wrappers ran and left counted would change the losses."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("count", torch.zeros(()))
+        self.fc1, self.fc2 = nn.Linear(DIM, DIM), nn.Linear(DIM, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training:
+            self.count += 1
+        return self.fc2(torch.relu(self.fc1(x)) / (1 + 0.1 * self.count))
+
+
+class MixedDtypes(nn.Module):
+    """bf16 linears and fp32 LayerNorms (a model cast piecewise, as mixed-precision recipes keep norms in
+    fp32); the output in fp32."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc1, self.fc2 = nn.Linear(DIM, DIM).bfloat16(), nn.Linear(DIM, 4).bfloat16()
+        self.norm = nn.LayerNorm(DIM)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = self.norm(torch.relu(self.fc1(x.bfloat16())).float())
+        return self.fc2(h.bfloat16()).float()
 
 
 class NestedDict(nn.Module):
@@ -337,6 +424,9 @@ CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dic
     "moe-top1": (HashMoE, _domain_tokens, (UNUSED,)),
     "moe-top2": (lambda: HashMoE(k=2, experts=4), _domain_tokens, (UNUSED,)),
     "tasks": (TaskHeads, _domain_tokens, (UNUSED,)),
+    "shared-4": (SharedBlocks, _tokens(4), (DEFAULT,)),
+    "checkpoint": (Checkpointed, _vectors, (DEFAULT,)),
+    "counter": (Counting, _vectors, (DEFAULT,)),
 }
 
 ZOO = {"gpt2-tiny": (_zoo_gpt2, _gpt2_tokens, ALL_MODES)}

@@ -51,11 +51,17 @@ def _train(model: nn.Module, batch: Any, extra: str | None) -> tuple[list[float]
     """``STEPS`` SGD steps on this rank's batch; the losses and the last step's gradients by name."""
     x, y = batch
     opt = torch.optim.SGD(model.parameters(), lr=LR)
+    if extra == "accum":  # param groups: the later half of the parameters slower, with momentum
+        ps = list(model.parameters())
+        half = len(ps) // 2
+        opt = torch.optim.SGD(
+            [{"params": ps[:half]}, {"params": ps[half:], "lr": LR / 2, "momentum": 0.9}], lr=LR
+        )
     losses = []
     grads: dict[str, torch.Tensor] = {}
     for _ in range(STEPS):
         opt.zero_grad(set_to_none=True)
-        if extra == "no_sync":  # gradient accumulation over two halves, DDP's way
+        if extra in ("no_sync", "accum"):  # gradient accumulation over two halves, DDP's way
             h = x.shape[0] // 2
             with model.no_sync():
                 loss_of(model(x[:h]), y[:h]).backward()
@@ -76,6 +82,27 @@ def _train(model: nn.Module, batch: Any, extra: str | None) -> tuple[list[float]
         opt.step()
         losses.append(float(loss.detach()))
     return losses, grads
+
+
+HOOKED = ("hook", "accum")
+"""Extras with a user's comm hook (DDP takes one: the recording hook cannot be added after)."""
+
+
+def _user_hook(model: DistributedDataParallel, extra: str | None) -> None:
+    """The comm hook a user registers after ``wrap`` (and on plain DDP): PyTorch's ``allreduce_hook``, or
+    for ``accum`` the user's own (:func:`_sum_then_mean`)."""
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+    if extra == "hook":
+        model.register_comm_hook(None, default_hooks.allreduce_hook)
+    elif extra == "accum":
+        model.register_comm_hook(None, _sum_then_mean)
+
+
+def _sum_then_mean(state, bucket):  # no annotations: DDP compares them with the classes, not with strings
+    """A user's hook: all-reduce the sum, then divide (DDP divides first)."""
+    fut = dist.all_reduce(bucket.buffer(), async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0].div_(dist.get_world_size()))
 
 
 def _diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -151,17 +178,11 @@ def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             caps = w.caps
             if case.get("extra") == "compile":  # compiled after wrap, as PyTorch's DDP tutorial does
                 ddp = torch.compile(ddp, backend="eager")
-            if case.get("extra") == "hook":  # a user's comm hook, registered after wrap
-                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-                ddp.register_comm_hook(None, default_hooks.allreduce_hook)
+            _user_hook(ddp, case.get("extra"))  # a user's comm hook, registered after wrap
             losses, grads = _train(ddp, batch, case.get("extra"))
             torch.set_rng_state(before)
             ref = DistributedDataParallel(plain, **caps.ddp_kwargs(), **kwargs)
-            if case.get("extra") == "hook":
-                from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-                ref.register_comm_hook(None, default_hooks.allreduce_hook)
+            _user_hook(ref, case.get("extra"))
             ref_losses, ref_grads = _train(ref, batch, case.get("extra"))
             names = dict(model.named_parameters())
             unit_of = {id(names[n]): u for u, x in enumerate(w.trace.layers) for n in x.param_names}
@@ -176,7 +197,7 @@ def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 requested=[list(g) for g in caps.requested.groups],
                 dropped=list(caps.dropped),
                 walk=caps.walk,
-                seen=None if case.get("extra") == "hook" else _recorded_buckets(
+                seen=None if case.get("extra") in HOOKED else _recorded_buckets(
                     getattr(ddp, "_orig_mod", ddp), batch, unit_of
                 ),
             )  # fmt: skip
@@ -205,6 +226,11 @@ def _bad_wrap(kind: str, rank: int) -> None:
         wrap(nn.ReLU(), "wfbp", example=x)
     elif kind == "weights":
         wrap(model, "wfbp", example=x)
+    elif kind == "mixed-dtypes":  # bf16 linears, fp32 norms: DDP buckets per dtype, a plan cannot
+        from tests._corpus import MixedDtypes
+
+        torch.manual_seed(0)
+        wrap(MixedDtypes(), "wfbp", example=x, loss_fn=lambda out: out.pow(2).mean())
     elif kind == "unused":
         torch.manual_seed(0)
         gpt_build, gpt_batch, _ = CORPUS["sdpa-gpt"]

@@ -176,6 +176,45 @@ def test_fully_shard_code_runs_on_the_zoo_model(monkeypatch, capsys):
     capsys.readouterr()
 
 
+def test_plan_fsdp_prints_only_units_shard_runs_on_a_block_applied_four_times(tmp_path, capsys):
+    """Issue 46, finding 7: an ALBERT-style block applied 4 times, profiled by the CLI and planned under a
+    budget. The printed units are the ones ``shard`` builds from the model (none merged: the block's
+    children, whose linears return views, are never split across units) and each call's module paths take
+    the parameters shard's call takes."""
+    import torch
+
+    from dpcomm.fsdp.groups import shard_groups, shardable_modules
+    from dpcomm.planner.fsdp_model import FsdpPlan
+    from dpcomm.trace import load_trace
+    from tests._corpus import SharedBlocks
+
+    out = tmp_path / "albert.json"
+    argv = ["profile", "--model", "tests._corpus:SharedBlocks", "--input", "long[4,8]:vocab=32",
+            "--iters", "1", "--warmup", "0", "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    capsys.readouterr()
+    got = _json(capsys, ["plan", "--trace", str(out), "--nodes", "2", "--network", "10gbe",
+                         "--fsdp", "optimal", "--memory", "6K", "--json"])  # fmt: skip
+    plan = FsdpPlan.from_dict(got)
+    torch.manual_seed(0)
+    model, x = SharedBlocks(), torch.randint(0, 32, (4, 8))
+    layer_params = [layer.param_names for layer in load_trace(out).layers]
+    groups = shard_groups(model, plan, layer_params, shardable_modules(model, x))
+    assert groups.units == plan.units, f"shard merges the printed units: {groups.notes}"
+    mods = dict(model.named_modules())
+
+    def under(paths):
+        return {n for p in paths for n, _ in mods[p].named_parameters(prefix=p)}
+
+    for k, paths in enumerate(got["modules"]):
+        if paths != [""]:
+            assert under(paths) == under(groups.modules[k]), (paths, groups.modules[k])
+    assert got["peak_bytes"] <= 6 * 1024
+    assert main(["plan", "--trace", str(out), "--nodes", "2", "--network", "10gbe", "--fsdp", "optimal"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "Module paths are the modules dpcomm.fsdp.shard shards" in text, text
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -25,7 +25,8 @@ def _mode_name(kw: dict) -> str:
 
 
 NEW = {"moe-top1": PLANNERS, "moe-top2": ("optimal",), "tasks": ("wfbp", "optimal"), "frozen": ("optimal",),
-       "hf-kw": ("optimal",)}  # fmt: skip
+       "hf-kw": ("optimal",), "shared-4": ("optimal",), "checkpoint": ("optimal",),
+       "counter": ("optimal",)}  # fmt: skip
 """Issue 46's models, each with the planners its finding needs (every planner builds from one analysis)."""
 WRAP_CASES = [
     {"model": m, "planner": p, "ddp": kw}
@@ -40,8 +41,9 @@ EXTRA_CASES = [  # the rest of what users pass, on two models, with a timed plan
     {"model": "encoder", "planner": "mgwfbp", "ddp": {}, "extra": "no_sync"},
     {"model": "sdpa-gpt", "planner": "optimal", "ddp": UNUSED, "extra": "autocast"},
     {"model": "nested", "planner": "wfbp", "ddp": {}, "extra": "compile"},  # issue 46, finding 4
+    {"model": "lora", "planner": "optimal", "ddp": {}, "extra": "accum"},  # no_sync, param groups, a hook
 ]
-BAD = ("planner", "shape", "shape-on-rank-1", "no-params", "weights", "unused", "wrap-layout")
+BAD = ("planner", "shape", "shape-on-rank-1", "no-params", "weights", "unused", "mixed-dtypes", "wrap-layout")
 BAD_SHARD = (
     "shard-planner",
     "shard-shape",
@@ -49,6 +51,8 @@ BAD_SHARD = (
     "shard-no-params",
     "shard-weights",
     "shard-layout",
+    "shard-mixed-dtypes",
+    "shard-frozen-budget",
 )
 """``*-layout``: rank 1's analysis forced to differ from rank 0's; the layout check refuses it (issue 46)."""
 PER_RANK = ("moe-top1", "moe-top2", "tasks")
@@ -65,6 +69,9 @@ SHARD_CASES = [
     {"model": "moe-top1", "planner": "per-block", "memory": None},
     {"model": "frozen", "planner": "optimal", "memory": 1.0},  # the root gathers the frozen backbone whole
     {"model": "hf-kw", "planner": "per-block", "memory": None},
+    {"model": "shared-4", "planner": "optimal", "memory": None},  # one block applied 4 times: one unit
+    {"model": "checkpoint", "planner": "per-block", "memory": None},
+    {"model": "counter", "planner": "optimal", "memory": None},
 ] + [
     {"model": m, "planner": "optimal", "memory": None, "meta": True}
     for m in ("encoder", "decoder", "lora", "bn")
@@ -99,7 +106,7 @@ def _check(ranks: list[dict], case: dict) -> None:
         assert r["losses"] == pytest.approx(r["ref_losses"], rel=1e-6), "losses differ from plain DDP"
         assert r["grad_diff"] <= 1e-6 and r["param_diff"] <= 1e-6, (r["grad_diff"], r["param_diff"])
         assert r["replicas"], "replicas differ across ranks"
-        if case.get("extra") != "hook":
+        if case.get("extra") not in W.HOOKED:
             assert r["seen"] == r["plan"], f"DDP ran {r['seen']}, the plan is {r['plan']}"
         if case["ddp"].get("find_unused_parameters") or not case["ddp"].get("static_graph"):
             assert r["plan"] == r["requested"] and not r["dropped"], "a cut of the plan was dropped"

@@ -8,11 +8,13 @@ and peak, and the ``fully_shard`` calls that apply the plan; ``--plot`` writes t
 :mod:`dpcomm.sim.fsdp_costs` (``--network`` or ``--topology``), the plan from
 :func:`dpcomm.sim.fsdp.plan_row`, the same function ``dpcomm simulate``'s ``fsdp:``/``hsdp:`` rows use.
 
-Module paths come from the trace's layer names (a ``dpcomm-trace/2`` unit: its parameters' modules),
-lifted to the largest subtree whose layers are all in the unit (``layers.3`` for its seven linears), never
-to a container of numbered children (``layers`` itself has no forward: its blocks are listed instead);
-:mod:`dpcomm.fsdp.groups` does the same from the model itself, and ``dpcomm.fsdp.shard(model, plan)``
-checks it there.
+Module paths come from the trace: a layer's ``fsdp_modules`` where ``dpcomm profile`` recorded them (the
+modules ``dpcomm.fsdp.shard`` gives its parameters to: a module whose output is a view hands them to the
+block around it), else its parameters' modules (a ``dpcomm-trace/2`` unit), lifted to the largest subtree
+whose layers are all in the unit (``layers.3`` for its seven linears), never to a container of numbered
+children (``layers`` has no forward: its blocks are listed); :mod:`dpcomm.fsdp.groups` does the same from
+the model itself. With ``fsdp_modules`` the plan is made over the runs of layers no ``fully_shard`` call
+can split (:mod:`dpcomm.cli._fsdp_atoms`), so the code printed is the code ``shard`` runs, units as planned.
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ import json
 import re
 from collections import Counter
 from collections.abc import Sequence
+from dataclasses import replace
 
 from dpcomm.cli._costargs import costs_of, fsdp_costs_of, fsdp_options, load_trace_arg, parse_nodes, priced_by
+from dpcomm.cli._fsdp_atoms import fsdp_atoms, holders, on_atoms
 from dpcomm.errors import UserError
 from dpcomm.trace.format import Trace
 
@@ -54,7 +58,10 @@ def add_plan_fsdp_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _layer_modules(trace: Trace) -> list[list[str]]:
-    """Module paths per layer: a ``/2`` unit's parameters' modules, else the layer's name."""
+    """Module paths per layer: its ``fsdp_modules``, a ``/2`` unit's parameters' modules, else its name."""
+    held = holders(trace)
+    if held is not None:
+        return [list(h) for h in held]
     out = []
     for layer in trace.layers:
         if layer.param_names:
@@ -82,6 +89,9 @@ def module_paths(trace: Trace, units: Sequence[tuple[int, int]]) -> list[list[st
     out = []
     for a, z in units:
         mods = list(dict.fromkeys(m for ms in per_layer[a : z + 1] for m in ms))
+        if "" in mods:  # the root's own parameters: the root call, made last, takes what no call took
+            out.append([""])
+            continue
         mine = Counter(p for m in mods for p in _prefixes(m))
         paths: list[str] = []
         for m in mods:
@@ -179,7 +189,13 @@ def run_fsdp(args: argparse.Namespace) -> int:
     _, model = costs_of(args, world)
     costs_for, shards_for = fsdp_costs_of(args, model)
     costs = costs_for(world)
-    row = plan_row(schedule, trace, costs, world, shards=shards_for(world), **opts)
+    atoms = fsdp_atoms(trace)
+    planned_on = trace if atoms is None else on_atoms(trace, atoms)
+    row = plan_row(schedule, planned_on, costs, world, shards=shards_for(world), **opts)
+    on_atoms_plan = row.plan
+    if atoms is not None:  # the units back in the trace's layers
+        units = tuple((atoms[a][0], atoms[z][1]) for a, z in row.plan.units)
+        row = replace(row, plan=replace(row.plan, num_modules=trace.num_layers, units=units))
     plan = row.plan
     G = plan.shard_group if plan.shard_group is not None else world
     ag, rs, ar = costs(G)
@@ -188,7 +204,7 @@ def run_fsdp(args: argparse.Namespace) -> int:
     paths = module_paths(trace, plan.units)
     written = None
     if args.plot:
-        written = _plot(args.plot, trace, plan, costs, world, opts)
+        written = _plot(args.plot, planned_on, on_atoms_plan, costs, world, opts)
     if args.json:
         print(json.dumps(_json(row, paths, world, opts, written, args, model)))
         return 0
@@ -344,9 +360,15 @@ def _print(trace, row, paths, costs, world, opts, where, written, param_bytes) -
         console.print(f"shard group sizes (- : none fits, or bound above the best): {shown}")
     if written is not None:
         console.print(f"wrote {written}")
+    where = (
+        "the modules dpcomm.fsdp.shard shards (the trace's fsdp_modules)"
+        if holders(trace) is not None
+        else "the trace's parameter names (it records no fsdp_modules: `dpcomm profile --model` of your "
+        "model does, so that no unit splits a module FSDP2 shards whole)"
+    )
     console.print(
-        "\nfully_shard code (after init_process_group; `model` your module, built or on meta). Module paths "
-        "come from the trace's names; dpcomm.fsdp.shard(model, FsdpPlan.from_dict(plan)) with --json's plan "
-        "checks them against the model:"
+        f"\nfully_shard code (after init_process_group; `model` your module, built or on meta). Module paths "
+        f"are {where}; dpcomm.fsdp.shard(model, FsdpPlan.from_dict(plan)) with --json's plan checks them "
+        "against the model and runs it:"
     )
     console.print(fsdp_code(plan, paths, world), markup=False, highlight=False, soft_wrap=True)

@@ -176,11 +176,29 @@ def _make(args: argparse.Namespace, user: bool):
         model = get_model(args.model)  # unknown names fail here, before any device work
         batch = example_input(args.model, args.batch_size)
     try:
-        return _measure(profile, model, batch, args)
+        return _with_holders(_measure(profile, model, batch, args), model, batch, args.device)
     except (TypeError, ValueError, RuntimeError, IndexError, KeyError, AttributeError) as exc:
         from dpcomm.errors import first_line
 
         raise UserError(f"--model {args.model} on its --input: {first_line(exc, with_type=True)}") from None
+
+
+def _with_holders(trace, model, batch, device):
+    """Each unit's ``fsdp_modules``: the modules ``dpcomm.fsdp.shard`` gives its parameters to
+    (:func:`dpcomm.fsdp.groups.layer_holders`), so that ``plan --fsdp`` prints only units shard runs."""
+    from dataclasses import replace
+
+    from dpcomm.fsdp.groups import layer_holders
+    from dpcomm.utils.user_run import map_tensors
+
+    if not all(x.param_names for x in trace.layers):
+        return trace
+    example = map_tensors(batch, lambda t: t.to(device))
+    held = layer_holders(model, example, [x.param_names for x in trace.layers])
+    layers = (
+        replace(x, extra={**x.extra, "fsdp_modules": h}) for x, h in zip(trace.layers, held, strict=True)
+    )
+    return replace(trace, layers=tuple(layers))
 
 
 def _inputs(text: str):

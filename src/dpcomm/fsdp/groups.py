@@ -42,7 +42,15 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp_model import FsdpPlan
 
-__all__ = ["ShardGroups", "call_params", "merge_units", "mixed_dtypes", "shard_groups", "shardable_modules"]
+__all__ = [
+    "ShardGroups",
+    "call_params",
+    "layer_holders",
+    "merge_units",
+    "mixed_dtypes",
+    "shard_groups",
+    "shardable_modules",
+]
 
 ROOT = ""
 """The root module's path (``model.named_modules()`` names it ``""``)."""
@@ -159,6 +167,22 @@ def shardable_modules(model: nn.Module, example: Any) -> frozenset[str]:
         for h in handles:
             h.remove()
     return frozenset(ran - (views - {ROOT}))
+
+
+def layer_holders(model: nn.Module, example: Any, layer_params: Sequence[Sequence[str]]) -> list[list[str]]:
+    """Per layer (a trace's, by its parameters' names), the modules :func:`shard_groups` gives its
+    parameters to: each one's nearest shardable holder on ``example`` (points 1 and 4; ``""``: the root).
+    What ``dpcomm profile`` records as a layer's ``fsdp_modules``, so that ``dpcomm plan --fsdp`` plans and
+    prints only units ``shard`` runs as they are. One forward, the model left as it was."""
+    from dpcomm.utils.user_run import untouched
+
+    with untouched(model):
+        shardable = shardable_modules(model, example)
+    holders: dict[str, list[str]] = {}  # a tied parameter: every module holding it
+    for path, names in _holders(model, shardable).items():
+        for n in names:
+            holders.setdefault(n, []).append(path)
+    return [list(dict.fromkeys(h for n in names for h in holders[n])) for names in layer_params]
 
 
 def _shardable(model: nn.Module, shardable: Collection[str] | None) -> Callable[[str, nn.Module], bool]:
