@@ -94,3 +94,18 @@ def test_flat_collectives_gather_and_scatter_without_a_deprecation():
             assert torch.equal(full, shard + 1)
     finally:
         dist.destroy_process_group()
+
+
+def test_shard_refuses_rank_dependent_parameters_where_fsdp2_cannot_reduce_them(monkeypatch):
+    """torch 2.11's FSDP2 has no ``set_reduce_scatter_unused_params``: a model whose ranks' examples leave
+    different parameters without gradients is refused in one line before anything is sharded (else the
+    ranks' reduce-scatters would differ)."""
+    from types import SimpleNamespace
+
+    import dpcomm.fsdp.agreed as agreed
+    from dpcomm.errors import UserError
+
+    monkeypatch.setattr(agreed, "fsdp_reduces_unused", lambda: False)
+    analysis = SimpleNamespace(uneven=("experts.0.weight", "experts.1.weight"), units=())
+    with pytest.raises(UserError, match="experts.0.weight, experts.1.weight get gradients on some ranks"):
+        agreed.agreed_shardable(torch.nn.Linear(2, 2), None, analysis, None)

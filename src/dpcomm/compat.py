@@ -11,6 +11,9 @@ instead of asking torch what it has; each one says which versions differ and how
 - :func:`all_gather_single`, :func:`reduce_scatter_single`: the flat-buffer collectives FSDP2 runs are
   ``all_gather_single``/``reduce_scatter_single`` in newer torch (which deprecates
   ``all_gather_into_tensor``/``reduce_scatter_tensor``, the only names torch 2.11 and older have).
+- :func:`fsdp_reduces_unused`: FSDP2's ``set_reduce_scatter_unused_params`` (zeros reduce-scattered for
+  parameters a rank's data left without a gradient) is newer than torch 2.11; without it
+  :func:`dpcomm.fsdp.shard` refuses such a model in one line rather than let the ranks' collectives differ.
 - :func:`process_group_kwargs`: ``init_process_group(device_id=)`` binds the group to one GPU (NCCL's
   communicators are made eagerly, and barriers know their device); a torch without the keyword gets none.
 
@@ -30,6 +33,7 @@ import torch.distributed as dist
 __all__ = [
     "MIN_TORCH",
     "all_gather_single",
+    "fsdp_reduces_unused",
     "launch_config",
     "process_group_kwargs",
     "reduce_scatter_single",
@@ -81,6 +85,14 @@ def reduce_scatter_single(
     """``input`` reduced over the ranks (``op``, default SUM), this rank's ``1/P`` slice into ``output``."""
     return _REDUCE_SCATTER(output, input, op=dist.ReduceOp.SUM if op is None else op, group=group,
                            async_op=async_op)  # fmt: skip
+
+
+def fsdp_reduces_unused() -> bool:
+    """Whether this torch's FSDP2 can reduce-scatter zeros for parameters without a gradient on a rank
+    (``FSDPModule.set_reduce_scatter_unused_params``)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    return callable(getattr(FSDPModule, "set_reduce_scatter_unused_params", None))
 
 
 def process_group_kwargs(device: torch.device | None) -> dict[str, Any]:

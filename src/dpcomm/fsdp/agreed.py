@@ -11,6 +11,8 @@ from typing import Any
 import torch.distributed as dist
 from torch import nn
 
+from dpcomm.compat import fsdp_reduces_unused
+from dpcomm.errors import UserError
 from dpcomm.fsdp.groups import shardable_modules
 from dpcomm.fsdp.planning import on_model_device
 from dpcomm.utils.user_run import on_every_rank
@@ -31,7 +33,15 @@ def agreed_shardable(model: nn.Module, example: Any, analysis: Any, group: Any) 
     """The modules shardable on every rank's example (:func:`shardable_modules`), less those holding a
     parameter some rank's example leaves without a gradient (a unit of its own would gather on the ranks
     that run it and not on the others: its parameters go to an ancestor every rank runs), plus those whose
-    parameters no rank's example uses (a unit no rank gathers, whose gradients stay None as under DDP)."""
+    parameters no rank's example uses (a unit no rank gathers, whose gradients stay None as under DDP).
+    Where this torch's FSDP2 cannot reduce zeros for them (:func:`dpcomm.compat.fsdp_reduces_unused`), a
+    model with such parameters is one :class:`UserError` on every rank (``analysis.uneven`` is agreed)."""
+    if analysis is not None and analysis.uneven and not fsdp_reduces_unused():
+        shown = ", ".join(analysis.uneven[:4]) + (", ..." if len(analysis.uneven) > 4 else "")
+        raise UserError(
+            f"dpcomm.fsdp.shard: {shown} get gradients on some ranks' examples and not on others'; this "
+            "torch's FSDP2 has no set_reduce_scatter_unused_params to reduce them (newer torch has it)"
+        )
     mine = on_every_rank(
         lambda: shardable_modules(model, on_model_device(model, example)), group,
         "dpcomm.fsdp.shard: running the model on the example",
