@@ -8,6 +8,10 @@ instant); ``dpcomm profile --model mypkg.net:Net --model-args '{"width": 64}' --
 :mod:`dpcomm.trace.torch_profiler`); ``dpcomm profile --trace gpt2-cpu-b1 --retime h100-bf16 --reduce-dtype
 fp32 -o g.json`` (a trace re-timed for another GPU and re-typed for the reduction's dtype, see
 :mod:`dpcomm.trace.retime`; ``--retime``/``--reduce-dtype`` apply to every way of making a trace).
+
+Kept as one module (about 430 lines): it is the argument parsing and dispatch of every way to make a
+trace (zoo, user model, keyword inputs, analytic, torch.profiler, re-timing); the work is in
+:mod:`dpcomm.trace`.
 """
 
 from __future__ import annotations

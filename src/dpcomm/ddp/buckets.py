@@ -41,6 +41,9 @@ unused, ready first; see the unit rules). Where it does not hold the cut is drop
 merge, the finest such coarsening) and :class:`BucketCaps` says which and why in one line, with the cost
 model's price of the difference when a trace and a cost are given. The first iteration before a rebuild
 cuts the same caps in registration order; its buckets differ from the plan, its sums do not.
+
+Kept as one module (about 400 lines): the walk, the caps and the construction-time assignment are one
+argument about how DDP cuts buckets, read together; the planning around them is :mod:`dpcomm.ddp.planning`.
 """
 
 from __future__ import annotations

@@ -34,6 +34,9 @@ What was decided is ``model.dpcomm`` (:class:`Sharded`). A plan whose peak (the 
 units FSDP2 keeps unsharded longer, a tied weight's: :attr:`Sharded.peak_bound_bytes`) exceeds ``memory``
 is planned again under a budget lowered by the excess (a planner name), else refused in one line before
 anything is sharded.
+
+Kept as one module (under 400 lines): the numbered steps of ``shard`` read in order; the agreed analysis
+is :mod:`dpcomm.fsdp.agreed`, planning :mod:`dpcomm.fsdp.planning`, meshes :mod:`dpcomm.fsdp.mesh`.
 """
 
 from __future__ import annotations

@@ -43,6 +43,9 @@ On CUDA, marks are CUDA events on the current stream, read after a synchronize.
 ``autocast`` (``bf16``, ``fp16``) runs every forward and loss under ``torch.autocast`` on the device, as mixed
 precision training does; without it the caller's own autocast (``with torch.autocast(...): wrap(...)``) is
 what the forward runs under, and the trace's ``autocast`` field records either.
+
+Kept as one module (about 400 lines): the hooks, the warm-up and the timed passes share one state per
+run; the shares and their scaling live apart in :mod:`dpcomm.trace.shares`.
 """
 
 from __future__ import annotations
