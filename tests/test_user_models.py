@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import pytest
 
+from dpcomm import compat
 from dpcomm.launch import launch
 from tests import _user_workers as W
 from tests._corpus import CORPUS, STATIC, UNUSED
@@ -176,6 +177,10 @@ def test_shard_trains_like_plain_ddp_within_the_budget(runs, index):
     another order), replicas equal, the random state untouched, the budget held, no view warning from a
     unit (findings 2, 3, 4 and 7 of issue 36), and what was decided said with parameter names."""
     for rank, r in enumerate(runs[2][index]):
+        if not compat.fsdp_reduces_unused() and "some ranks' examples and not on others'" in r.get(
+            "error", ""
+        ):
+            continue  # torch 2.11's FSDP2 cannot reduce them: refused in one line (test_compat covers it)
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
         assert r["rng_same"], "shard changed the caller's random state"
         assert r["lingering"] == 0, "the trial's sharded copies outlive shard (SIGABRT at exit)"
