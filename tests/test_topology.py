@@ -246,6 +246,10 @@ def test_max_servers_admits_bml_s_largest_study():
         ("nd-h100-v5", (8, 8, "ib")),
         ("oci-h100", (8, 16, "roce")),
         ("bm-gpu-h100-8", (8, 16, "roce")),
+        ("a3-ultra", (8, 8, "roce")),
+        ("a3-ultragpu-8g", (8, 8, "roce")),
+        ("oci-h200", (8, 8, "roce")),
+        ("bm-gpu-h200-8", (8, 8, "roce")),
     ],
 )
 def test_presets_users_type(name, gpus_nics_transport):
@@ -266,7 +270,9 @@ def test_an_unknown_topology_lists_every_preset(capsys):
     with pytest.raises(SystemExit):
         main(["netsim", "--help"])
     out = capsys.readouterr().out
-    assert all(n in out for n in ("hgx-h200:S", "dgx-b200:S", "p4d:S", "p5e:S", "nd-h100-v5:S", "oci-h100:S"))
+    want = ("hgx-h200:S", "dgx-b200:S", "p4d:S", "p5e:S", "nd-h100-v5:S", "oci-h100:S")
+    want += ("a3-ultra:S", "oci-h200:S")
+    assert all(n in out for n in want)
 
 
 def test_a_hand_written_spec_says_what_it_assumed_and_block_bytes_needs_lp(capsys):
