@@ -45,7 +45,7 @@ def _models(draw):
     return groups, dtype, numel, walk
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(_models(), st.booleans(), st.booleans())
 def test_ddp_forms_exactly_the_buckets_the_split_says(model, rebuild, exact):
     """Whatever the dtypes, sizes and order: DDP's own assignment under the caps is the split's buckets,
@@ -97,3 +97,19 @@ def test_handed_buckets_need_no_cap():
     dtype = {"a": "bfloat16", "b": "float32", "c": "bfloat16", "d": "float32"}
     split = split_by_dtype(groups, dtype, {"a": 100, "b": 40, "c": 60, "d": 200}, None)
     assert split.dropped == () and split.buckets == (("a",), ("b",), ("c",), ("d",))
+
+
+def test_the_planner_sees_each_units_gradient_bytes_in_its_own_dtype():
+    """bf16 linears and fp32 norms: each unit is priced at its gradients' bytes (DDP all-reduces bf16
+    gradients as bf16), not at the first parameter's element size times the parameter count."""
+    from dpcomm.ddp.planning import sizes_trace
+    from dpcomm.trace.units import gradient_units, unit_params
+    from tests._corpus import MixedDtypes, _vectors
+
+    torch.manual_seed(0)
+    model = MixedDtypes()
+    units = gradient_units(model, _vectors(0)[0])
+    trace = sizes_trace(model, units, "mixed")
+    want = [sum(p.numel() * p.element_size() for p in ps) for ps in unit_params(model, units)]
+    assert [trace.layer_bytes(i) for i in range(len(units))] == want
+    assert len({p.dtype for p in model.parameters()}) == 2
