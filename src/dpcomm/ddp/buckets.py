@@ -323,8 +323,6 @@ def bucket_caps(
             f"DDP buckets need one device; the trainable parameters are on {sorted(map(str, devices))}"
         )
     unit_bytes = [sum(p.numel() * p.element_size() for p in ps) for ps in per_unit]
-    if ready is None and example is not None and not (find_unused_parameters and not static_graph):
-        ready = ready_sequence(model, example, loss_fn)
     walk, walked, exact = _walk_names(model, units, find_unused_parameters, static_graph, ready)
     unit_of = {n: k for k, u in enumerate(units) for n in u.param_names}
     order = [unit_of[n] for n in walked]
