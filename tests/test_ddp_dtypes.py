@@ -113,3 +113,27 @@ def test_the_planner_sees_each_units_gradient_bytes_in_its_own_dtype():
     want = [sum(p.numel() * p.element_size() for p in ps) for ps in unit_params(model, units)]
     assert [trace.layer_bytes(i) for i in range(len(units))] == want
     assert len({p.dtype for p in model.parameters()}) == 2
+
+
+def test_bucket_caps_drops_a_cut_no_cap_can_make_and_says_why():
+    """A bf16 linear after a fp32 norm, no example (the units' own order assumed, so any parameter may be a
+    bucket's last): bf16's bucket 0 (``out``, 8,320 bytes) needs a cap above 8,192, fp32's (``norm``, 512)
+    one of at most 512. The cut between them is dropped in one line naming dtypes; DDP's own assignment
+    under the caps, walking in any order inside the units, forms the buckets the caps say."""
+    from torch import nn
+
+    from dpcomm.ddp import bucket_caps
+    from dpcomm.plan import Plan
+
+    model = nn.Sequential(nn.Linear(64, 64), nn.LayerNorm(64), nn.Linear(64, 64))
+    model[0].bfloat16(), model[2].bfloat16()
+    caps = bucket_caps(Plan.from_sizes("wfbp", [1, 1, 1], 3), model, warn=False)
+    assert caps.plan.groups == ((2,), (0, 1)) and caps.dropped == (1,)
+    assert "mix dtypes" in caps.note and "running 2 buckets instead of 3" in caps.note, caps.note
+    assert caps.param_groups == (("2.weight", "2.bias"), ("1.weight", "1.bias"), ("0.weight", "0.bias"))
+    params = dict(model.named_parameters())
+    walk = ["2.bias", "2.weight", "1.bias", "1.weight", "0.bias", "0.weight"]  # another order inside each
+    tensors = [torch.zeros_like(params[n]).flatten() for n in walk]
+    limits = [round(c * 2**20) for c in caps.bucket_cap_mb_list]
+    got, _ = dist._compute_bucket_assignment_by_size(tensors, limits, [], list(range(len(walk))))
+    assert sorted(sorted(walk[i] for i in b) for b in got) == sorted(map(sorted, caps.param_groups))
