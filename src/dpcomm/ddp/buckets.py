@@ -125,7 +125,8 @@ class BucketCaps:
     extra_s: float | None = None
     """Cost-model price of running ``plan`` instead of ``requested`` (seconds per iteration), if priced."""
     param_groups: tuple[tuple[str, ...], ...] = ()
-    """Parameter names of each of ``plan``'s groups (communication order): what :func:`build_ddp` assigns."""
+    """Parameter names of each of DDP's buckets (communication order): ``plan``'s groups, a group of several
+    dtypes as a bucket per dtype (:mod:`dpcomm.ddp.dtypes`); what :func:`build_ddp` assigns."""
     unit_names: tuple[str, ...] = ()
     """Each unit's name (forward order), to name cuts in :attr:`note`."""
     why: str | None = None
