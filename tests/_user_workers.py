@@ -144,13 +144,17 @@ def _params(model: nn.Module) -> dict[str, torch.Tensor]:
     }
 
 
-def _recorded_buckets(ddp: DistributedDataParallel, batch: Any, unit_of: dict[int, int]) -> list[Any]:
-    """The buckets DDP runs, as ``[sorted unit indices, dtype]`` per bucket in communication order (one
-    iteration through a recording comm hook that all-reduces as DDP does)."""
+def _recorded_buckets(
+    ddp: DistributedDataParallel, batch: Any, unit_of: dict[int, int], *, dtypes: bool = False
+) -> list[Any]:
+    """The buckets DDP runs, as sorted unit indices per bucket in communication order (``dtypes``: as
+    ``[sorted unit indices, dtype]``), read in one iteration through a recording comm hook that all-reduces
+    as DDP does."""
     log: list[Any] = []
 
     def hook(state, bucket):  # no annotations: DDP compares them with the classes, not with strings
-        log.append([sorted({unit_of[id(p)] for p in bucket.parameters()}), str(bucket.buffer().dtype)])
+        units = sorted({unit_of[id(p)] for p in bucket.parameters()})
+        log.append([units, str(bucket.buffer().dtype)] if dtypes else units)
         t = bucket.buffer().div_(dist.get_world_size())
         return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])
 
@@ -212,7 +216,7 @@ def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 dropped=list(caps.dropped),
                 walk=caps.walk,
                 seen=None if case.get("extra") in HOOKED else _recorded_buckets(
-                    getattr(ddp, "_orig_mod", ddp), batch, unit_of
+                    getattr(ddp, "_orig_mod", ddp), batch, unit_of, dtypes=True
                 ),
             )  # fmt: skip
             del ddp, ref
