@@ -44,7 +44,7 @@ import numpy as np
 from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
-from dpcomm.planner.fsdp_atoms import in_modules
+from dpcomm.planner.fsdp_atoms import check_atoms, in_modules
 from dpcomm.planner.fsdp_model import (
     OVERLAPS,
     TIE_REL,
@@ -267,9 +267,8 @@ def plan_fsdp(
     t_start = time.perf_counter()
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
     if atoms is not None:
-        check_units(atoms, len(mods.forward_s))
+        atoms = check_atoms(atoms, len(mods.forward_s))
         if len(atoms) < len(mods.forward_s):
-            atoms = [tuple(a) for a in atoms]
             plan = plan_fsdp(method, mods.on(atoms), ag_cost, rs_cost, memory=memory, update_s=update_s,
                              max_depth=max_depth, depth=depth, reshard=reshard, overlap=overlap, gap=gap,
                              ar_cost=ar_cost, precision=precision, unit_s=unit_s)  # fmt: skip

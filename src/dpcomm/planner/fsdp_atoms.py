@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import Any
 
-__all__ = ["holder_atoms", "in_modules", "merge_units"]
+__all__ = ["check_atoms", "holder_atoms", "in_modules", "merge_units"]
 
 
 def merge_units(units: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -51,6 +51,19 @@ def holder_atoms(held: Sequence[Sequence[str]]) -> list[tuple[int, int]]:
                 span.setdefault(p, [i, i])[1] = i
     singles = [(i, i) for i in range(len(held))]
     return merge_units(singles, [(a, z) for a, z in span.values()])
+
+
+def check_atoms(atoms: Sequence[tuple[int, int]], L: int) -> list[tuple[int, int]]:
+    """``atoms`` as ``(first, last)`` pairs, or a one-line :class:`~dpcomm.errors.UserError` unless they
+    cover modules ``0..L-1`` in order, each non-empty."""
+    from dpcomm.errors import UserError
+
+    out = [(int(a), int(z)) for a, z in atoms]
+    if [a for a, _ in out] != [0, *(z + 1 for _, z in out[:-1])] or not out or out[-1][1] != L - 1:
+        raise UserError(f"FSDP atoms {out} do not cover modules 0..{L - 1} in order")
+    if any(z < a for a, z in out):
+        raise UserError(f"FSDP atoms {out} do not cover modules 0..{L - 1} in order")
+    return out
 
 
 def in_modules(plan: Any, atoms: Sequence[tuple[int, int]]) -> Any:

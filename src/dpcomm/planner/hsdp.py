@@ -37,8 +37,8 @@ from dpcomm.planner.fsdp import (
     peak_memory,
     plan_fsdp,
 )
-from dpcomm.planner.fsdp_atoms import in_modules
-from dpcomm.planner.fsdp_model import TIE_REL, check_overlap, check_units
+from dpcomm.planner.fsdp_atoms import check_atoms, in_modules
+from dpcomm.planner.fsdp_model import TIE_REL, check_overlap
 from dpcomm.planner.fsdp_precision import Precision, scaled_bytes
 from dpcomm.planner.fsdp_search import Problem, root_bound
 from dpcomm.trace.format import Trace
@@ -109,8 +109,8 @@ def plan_hsdp(
     unit may split (:func:`dpcomm.planner.fsdp.plan_fsdp`'s)."""
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
     check_overlap(overlap)
-    if atoms is not None and len(atoms) < len(mods.forward_s):
-        check_units(atoms, len(mods.forward_s))
+    if atoms is not None and len(check_atoms(atoms, len(mods.forward_s))) < len(mods.forward_s):
+        atoms = check_atoms(atoms, len(mods.forward_s))
         plan = plan_hsdp(method, mods.on(atoms), costs, world=world, shards=shards, memory=memory,
                          state_bytes=state_bytes, update_s=update_s, max_depth=max_depth, depth=depth,
                          reshard=reshard, overlap=overlap, gap=gap, precision=precision,
