@@ -12,11 +12,10 @@ With an :class:`~dpcomm.planner.fsdp_model.FsdpPlan` its units are applied as gi
    communication: :func:`dpcomm.trace.profiler.profile`), averaged over ranks; buffers restored;
 2. all-gather and reduce-scatter are measured on the real group and fitted to ``T(B) = a + b B``
    (:mod:`dpcomm.fsdp.costs`);
-3. rank 0 plans (:func:`dpcomm.planner.fsdp.plan_fsdp`, under ``memory`` bytes of unsharded parameters,
-   over the model's atoms: runs of layers one ``fully_shard`` call must take whole,
-   :func:`dpcomm.fsdp.groups.layer_atoms`; each unit priced with FSDP2's fixed cost per pass,
-   :mod:`dpcomm.planner.fsdp_unit`) and broadcasts the plan, or its one-line error (a budget nothing
-   fits); every rank checks its sha256;
+3. rank 0 plans (:func:`dpcomm.planner.fsdp.plan_fsdp` under ``memory`` bytes of unsharded parameters,
+   over the atoms one ``fully_shard`` call must take whole, :func:`dpcomm.fsdp.groups.layer_atoms`, with
+   FSDP2's fixed cost per unit, :mod:`dpcomm.planner.fsdp_unit`) and broadcasts the plan, or its one-line
+   error (a budget nothing fits); every rank checks its sha256;
 4. for ``optimal``, the model is checked where it may be wrong: the plan and ``per-block`` are applied to
    sharded copies of the model (built on ``meta`` and given only their shards: never a whole copy) and
    timed round-robin on ``example`` (``verify_iters`` forward and backward passes
@@ -333,10 +332,8 @@ def shard(
             block = _comparison(model, trace, (ag, rs, ar), budget, max_depth, process_group,
                                 layer_params, shardable, [], kept.shard_group, precision)  # fmt: skip
             if block is not None:  # FSDP2 keeps a unit unsharded longer than planned (a tied parameter's)
-                said.append(
-                    f"'{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it (units kept unsharded "
-                    f"beyond their layers), over the budget of {budget:,}; running per-block, which fits"
-                )
+                said.append(f"'{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it (units held "
+                            f"beyond their layers), over {budget:,}; running per-block")  # fmt: skip
                 kept, why, fits = block, "per-block: the plan does not fit the budget as FSDP2 runs it", True
         timed = (fits and kept is requested and example is not None and verify_iters > 0
                  and requested.method == "optimal" and dist.get_world_size(process_group) > 1)  # fmt: skip

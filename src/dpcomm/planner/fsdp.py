@@ -34,7 +34,6 @@ memory, then the least depth, then resharding:
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -45,6 +44,7 @@ from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp_atoms import check_atoms, in_modules
+from dpcomm.planner.fsdp_methods import block_units, size_units
 from dpcomm.planner.fsdp_model import (
     OVERLAPS,
     TIE_REL,
@@ -90,8 +90,6 @@ as ``dpcomm plan --fsdp`` plans; ``gap=0`` is exact (the 70B shape at depth 2 un
 FSDP_MAX_DEPTH = 2
 """Deepest prefetch searched by default (``d = 0..2``): FSDP2 prefetches one unit by default; beyond a few,
 the memory of ``d + 1`` unsharded units rarely buys more overlap."""
-
-_BLOCK = re.compile(r"^((?:[^.]+\.)*?[0-9]+)\.[^.]")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -164,34 +162,6 @@ def ring_costs(net: Network, world: int) -> tuple[LinearCost, LinearCost]:
     share = (world - 1) / world
     ag = LinearCost((world - 1) * net.alpha, share * net.beta)
     return ag, LinearCost(ag.a, share * (net.beta + net.gamma))
-
-
-def block_units(names: Sequence[str]) -> Units:
-    """Units of ``per-block`` (module docstring) for module names in forward order."""
-    keys = [(m.group(1) if (m := _BLOCK.match(n)) else None) for n in names]
-    if not any(k is not None for k in keys):  # no repeated blocks (LeNet-5, VGG): the top-level children
-        keys = [n.split(".", 1)[0] for n in names]
-    units: Units = []
-    for i, k in enumerate(keys):
-        if i and k == keys[i - 1]:
-            units[-1] = (units[-1][0], i)
-        else:
-            units.append((i, i))
-    return units
-
-
-def size_units(param_bytes: Sequence[float], size_bytes: int) -> Units:
-    """Units closed once they hold ``>= size_bytes`` bytes, in forward order; the last holds the rest."""
-    units: Units = []
-    first, held = 0, 0.0
-    for i, x in enumerate(param_bytes):
-        held += float(x)
-        if held >= size_bytes:
-            units.append((first, i))
-            first, held = i + 1, 0.0
-    if first < len(param_bytes):
-        units.append((first, len(param_bytes) - 1))
-    return units
 
 
 def _units_of(name: str, mods: Modules) -> Units:
