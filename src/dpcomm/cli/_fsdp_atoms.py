@@ -26,11 +26,15 @@ def holders(trace: Trace) -> list[list[str]] | None:
 def fsdp_atoms(trace: Trace) -> list[tuple[int, int]] | None:
     """The runs of consecutive layers one ``fully_shard`` call must take whole
     (:func:`dpcomm.planner.fsdp_atoms.holder_atoms` of the layers' ``fsdp_modules``: the rule ``shard``
-    plans by). None when the trace does not record ``fsdp_modules``."""
+    plans by; without them, of the modules their ``param_names`` belong to, which cannot know a module
+    whose output is a view). None when the trace records neither, or when no run joins two layers."""
     from dpcomm.planner.fsdp_atoms import holder_atoms
 
     held = holders(trace)
-    return None if held is None else holder_atoms(held)
+    if held is None and trace.layers and all(x.param_names for x in trace.layers):
+        held = [list(dict.fromkeys(n.rpartition(".")[0] for n in x.param_names)) for x in trace.layers]
+    atoms = None if held is None else holder_atoms(held)
+    return None if atoms is None or len(atoms) == trace.num_layers else atoms
 
 
 def on_atoms(trace: Trace, atoms: list[tuple[int, int]]) -> Trace:
@@ -40,10 +44,11 @@ def on_atoms(trace: Trace, atoms: list[tuple[int, int]]) -> Trace:
     layers = []
     for a, z in atoms:
         run = trace.layers[a : z + 1]
+        held = list(dict.fromkeys(m for x in run for m in x.extra.get("fsdp_modules", [])))
         layers.append(replace(
             run[0], params=sum(x.params for x in run), forward_s=sum(x.forward_s for x in run),
             backward_s=sum(x.backward_s for x in run),
             param_names=tuple(n for x in run for n in x.param_names), unused=all(x.unused for x in run),
-            extra={"fsdp_modules": list(dict.fromkeys(m for x in run for m in x.extra["fsdp_modules"]))},
+            extra={"fsdp_modules": held} if held else {},
         ))  # fmt: skip
     return replace(trace, layers=tuple(layers))

@@ -317,7 +317,8 @@ def _print(trace, row, paths, costs, world, opts, where, written, param_bytes) -
     table = Table(
         title=f"{plan.method} plan: {trace.model}, {mesh}, {len(plan.units)} unit(s), prefetch depth "
         f"{plan.depth}, reshard after forward {reshard}",
-        caption=where + "; all-gather and reduce-scatter: half a ring all-reduce (docs/fsdp.md)",
+        caption=f"{where}; all-gather and reduce-scatter: half a ring all-reduce; FSDP2's fixed cost "
+        f"{opts['unit_s'] * 1e6:.0f} us a unit per pass (docs/fsdp.md)",
     )
     cols = ["#", "modules", "fully_shard", "MiB", "all-gather ms", "reduce-scatter ms"]
     cols += ["all-reduce ms"] if ar is not None else []
