@@ -28,7 +28,9 @@ memory, then the least depth, then resharding:
                within that fraction of a certified lower bound (real sizes: 723 modules in about a second).
 
 :func:`pareto_front` walks ``optimal`` down the budgets: the time-memory front. Its plot:
-:mod:`dpcomm.planner.fsdp_plot`.
+:mod:`dpcomm.planner.fsdp_plot`. Every method plans over ``atoms`` where given (runs of modules one
+``fully_shard`` call must take whole, :mod:`dpcomm.planner.fsdp_atoms`); ``per-block``'s and ``size``'s
+units are :mod:`dpcomm.planner.fsdp_methods`'; FSDP2's fixed cost per unit, :mod:`dpcomm.planner.fsdp_unit`.
 """
 
 from __future__ import annotations

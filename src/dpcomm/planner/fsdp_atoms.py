@@ -59,9 +59,8 @@ def check_atoms(atoms: Sequence[tuple[int, int]], L: int) -> list[tuple[int, int
     from dpcomm.errors import UserError
 
     out = [(int(a), int(z)) for a, z in atoms]
-    if [a for a, _ in out] != [0, *(z + 1 for _, z in out[:-1])] or not out or out[-1][1] != L - 1:
-        raise UserError(f"FSDP atoms {out} do not cover modules 0..{L - 1} in order")
-    if any(z < a for a, z in out):
+    starts = [0, *(z + 1 for _, z in out)]  # where each atom must start, and L after the last
+    if not out or [a for a, _ in out] != starts[:-1] or starts[-1] != L or any(z < a for a, z in out):
         raise UserError(f"FSDP atoms {out} do not cover modules 0..{L - 1} in order")
     return out
 
