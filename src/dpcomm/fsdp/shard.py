@@ -295,8 +295,7 @@ def shard(
         raise UserError("dpcomm.fsdp.shard: reshard_after_forward is the plan's choice, not a keyword")
     budget = budget_bytes(memory)
     check_same_weights(model, process_group, "dpcomm.fsdp.shard")
-    trace = ag = rs = ar = None
-    trial = None
+    trace = ag = rs = ar = trial = None
     precision = Precision.of(fsdp_kw.get("mp_policy"))  # priced as FSDP2 will run it
     said: list[str] = []
     with untouched(model):
@@ -319,6 +318,7 @@ def shard(
             if layer_params is None:
                 layer_params = layer_params_of(model, analysis)
             layer_params = tuple(tuple(x) for x in layer_params)
+        check_same_layout(model, layer_params, process_group, "dpcomm.fsdp.shard", "units")  # before mapping
         if trace is not None:
             requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
                                       budget, max_depth, process_group, shardable, ar, precision)  # fmt: skip
