@@ -166,7 +166,7 @@ def test_optimal_over_atoms_is_the_oracles_optimum_over_runnable_plans(seed):
     overlap = ("streams", "gathers")[seed % 2]
     t, peak = oracle_optimum(f, b, m, ag, rs, np.inf, c=c, overlap=overlap, atoms=atoms)
     p = plan_fsdp("optimal", _mods(f, b, m), ag, rs, overlap=overlap, gap=0, unit_s=c, atoms=atoms)
-    assert p.num_modules == L and p.meta["atoms"] == len(atoms)
+    assert p.num_modules == L and p.meta["atoms"] == [list(a) for a in atoms]
     assert p.time_s == pytest.approx(t, rel=1e-9, abs=1e-12) and p.peak_bytes == peak
     starts = {a for a, _ in atoms}
     for name in ("optimal", "per-layer", "whole", "size:12"):  # every unit a run of whole atoms

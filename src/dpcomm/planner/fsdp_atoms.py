@@ -66,7 +66,8 @@ def check_atoms(atoms: Sequence[tuple[int, int]], L: int) -> list[tuple[int, int
 
 
 def in_modules(plan: Any, atoms: Sequence[tuple[int, int]]) -> Any:
-    """A plan made over ``atoms`` (one module each) with its units in the modules they are runs of."""
+    """A plan made over ``atoms`` (one module each) with its units in the modules they are runs of (the
+    atoms kept in ``meta["atoms"]``, ``[first, last]`` each)."""
     units = tuple((atoms[a][0], atoms[z][1]) for a, z in plan.units)
-    meta = {**plan.meta, "atoms": len(atoms)}
+    meta = {**plan.meta, "atoms": [[a, z] for a, z in atoms]}
     return replace(plan, num_modules=atoms[-1][1] + 1, units=units, meta=meta)
