@@ -34,8 +34,7 @@ and the plan is made under the model's ``overlap="gathers"``: the reduce-scatter
 
 What was decided is ``model.dpcomm`` (:class:`Sharded`). A plan whose peak (the model's, plus the bytes of
 units FSDP2 keeps unsharded longer, a tied weight's: :attr:`Sharded.peak_bound_bytes`) exceeds ``memory``
-is planned again under a budget lowered by the excess (a planner name), else refused in one line before
-anything is sharded.
+is planned again under a budget lowered by the excess (a planner name), else refused before sharding.
 
 Kept as one module (under 400 lines): the numbered steps of ``shard`` read in order; the agreed analysis
 is :mod:`dpcomm.fsdp.agreed`, planning :mod:`dpcomm.fsdp.planning`, meshes :mod:`dpcomm.fsdp.mesh`.
@@ -137,7 +136,9 @@ class Sharded:
             for name, t in self.trial.items():
                 lines.append(f"    {name:<10}{t * 1e3:9.3f} ms")
         if self.plan.time_s == self.plan.time_s and self.plan.time_s:  # not NaN, not 0
-            lines.append(f"  the model's iteration time: {self.plan.time_s * 1e3:.3f} ms")
+            c = self.plan.meta.get("unit_s", 0.0) * 1e6  # FSDP2's fixed cost of a unit per pass (us)
+            lines.append(f"  the model's iteration time: {self.plan.time_s * 1e3:.3f} ms (FSDP2's fixed cost "
+                         f"{c:.0f} us a unit per pass)")  # fmt: skip
         meta = self.requested.meta
         if "lower_bound_s" in meta:  # the planner's certificate (dpcomm.planner.fsdp_optimal)
             lb, gap = meta["lower_bound_s"] * 1e3, meta.get("gap", 0.0)
@@ -296,8 +297,7 @@ def shard(
     budget = budget_bytes(memory)
     check_same_weights(model, process_group, "dpcomm.fsdp.shard")
     trace = ag = rs = ar = trial = None
-    precision = Precision.of(fsdp_kw.get("mp_policy"))  # priced as FSDP2 will run it
-    said: list[str] = []
+    precision, said = Precision.of(fsdp_kw.get("mp_policy")), []  # priced as FSDP2 will run it
     with untouched(model):
         candidates = meshes(model, mesh, process_group)
         shardable = analysis = None  # one analysis of the model, rank 0's (trace/units.agree)
