@@ -41,8 +41,9 @@ def _prefixes(path: str) -> list[str]:
 def holder_atoms(held: Sequence[Sequence[str]]) -> list[tuple[int, int]]:
     """The atoms of layers whose parameters go to the modules ``held[i]`` (module paths, ``""`` the root):
     a module holding parameters of layers ``i < j``, or containing (non-root) such a holder, joins
-    ``i..j`` (module docstring). The root's own parameters join the layers they lie in only: the root call
-    is made last and takes what no other call took."""
+    ``i..j`` (module docstring). The root joins the layers of its own parameters (those no shardable module
+    below it holds) like any module, but not those of the modules it contains: its call is made last and
+    takes only what no other call took."""
     every = {m for hs in held for m in hs}
     span: dict[str, list[int]] = {}
     for i, hs in enumerate(held):
