@@ -8,7 +8,8 @@ units is never free: without it, on a trace whose collectives cost nothing, ever
 memory (one unit per module) wins, which FSDP2 runs slower.
 
 Defaults, seconds per unit per pass, by where the model trains (``dpcomm plan --fsdp --unit-cost`` and
-``plan_fsdp(..., unit_s=)`` take another):
+``plan_fsdp(..., unit_s=)`` take another: measure yours with ``benchmarks/fsdp_unit_cost.py`` and hand
+``dpcomm.fsdp.shard`` the plan made with it):
 
 ``cpu``   :data:`UNIT_S_CPU`, measured by ``benchmarks/fsdp_unit_cost.py`` (one gloo rank, a stack of 16
           ``nn.Linear(64, 64)`` with ``fully_shard`` on the stack and on every layer, the all-gathers
