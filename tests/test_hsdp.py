@@ -8,11 +8,15 @@ all-reduce across, so sums are rounded in another order than DDP's one all-reduc
 parameters within ``atol=1e-5``, replicas equal across ranks. The parameters must be FSDP2's HSDP
 DTensors: a 2-D mesh, ``(Replicate, Shard)``. Bad ``mesh=`` is one line on every rank.
 
-The same launch runs ``shard(..., mp_policy=MixedPrecisionPolicy(bf16, fp32))`` against plain
-``fully_shard`` calls with that policy over the same modules (:mod:`tests._precision_workers`; FSDP over
-the 4 ranks). Both cast the same fp32 shards to bf16 and reduce in fp32 over the same units, so the losses
-are expected equal; ``rel=2**-8`` (bf16's unit roundoff) is the dtype's tolerance. That the policy is in
-force is checked apart: outputs come in bf16, and the losses differ from the fp32 run's.
+The same launch runs ``shard(..., mp_policy=MixedPrecisionPolicy(bf16, fp32))`` on every model of the
+corpus (:mod:`tests._corpus`, and the zoo's GPT-2) against plain ``fully_shard`` calls with that policy
+over the same modules (:mod:`tests._precision_workers`; FSDP over the 4 ranks, each rank on its own
+batch): every ``fully_shard`` call holds the same modules and parameters in both, and both cast the same
+fp32 shards to bf16 and reduce in fp32 over the same units, so the losses are expected equal; ``rel=2**-8``
+(bf16's unit roundoff) is the dtype's tolerance. That the policy is in force is checked apart: outputs
+come in bf16, and (two models) the losses differ from the fp32 run's. A model plain FSDP2 cannot run with
+the policy is named in :data:`CANNOT` with the reason, and both refusals are checked. FSDP2's other
+keywords (``offload_policy``, ``ignored_params``) run in the same launch against plain FSDP2 with them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import pytest
 from dpcomm.launch import launch
 from tests import _precision_workers as P
 from tests import _user_workers as W
+from tests._corpus import CORPUS
 
 pytestmark = pytest.mark.slow
 
@@ -45,8 +50,30 @@ def _user_mesh(spec):
     return spec
 
 
-PRECISION = [{"model": "gpt2-tiny", "planner": "optimal"}, {"model": "decoder", "planner": "per-block"}]
+CANNOT = {
+    "bn": (
+        "expected scalar type BFloat16 but found Float",
+        "FSDP2 casts BatchNorm's weight to bf16 but not its running statistics (buffers, fp32), and batch "
+        "norm on the CPU takes one dtype",
+    ),
+}
+"""Corpus models plain FSDP2 cannot run with ``MixedPrecisionPolicy(bf16, fp32)``: what it raises, and why."""
+FULL = [
+    {"model": "gpt2-tiny", "planner": "optimal", "full": True},
+    {"model": "decoder", "planner": "per-block", "full": True},
+]
+"""Cases whose plan's prices under the policy are checked too, and which also run without it."""
+PRECISION = FULL + [{"model": m, "planner": "per-block"} for m in CORPUS if m not in ("decoder", *CANNOT)]
 """``shard`` with FSDP2's mixed-precision policy against plain ``fully_shard`` with it."""
+IGNORED = ("head.weight", "head.bias")
+KEYWORDS = [
+    {"model": "lora", "planner": "per-block", "offload": True},  # with the bf16 policy, as recipes pair them
+    {"model": "lora", "planner": "per-block", "ignored": IGNORED, "mp": False},
+]
+"""FSDP2's other keywords through ``shard``: ``offload_policy=CPUOffloadPolicy(pin_memory=False)`` (pinning
+needs an accelerator: refused in one line, tests/test_fsdp_keywords.py), ``ignored_params`` (the LoRA model's
+head; without the policy: FSDP2 leaves ignored parameters in fp32, and the head would take bf16 inputs)."""
+ALL = PRECISION + [{"model": m, "planner": "per-block", "cannot": True} for m in CANNOT] + KEYWORDS
 
 
 def _all(cases, bad, precision):  # one launch (module level: spawned workers import it)
@@ -59,7 +86,7 @@ def _all(cases, bad, precision):  # one launch (module level: spawned workers im
 
 @pytest.fixture(scope="module")
 def runs():
-    return launch(_all, 4, CASES, BAD, PRECISION)
+    return launch(_all, 4, CASES, BAD, ALL)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c['model']}-{c['mesh']}" for c in CASES])
@@ -92,20 +119,77 @@ def test_a_mesh_that_cannot_be_is_one_line_on_every_rank(runs, index):
     assert len(set(errors)) == 1 and "\n" not in errors[0]
 
 
+def _same_calls(r: dict) -> None:
+    """Every ``fully_shard`` call of ``shard``'s run is the plain run's: the same modules, the same
+    parameters in its group; every trained parameter is in one."""
+    assert r["calls"] == r["ref_calls"], (r["calls"], r["ref_calls"])
+    held = [n for _, names in r["calls"] for n in names]
+    assert len(held) == len(set(held)) and set(r["gathered"]) <= set(held), (held, r["gathered"])
+
+
 @pytest.mark.parametrize("index", range(len(PRECISION)), ids=[c["model"] for c in PRECISION])
 def test_shard_with_a_policy_trains_as_plain_fully_shard_with_it(runs, index):
     for rank, (_, _, out) in enumerate(runs):
         r = out[index]
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
-        assert r["units"] == r["ref_units"] and len(r["units"]) > 1, (r["units"], r["ref_units"])
-        assert r["policies"] == [("torch.bfloat16", "torch.float32")] * len(r["units"]), r["policies"]
+        _same_calls(r)
+        assert r["policies"] == [("torch.bfloat16", "torch.float32")] * len(r["calls"]), r["policies"]
         assert r["dtypes"] == r["ref_dtypes"] == ["torch.bfloat16"] * 3
         assert r["losses"] == pytest.approx(r["ref_losses"], rel=2.0**-8)
-        assert r["losses"] != r["fp32_losses"], "the policy made no difference: not applied"
-        assert r["replicas"]
+        assert r["param_diff"] <= 2.0**-8, r["param_diff"]
+        if "fp32_losses" in r:
+            assert len(r["calls"]) > 1
+            assert r["losses"] != r["fp32_losses"], "the policy made no difference: not applied"
+        assert r["replicas"] and not r["ignored_differ"]
 
 
-@pytest.mark.parametrize("index", range(len(PRECISION)), ids=[c["model"] for c in PRECISION])
+def test_every_corpus_model_is_compared_or_named_with_why_not():
+    assert {c["model"] for c in PRECISION} | set(CANNOT) == {*CORPUS, "gpt2-tiny"}
+    assert not set(CANNOT) & {c["model"] for c in PRECISION}
+
+
+@pytest.mark.parametrize("model", list(CANNOT))
+def test_where_plain_fsdp2_cannot_run_the_policy_shard_refuses_in_one_line(runs, model):
+    """The model's reason holds (plain FSDP2 raises it), and ``shard`` refuses before sharding, in one line
+    naming the same error, on every rank."""
+    said, _ = CANNOT[model]
+    index = ALL.index({"model": model, "planner": "per-block", "cannot": True})
+    errors = [out[index].get("shard_error") for _, _, out in runs]
+    for _, _, out in runs:
+        assert said in out[index]["plain_error"], out[index]
+    assert all(e and said in e and "\n" not in e for e in errors), errors
+    assert len(set(errors)) == 1
+
+
+def test_offload_policy_reaches_every_unit_and_trains_as_plain_fsdp2_with_it(runs):
+    for rank, (_, _, out) in enumerate(runs):
+        r = out[ALL.index(KEYWORDS[0])]
+        assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
+        _same_calls(r)
+        held = [c for c in r["calls"] if c[1]]  # the calls holding parameters (not the bare root's)
+        assert len(held) > 1 and r["offloads"] == ["CPUOffloadPolicy:True"] * len(held), r["offloads"]
+        assert r["policies"] == [("torch.bfloat16", "torch.float32")] * len(r["calls"])
+        assert r["losses"] == pytest.approx(r["ref_losses"], rel=2.0**-8) and r["replicas"]
+        assert r["param_diff"] <= 2.0**-8
+
+
+def test_ignored_params_are_in_no_unit_and_train_as_plain_fsdp2_leaves_them(runs):
+    """FSDP2 leaves ignored parameters whole and unreduced: each rank's own (its own batch), as in plain
+    FSDP2 with the same ``ignored_params``; no ``fully_shard`` call holds them and ``shard`` plans no
+    gather of them."""
+    for rank, (_, _, out) in enumerate(runs):
+        r = out[ALL.index(KEYWORDS[1])]
+        assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
+        _same_calls(r)
+        assert r["plain_params"] == sorted(IGNORED), r["plain_params"]
+        assert not set(IGNORED) & {n for _, names in r["calls"] for n in names}
+        assert not set(IGNORED) & set(r["gathered"]), "shard planned gathers of ignored parameters"
+        assert all(m != "head" for mods, _ in r["calls"] for m in mods), "a unit of ignored parameters only"
+        assert r["losses"] == pytest.approx(r["ref_losses"], rel=1e-6) and r["param_diff"] <= 1e-6
+        assert r["replicas"] and r["ignored_differ"], "ignored parameters are each rank's own in FSDP2"
+
+
+@pytest.mark.parametrize("index", range(len(FULL)), ids=[c["model"] for c in FULL])
 def test_shard_plans_and_bounds_in_the_policys_dtypes(runs, index):
     """``shard``'s own plan and bound follow ``mp_policy``: the plan is the planner's under bf16 gathers and
     fp32 reductions, the bound counts the gathered parameters in bf16 (half the fp32 bytes), the units
@@ -120,5 +204,5 @@ def test_shard_plans_and_bounds_in_the_policys_dtypes(runs, index):
         assert r["computed_in"] == "bfloat16"
         first = r["text"].splitlines()[0]
         assert "param_dtype bf16, reduce_dtype fp32" in first and f"{r['bound']:,} bytes" in first, first
-        assert r["certified"] == (PRECISION[index]["planner"] == "optimal")
+        assert r["certified"] == (FULL[index]["planner"] == "optimal")
         assert ("certified lower bound" in r["text"]) == r["certified"], r["text"]

@@ -56,6 +56,7 @@ from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of, zeros_for_uneven
 from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups
+from dpcomm.fsdp.keywords import check_fsdp_keywords, planned_without
 from dpcomm.fsdp.mesh import given_on, meshes
 from dpcomm.fsdp.planning import (
     as_run,
@@ -288,15 +289,14 @@ def shard(
             "dpcomm.fsdp.shard needs torch.distributed initialised (dist.init_process_group(...))"
         )
     first_param(model, "dpcomm.fsdp.shard")
-    if "reshard_after_forward" in fsdp_kw:
-        raise UserError("dpcomm.fsdp.shard: reshard_after_forward is the plan's choice, not a keyword")
+    check_fsdp_keywords(model, fsdp_kw)
     budget = budget_bytes(memory)
     check_same_weights(model, process_group, "dpcomm.fsdp.shard")
     trace = ag = rs = ar = None
     trial = None
     precision = Precision.of(fsdp_kw.get("mp_policy"))  # priced as FSDP2 will run it
     said: list[str] = []
-    with untouched(model):
+    with untouched(model), planned_without(fsdp_kw):  # ignored_params: in no unit, as FSDP2 leaves them
         candidates = meshes(model, mesh, process_group)
         shardable = analysis = None  # one analysis of the model, rank 0's (trace/units.agree)
         if example is not None:
