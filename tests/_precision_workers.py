@@ -186,6 +186,14 @@ def precision_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             plain = build()
             model = copy.deepcopy(plain)
             kw, ref_kw = _keywords(case, model), _keywords(case, plain)
+            if "bad" in case:  # keywords shard refuses: its one line
+                try:
+                    dpcomm.fsdp.shard(model, case["planner"], example=batch[0], **case["bad"])
+                    r["shard_error"] = ""
+                except UserError as exc:
+                    r["shard_error"] = str(exc)
+                out.append(r)
+                continue
             if case.get("cannot"):  # plain FSDP2's refusal, then shard's
                 r["plain_error"] = _plain_refusal(build, batch, _keywords(case, plain))
                 try:
@@ -218,10 +226,8 @@ def precision_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     target = [mods[p] for p in paths]
                     fully_shard(target if len(target) > 1 else target[0], **ref_kw)
             fully_shard(plain, **ref_kw)
-            r["zeros_for"] = _zeros_for(model)
-            for path in r[
-                "zeros_for"
-            ]:  # as a plain FSDP2 user whose ranks' data leave parameters unused must
+            r["zeros_for"] = _zeros_for(model)  # as a plain FSDP2 user must where ranks use other parameters
+            for path in r["zeros_for"]:
                 mods[path].set_reduce_scatter_unused_params(True, recurse=False)
             torch.set_rng_state(before)
             r["ref_losses"], r["ref_dtypes"] = _train(plain, batch)

@@ -73,7 +73,22 @@ KEYWORDS = [
 """FSDP2's other keywords through ``shard``: ``offload_policy=CPUOffloadPolicy(pin_memory=False)`` (pinning
 needs an accelerator: refused in one line, tests/test_fsdp_keywords.py), ``ignored_params`` (the LoRA model's
 head; without the policy: FSDP2 leaves ignored parameters in fp32, and the head would take bf16 inputs)."""
-ALL = PRECISION + [{"model": m, "planner": "per-block", "cannot": True} for m in CANNOT] + KEYWORDS
+PER_RANK = ("moe-top1", "moe-top2", "tasks")
+"""Models whose ranks' batches use other parameters: ``shard`` has FSDP2 reduce-scatter zeros for them
+(``set_reduce_scatter_unused_params``, as DDP's ``find_unused_parameters`` sums), and the plain run too."""
+BAD_KEYWORDS = {
+    "bogus": ({"bogus": 1}, "fully_shard takes no keyword 'bogus'; it takes"),
+    "mp_policy": ({"mp_policy": "bf16"}, "mp_policy must be a torch.distributed.fsdp.MixedPrecisionPolicy"),
+    "reshard_after_forward": ({"reshard_after_forward": False}, "reshard_after_forward is the plan's choice"),
+}
+"""Keywords ``shard`` refuses in one line before planning (FSDP2 would raise from the middle of sharding, or
+not at all), and what it says (the rest: tests/test_fsdp_keywords.py)."""
+ALL = [
+    *PRECISION,
+    *({"model": m, "planner": "per-block", "cannot": True} for m in CANNOT),
+    *KEYWORDS,
+    *({"model": "lora", "planner": "per-block", "bad": kw} for kw, _ in BAD_KEYWORDS.values()),
+]
 
 
 def _all(cases, bad, precision):  # one launch (module level: spawned workers import it)
@@ -141,6 +156,7 @@ def test_shard_with_a_policy_trains_as_plain_fully_shard_with_it(runs, index):
             assert len(r["calls"]) > 1
             assert r["losses"] != r["fp32_losses"], "the policy made no difference: not applied"
         assert r["replicas"] and not r["ignored_differ"]
+        assert bool(r["zeros_for"]) == (PRECISION[index]["model"] in PER_RANK), r["zeros_for"]
 
 
 def test_every_corpus_model_is_compared_or_named_with_why_not():
@@ -206,3 +222,13 @@ def test_shard_plans_and_bounds_in_the_policys_dtypes(runs, index):
         assert "param_dtype bf16, reduce_dtype fp32" in first and f"{r['bound']:,} bytes" in first, first
         assert r["certified"] == (FULL[index]["planner"] == "optimal")
         assert ("certified lower bound" in r["text"]) == r["certified"], r["text"]
+
+
+@pytest.mark.parametrize("name", list(BAD_KEYWORDS))
+def test_a_keyword_shard_cannot_pass_is_one_line_on_every_rank(runs, name):
+    kw, said = BAD_KEYWORDS[name]
+    errors = [
+        out[ALL.index({"model": "lora", "planner": "per-block", "bad": kw})]["shard_error"]
+        for _, _, out in runs
+    ]
+    assert all(said in e and "\n" not in e for e in errors) and len(set(errors)) == 1, errors

@@ -29,8 +29,8 @@ from dpcomm.utils.user_run import map_tensors
 
 __all__ = ["as_fsdp2_computes", "check_fsdp_keywords", "planned_without"]
 
-OWN = {"mesh": "pass mesh= to shard (HSDP)", "reshard_after_forward": "the plan's choice, not a keyword"}
-"""``fully_shard`` keywords that are ``shard``'s to decide, and what to do instead."""
+OWN = {"reshard_after_forward": "the plan's choice, not a keyword"}
+"""``fully_shard`` keywords that are ``shard``'s to decide, and why (``mesh`` is ``shard``'s own argument)."""
 
 
 def check_fsdp_keywords(model: nn.Module, fsdp_kw: dict[str, Any]) -> None:
@@ -40,7 +40,7 @@ def check_fsdp_keywords(model: nn.Module, fsdp_kw: dict[str, Any]) -> None:
     for key in fsdp_kw:
         if key in OWN:
             raise UserError(f"dpcomm.fsdp.shard: {key} is {OWN[key]}")
-    takes = [k for k in inspect.signature(fully_shard).parameters if k != "module" and k not in OWN]
+    takes = [k for k in inspect.signature(fully_shard).parameters if k not in ("module", "mesh", *OWN)]
     bad = sorted(set(fsdp_kw) - set(takes))
     if bad:
         said = ", ".join(takes)
