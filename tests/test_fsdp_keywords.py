@@ -100,7 +100,7 @@ def test_a_profile_under_a_policy_runs_as_fsdp2_and_leaves_the_model_as_it_was()
         assert cast["idx"].dtype == torch.int64 and cast["x"].dtype == torch.bfloat16
         assert m[2].running_mean.dtype == torch.float32
         m[1](cast["x"]).sum().backward()  # a bf16 gradient, as under FSDP2's gathered parameters
-    same = [
+    kept = [
         p.data_ptr() == ptr and torch.equal(p, d) for p, (ptr, d) in zip(m.parameters(), data, strict=True)
     ]
     assert all(kept)
