@@ -11,6 +11,7 @@ plain FSDP2 cannot run, both refusals' first lines.
 from __future__ import annotations
 
 import copy
+import time
 import traceback
 from typing import Any
 
@@ -21,7 +22,6 @@ from torch import nn
 from dpcomm.launch import init_worker
 from dpcomm.utils.user_run import call
 from tests._corpus import CORPUS, ZOO, loss_of
-from tests._user_workers import _diff, _params, _same_on_all_ranks
 
 STEPS = 3
 LR = 0.1
@@ -53,6 +53,19 @@ def _sums(model: nn.Module, sharded: bool) -> list[float]:
             t = p.full_tensor() if sharded else p
             out += [float(t.detach().double().sum()), float(t.detach().double().abs().sum())]
     return out
+
+
+def _same(values: Any, group: Any) -> bool:
+    """Whether every rank of ``group`` holds the same ``values``."""
+    got: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(got, values, group=group)
+    return all(g == got[0] for g in got)
+
+
+def _local(model: nn.Module) -> dict[str, torch.Tensor]:
+    """This rank's part of every parameter (its shard; an ignored parameter whole): compared shard by shard
+    with the plain run's, which shards alike, without a collective."""
+    return {n: (p.to_local() if hasattr(p, "to_local") else p).detach() for n, p in model.named_parameters()}
 
 
 def _policies(model: nn.Module) -> list[tuple[str | None, str | None]]:
@@ -163,12 +176,23 @@ def _plain_refusal(build: Any, batch: Any, kw: dict[str, Any]) -> str:
     return ""
 
 
-def precision_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def pair_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`precision_cases` over two pairs of ranks at once: ranks 0 and 1 run ``cases[0::2]`` over their
+    own group, ranks 2 and 3 ``cases[1::2]`` (FSDP over 2 ranks; half the processes per case)."""
+    rank, _ = init_worker()
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])]  # every rank makes both
+    out = precision_cases(cases[rank // 2 :: 2], pairs[rank // 2])
+    dist.barrier()
+    return out
+
+
+def precision_cases(cases: list[dict[str, Any]], group: Any = None) -> list[dict[str, Any]]:
     """Per case ``{model, planner}`` (and ``full``: the plan's prices and a run without the policy;
     ``cannot``: a model plain FSDP2 cannot run with the policy; ``offload``, ``ignored``, ``mp``: which of
     FSDP2's keywords, :func:`_keywords`): ``shard`` with them, then plain ``fully_shard`` calls with them
     over the module groups ``shard`` chose (children first, the root last), both from the same weights and
     random state, each rank on its own batch."""
+    from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.fsdp import fully_shard
 
     import dpcomm.fsdp
@@ -176,22 +200,24 @@ def precision_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
     rank, _ = init_worker()
     torch.set_num_threads(1)
+    on = {} if group is None else {"mesh": DeviceMesh.from_group(group, "cpu")}  # the plain run's mesh
     out = []
     for case in cases:
-        r: dict[str, Any] = {}
+        r: dict[str, Any] = {"seconds": time.perf_counter()}
         try:
             build, batch_of, _ = {**CORPUS, **ZOO}[case["model"]]
             batch = batch_of(10 + rank)  # each rank its own data
             torch.manual_seed(0)
             plain = build()
             model = copy.deepcopy(plain)
-            kw, ref_kw = _keywords(case, model), _keywords(case, plain)
+            kw, ref_kw = _keywords(case, model), _keywords(case, plain) | on
             if "bad" in case:  # keywords shard refuses: its one line
                 try:
                     dpcomm.fsdp.shard(model, case["planner"], example=batch[0], **case["bad"])
                     r["shard_error"] = ""
                 except UserError as exc:
                     r["shard_error"] = str(exc)
+                r["seconds"] = time.perf_counter() - r["seconds"]
                 out.append(r)
                 continue
             if case.get("cannot"):  # plain FSDP2's refusal, then shard's
@@ -201,12 +227,13 @@ def precision_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                     r["shard_error"] = ""
                 except UserError as exc:
                     r["shard_error"] = str(exc)
+                r["seconds"] = time.perf_counter() - r["seconds"]
                 out.append(r)
                 continue
             torch.manual_seed(100 + rank)
             before = torch.get_rng_state()
             model = dpcomm.fsdp.shard(model, case["planner"], example=batch[0], profile_iters=1,
-                                      verify_iters=1, **kw)  # fmt: skip
+                                      verify_iters=1, process_group=group, **kw)  # fmt: skip
             groups = model.dpcomm.groups
             if case.get("full"):
                 r |= _priced(model.dpcomm, plain, case["planner"], kw["mp_policy"])
@@ -214,7 +241,7 @@ def precision_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r["losses"], r["dtypes"] = _train(model, batch)
             r["calls"], r["policies"] = fsdp_calls(model), _policies(model)
             r["offloads"] = _offloads(model)
-            r["replicas"] = _same_on_all_ranks(_sums(model, True))
+            r["replicas"] = _same(_sums(model, True), group)
             whole = [n for n, p in model.named_parameters() if not hasattr(p, "full_tensor")]
             r["plain_params"] = sorted(whole)  # parameters no fully_shard call sharded
             r["gathered"] = sorted(n for ns in model.dpcomm.layer_params for n in ns)
@@ -232,8 +259,10 @@ def precision_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             torch.set_rng_state(before)
             r["ref_losses"], r["ref_dtypes"] = _train(plain, batch)
             r["ref_calls"] = fsdp_calls(plain)
-            r["param_diff"] = _diff(_params(model), _params(plain))
-            r["ignored_differ"] = not _same_on_all_ranks(_sums(model, False))
+            mine, ref = _local(model), _local(plain)
+            r["param_diff"] = max((float((mine[n] - ref[n]).abs().max()) for n in mine if mine[n].numel()),
+                                  default=0.0) if mine.keys() == ref.keys() else float("inf")  # fmt: skip
+            r["ignored_differ"] = not _same(_sums(model, False), group)
             if case.get("full"):
                 torch.manual_seed(0)
                 fp32 = build()  # the same run without a policy: how far bf16 moves the loss
@@ -245,6 +274,7 @@ def precision_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         except Exception as exc:
             r["error"] = f"{type(exc).__name__}: {exc}"
             r["trace"] = traceback.format_exc(limit=8)
+        r["seconds"] = time.perf_counter() - r["seconds"]  # this rank's, for the test's cost
         out.append(r)
-    dist.barrier()
+    dist.barrier(group)
     return out

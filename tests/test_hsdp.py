@@ -10,11 +10,12 @@ DTensors: a 2-D mesh, ``(Replicate, Shard)``. Bad ``mesh=`` is one line on every
 
 The same launch runs ``shard(..., mp_policy=MixedPrecisionPolicy(bf16, fp32))`` on every model of the
 corpus (:mod:`tests._corpus`, and the zoo's GPT-2) against plain ``fully_shard`` calls with that policy
-over the same modules (:mod:`tests._precision_workers`; FSDP over the 4 ranks, each rank on its own
-batch): every ``fully_shard`` call holds the same modules and parameters in both, and both cast the same
-fp32 shards to bf16 and reduce in fp32 over the same units, so the losses are expected equal; ``rel=2**-8``
-(bf16's unit roundoff) is the dtype's tolerance. That the policy is in force is checked apart: outputs
-come in bf16, and (two models) the losses differ from the fp32 run's. A model plain FSDP2 cannot run with
+over the same modules (:mod:`tests._precision_workers`; FSDP over the 4 ranks, or over a pair of them, two
+models at a time; each rank on its own batch): every ``fully_shard`` call holds the same modules and
+parameters in both, and both cast the same fp32 shards to bf16 and reduce in fp32 over the same units, so
+the losses are expected equal; ``rel=2**-8`` (bf16's unit roundoff) is the dtype's tolerance. That the
+policy is in force is checked apart: outputs come in bf16, and (two models) the losses differ from the fp32
+run's. A model plain FSDP2 cannot run with
 the policy is named in :data:`CANNOT` with the reason, and both refusals are checked. FSDP2's other
 keywords (``offload_policy``, ``ignored_params``) run in the same launch against plain FSDP2 with them.
 """
@@ -63,7 +64,10 @@ FULL = [
     {"model": "decoder", "planner": "per-block", "full": True},
 ]
 """Cases whose plan's prices under the policy are checked too, and which also run without it."""
-PRECISION = FULL + [{"model": m, "planner": "per-block"} for m in CORPUS if m not in ("decoder", *CANNOT)]
+SWEEP = [{"model": m, "planner": "per-block"} for m in CORPUS if m not in ("decoder", *CANNOT)]
+"""The rest of the corpus, run two cases at a time on two pairs of ranks (:func:`tests._precision_workers.
+pair_cases`: FSDP over 2 ranks, half the processes per case)."""
+PRECISION = FULL + SWEEP
 """``shard`` with FSDP2's mixed-precision policy against plain ``fully_shard`` with it."""
 IGNORED = ("head.weight", "head.bias")
 KEYWORDS = [
@@ -84,30 +88,30 @@ BAD_KEYWORDS = {
 """Keywords ``shard`` refuses in one line before planning (FSDP2 would raise from the middle of sharding, or
 not at all), and what it says (the rest: tests/test_fsdp_keywords.py)."""
 ALL = [
-    *PRECISION,
+    *FULL,
     *({"model": m, "planner": "per-block", "cannot": True} for m in CANNOT),
     *KEYWORDS,
     *({"model": "lora", "planner": "per-block", "bad": kw} for kw, _ in BAD_KEYWORDS.values()),
 ]
 
 
-def _all(cases, bad, precision):  # one launch (module level: spawned workers import it)
+def _all(cases, bad, precision, sweep):  # one launch (module level: spawned workers import it)
     cases = [{**c, "mesh": _user_mesh(c["mesh"])} for c in cases]
     out = W.shard_cases(cases)
     case = {"model": "lora", "planner": "per-block", "memory": None}
     errs = [W.shard_cases([{**case, "mesh": _user_mesh(spec)}])[0].get("error") for spec in bad]
-    return out, errs, P.precision_cases(precision)
+    return out, errs, P.precision_cases(precision), P.pair_cases(sweep)
 
 
 @pytest.fixture(scope="module")
 def runs():
-    return launch(_all, 4, CASES, BAD, ALL)
+    return launch(_all, 4, CASES, BAD, ALL, SWEEP)
 
 
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[f"{c['model']}-{c['mesh']}" for c in CASES])
 def test_hsdp_on_a_2x2_mesh_trains_like_plain_ddp(runs, index):
     case = CASES[index]
-    for rank, (out, _, _) in enumerate(runs):
+    for rank, (out, *_) in enumerate(runs):
         r = out[index]
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
         assert r["rng_same"], "shard changed the caller's random state"
@@ -122,14 +126,12 @@ def test_hsdp_on_a_2x2_mesh_trains_like_plain_ddp(runs, index):
         else:  # the planner's choice runs: its group size is the mesh's last dim
             G = r["shard_group"] or 4
             assert r["mesh_shape"][-1] == G and G in (1, 2, 4), r
-    assert len({str(out[index].get("shard_group")) for out, _, _ in runs}) == 1, (
-        "ranks chose different meshes"
-    )
+    assert len({str(out[index].get("shard_group")) for out, *_ in runs}) == 1, "ranks chose different meshes"
 
 
 @pytest.mark.parametrize("index", range(len(BAD)), ids=[str(b) for b in BAD])
 def test_a_mesh_that_cannot_be_is_one_line_on_every_rank(runs, index):
-    errors = [errs[index] for _, errs, _ in runs]
+    errors = [errs[index] for _, errs, *_ in runs]
     assert all(e is not None and e.startswith("UserError: dpcomm.fsdp.shard: mesh") for e in errors), errors
     assert len(set(errors)) == 1 and "\n" not in errors[0]
 
@@ -142,10 +144,18 @@ def _same_calls(r: dict) -> None:
     assert len(held) == len(set(held)) and set(r["gathered"]) <= set(held), (held, r["gathered"])
 
 
+def _precision(runs, index: int) -> list[tuple[int, dict]]:
+    """``(rank, report)`` of each rank that ran ``PRECISION[index]``: every rank for :data:`FULL`, the
+    case's pair for :data:`SWEEP` (ranks 0-1 the even cases, 2-3 the odd)."""
+    if index < len(FULL):
+        return [(rank, out[index]) for rank, (_, _, out, _) in enumerate(runs)]
+    j = index - len(FULL)
+    return [(rank, runs[rank][3][j // 2]) for rank in (2 * (j % 2), 2 * (j % 2) + 1)]
+
+
 @pytest.mark.parametrize("index", range(len(PRECISION)), ids=[c["model"] for c in PRECISION])
 def test_shard_with_a_policy_trains_as_plain_fully_shard_with_it(runs, index):
-    for rank, (_, _, out) in enumerate(runs):
-        r = out[index]
+    for rank, r in _precision(runs, index):
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
         _same_calls(r)
         assert r["policies"] == [("torch.bfloat16", "torch.float32")] * len(r["calls"]), r["policies"]
@@ -170,15 +180,15 @@ def test_where_plain_fsdp2_cannot_run_the_policy_shard_refuses_in_one_line(runs,
     naming the same error, on every rank."""
     said, _ = CANNOT[model]
     index = ALL.index({"model": model, "planner": "per-block", "cannot": True})
-    errors = [out[index].get("shard_error") for _, _, out in runs]
-    for _, _, out in runs:
+    errors = [out[index].get("shard_error") for _, _, out, _ in runs]
+    for _, _, out, _ in runs:
         assert said in out[index]["plain_error"], out[index]
     assert all(e and said in e and "\n" not in e for e in errors), errors
     assert len(set(errors)) == 1
 
 
 def test_offload_policy_reaches_every_unit_and_trains_as_plain_fsdp2_with_it(runs):
-    for rank, (_, _, out) in enumerate(runs):
+    for rank, (_, _, out, _) in enumerate(runs):
         r = out[ALL.index(KEYWORDS[0])]
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
         _same_calls(r)
@@ -193,7 +203,7 @@ def test_ignored_params_are_in_no_unit_and_train_as_plain_fsdp2_leaves_them(runs
     """FSDP2 leaves ignored parameters whole and unreduced: each rank's own (its own batch), as in plain
     FSDP2 with the same ``ignored_params``; no ``fully_shard`` call holds them and ``shard`` plans no
     gather of them."""
-    for rank, (_, _, out) in enumerate(runs):
+    for rank, (_, _, out, _) in enumerate(runs):
         r = out[ALL.index(KEYWORDS[1])]
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
         _same_calls(r)
@@ -210,7 +220,7 @@ def test_shard_plans_and_bounds_in_the_policys_dtypes(runs, index):
     """``shard``'s own plan and bound follow ``mp_policy``: the plan is the planner's under bf16 gathers and
     fp32 reductions, the bound counts the gathered parameters in bf16 (half the fp32 bytes), the units
     were timed computing in bf16, and ``str(model.dpcomm)`` says so (with the certificate of ``optimal``)."""
-    for rank, (_, _, out) in enumerate(runs):
+    for rank, (_, _, out, _) in enumerate(runs):
         r = out[index]
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
         assert r["meta_precision"] == {"param_dtype": "bf16", "reduce_dtype": "fp32"}, r["meta_precision"]
@@ -229,6 +239,6 @@ def test_a_keyword_shard_cannot_pass_is_one_line_on_every_rank(runs, name):
     kw, said = BAD_KEYWORDS[name]
     errors = [
         out[ALL.index({"model": "lora", "planner": "per-block", "bad": kw})]["shard_error"]
-        for _, _, out in runs
+        for _, _, out, _ in runs
     ]
     assert all(said in e and "\n" not in e for e in errors) and len(set(errors)) == 1, errors
