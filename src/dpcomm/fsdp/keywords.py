@@ -29,7 +29,7 @@ from dpcomm.utils.user_run import map_tensors
 
 __all__ = ["as_fsdp2_computes", "check_fsdp_keywords", "planned_without"]
 
-OWN = {"reshard_after_forward": "the plan's choice, not a keyword"}
+OWN = {"reshard_after_forward": "the plan's choice, not a keyword (an FsdpPlan given to shard fixes it)"}
 """``fully_shard`` keywords that are ``shard``'s to decide, and why (``mesh`` is ``shard``'s own argument)."""
 
 

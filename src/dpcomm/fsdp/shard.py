@@ -276,7 +276,8 @@ def shard(
     ``DeviceMesh`` (replicate, shard) or ``"auto"`` (the planner chooses ``G``; :mod:`dpcomm.fsdp.mesh`);
     default FSDP over ``process_group``. ``fsdp_kw``: FSDP2's other ``fully_shard`` keywords
     (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``, ``shard_placement_fn``, ``ignored_params``),
-    given to every unit's call and to the trial's copies. Build the optimizer after.
+    given to every unit's call and to the trial's copies, checked first (:mod:`dpcomm.fsdp.keywords`:
+    ``ignored_params`` are in no unit). Build the optimizer after.
 
     A model built under ``torch.device("meta")`` is planned without materialising it (its units from a
     forward and backward on ``meta``, their times from FLOPs, :func:`dpcomm.fsdp.planning.plan_on_workers`)
