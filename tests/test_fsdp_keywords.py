@@ -47,6 +47,8 @@ def test_the_keywords_fully_shard_takes_pass():
             "mp_policy must be a torch.distributed.fsdp.MixedPrecisionPolicy, got 'bf16'",
         ),
         ({"mp_policy": torch.bfloat16}, "mp_policy must be a torch.distributed.fsdp.MixedPrecisionPolicy"),
+        ({"mp_policy": None}, "mp_policy must be a torch.distributed.fsdp.MixedPrecisionPolicy, got None"),
+        ({"offload_policy": None}, "offload_policy must be an OffloadPolicy, got None"),
         ({"offload_policy": "cpu"}, "offload_policy must be an OffloadPolicy, got 'cpu'"),
         ({"ignored_params": ["w"]}, "ignored_params must be a set of the model's parameters"),
         ({"ignored_params": {nn.Parameter(torch.ones(1))}}, "holds a parameter that is not the model's"),

@@ -45,13 +45,13 @@ def check_fsdp_keywords(model: nn.Module, fsdp_kw: dict[str, Any]) -> None:
     if bad:
         said = ", ".join(takes)
         raise UserError(f"dpcomm.fsdp.shard: fully_shard takes no keyword {bad[0]!r}; it takes {said}")
-    mp = fsdp_kw.get("mp_policy")
-    if mp is not None and not isinstance(mp, MixedPrecisionPolicy):
+    mp = fsdp_kw.get("mp_policy", MixedPrecisionPolicy())
+    if not isinstance(mp, MixedPrecisionPolicy):
         raise UserError(
             f"dpcomm.fsdp.shard: mp_policy must be a torch.distributed.fsdp.MixedPrecisionPolicy, got {mp!r}"
         )
-    off = fsdp_kw.get("offload_policy")
-    if off is not None and not isinstance(off, OffloadPolicy):
+    off = fsdp_kw.get("offload_policy", OffloadPolicy())
+    if not isinstance(off, OffloadPolicy):
         raise UserError(f"dpcomm.fsdp.shard: offload_policy must be an OffloadPolicy, got {off!r}")
     if isinstance(off, CPUOffloadPolicy) and off.pin_memory and not _accelerator():
         raise UserError(
