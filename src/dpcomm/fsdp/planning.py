@@ -138,7 +138,7 @@ def _profile_local(model: nn.Module, example: Any, loss_fn: Any, iters: int, dty
     with as_fsdp2_computes(model, example, dtype) as cast:
         trace = profile(model, cast, iters=iters, warmup=1, device=next(model.parameters()).device,
                         loss_fn=loss_fn)  # fmt: skip
-    return replace(trace, dtype_bytes=stored)
+    return trace if dtype is None else replace(trace, dtype_bytes=stored)
 
 
 def _sizes_trace(model: nn.Module) -> Trace:
