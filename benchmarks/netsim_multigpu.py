@@ -9,7 +9,7 @@ its split) and prices exactly those cases with the model's defaults: the case's 
 algorithm and protocol (``nccl``) or the one the run forced, NCCL's latency model for the start-up. Nothing
 is fitted to a table here: a table is *in-sample* if the model or a preset was set while looking at it (the
 JSON's ``tuned`` says what), *held-out* if it was only compared (set 1: the first held-out tables; sets 2
-and 3: those whose ``decided`` says their split was committed before any of their errors was computed).
+and later: those whose ``decided`` says their split was committed before any of their errors was computed).
 For every row of 64 MiB and up it prints the measured busbw (nccl-tests: ``2 (P-1)/P * S / t``), the
 model's, the error ``model / measured - 1`` and what ran, then the geometric mean of |error| per table,
 per split and per held-out set, and the worst row of each. Then it prices one 100 MB allreduce on

@@ -7,8 +7,8 @@ thing our zoo does not: PyTorch's own ``nn.TransformerEncoderLayer`` / ``nn.Tran
 experts a fixed routing never uses, a LoRA-style frozen backbone, one module used twice, nested
 ``ModuleDict`` s, BatchNorm (buffers DDP broadcasts) and dropout (random state the wrappers must not eat);
 issue 46's: data-dependent routing, per-rank tasks, keyword inputs, a frozen backbone, one block applied 4
-times, activation checkpointing, a counter buffer updated in forward; and :class:`MixedDtypes`, which both
-wrappers refuse in one line.
+times, activation checkpointing, a counter buffer updated in forward, bf16 linears beside fp32 norms
+(:class:`MixedDtypes`: ``wrap`` runs a bucket per dtype, ``shard`` refuses it in one line).
 
 :data:`CORPUS` maps a name to ``(build, batch, modes)``: ``build()`` makes the model (call it under
 ``torch.manual_seed``), ``batch(seed)`` one rank's ``(inputs, targets)``, ``modes`` the DDP keyword sets a
@@ -427,6 +427,7 @@ CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dic
     "shared-4": (SharedBlocks, _tokens(4), (DEFAULT,)),
     "checkpoint": (Checkpointed, _vectors, (DEFAULT,)),
     "counter": (Counting, _vectors, (DEFAULT,)),
+    "mixed": (MixedDtypes, _vectors, ALL_MODES),
 }
 
 ZOO = {"gpt2-tiny": (_zoo_gpt2, _gpt2_tokens, ALL_MODES)}

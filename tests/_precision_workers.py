@@ -130,9 +130,10 @@ def _priced(said: Any, plain: nn.Module, planner: str, mp: Any) -> dict[str, Any
     from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, plan_fsdp
     from dpcomm.planner.fsdp_precision import Precision
 
-    mine = plan_fsdp(planner, said.trace, said.ag_cost, said.rs_cost, max_depth=FSDP_MAX_DEPTH,
-                     overlap=said.overlap, precision=Precision.of(mp))  # fmt: skip
     req = said.requested
+    mine = plan_fsdp(planner, said.trace, said.ag_cost, said.rs_cost, max_depth=FSDP_MAX_DEPTH,
+                     overlap=said.overlap, precision=Precision.of(mp), unit_s=req.meta.get("unit_s", 0.0),
+                     atoms=req.meta.get("atoms"))  # fmt: skip
 
     def shape(p: Any) -> list[Any]:
         return [[list(u) for u in p.units], p.depth, p.reshard_after_forward, p.time_s, p.peak_bytes]

@@ -17,6 +17,7 @@ from dpcomm.cli.main import main
 from dpcomm.costmodel import resolve_network
 from dpcomm.errors import UserError
 from dpcomm.planner.fsdp import fsdp_time, plan_fsdp, ring_costs
+from dpcomm.planner.fsdp_unit import UNIT_S_CUDA
 from dpcomm.trace import find_trace
 
 TRACE = "llama-tiny-h200bf16-b64"  # 39 modules: the zoo's llama-tiny, bf16 on an H200
@@ -39,7 +40,8 @@ def test_plan_fsdp_is_the_planners_plan_on_a_flat_network(capsys):
     got = _json(capsys, [*argv, "--memory", "300K", "--json"])
     tr = find_trace(TRACE)
     ag, rs = ring_costs(resolve_network("10gbe"), 8)
-    want = plan_fsdp("optimal", tr, ag, rs, memory=300 * 1024, max_depth=2)
+    want = plan_fsdp("optimal", tr, ag, rs, memory=300 * 1024, max_depth=2, unit_s=UNIT_S_CUDA)
+    assert got["unit_s"] == UNIT_S_CUDA  # --overlap streams (a GPU's): FSDP2's fixed cost per unit there
     assert got["kind"] == "fsdp" and got["shard_group"] == 8
     assert [tuple(u) for u in got["units"]] == list(want.units)
     assert (got["depth"], got["reshard_after_forward"]) == (want.depth, want.reshard_after_forward)
@@ -121,7 +123,8 @@ def test_simulate_fsdp_rows_beside_ddp_on_a_cluster(capsys):
     ag, rs, _ = flow_mesh_costs(_flow_model("dgx-h100:2"), 16)(16)
     f, b, m = Modules.from_trace(find_trace(TRACE)).arrays
     units = [tuple(u) for u in plan["units"]]
-    t = fsdp_time(units, f, b, m, ag, rs, depth=plan["depth"], reshard=plan["reshard_after_forward"])
+    t = fsdp_time(units, f, b, m, ag, rs, depth=plan["depth"], reshard=plan["reshard_after_forward"],
+                  unit_s=plan["unit_s"])  # fmt: skip
     assert t == pytest.approx(plan["t_iter_s"], rel=1e-12)
     assert 0 < plan["fit_error"] < 0.5 and plan["planned_t_iter_s"] != plan["t_iter_s"]  # planned on lines
     argv[argv.index("8,16")] = "8"

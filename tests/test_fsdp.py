@@ -17,9 +17,11 @@ import pytest
 import torch
 from torch import nn
 
+from dpcomm.costmodel.base import LinearCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp import merge_units, shard_groups
-from dpcomm.planner.fsdp import block_units
+from dpcomm.fsdp.groups import layer_atoms
+from dpcomm.planner.fsdp import Modules, block_units, plan_fsdp
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.train.config import TrainConfig
 from dpcomm.train.fsdp_replica import parse_schedule
@@ -58,6 +60,10 @@ def test_merge_units_removes_the_cuts_inside_a_span():
     assert merge_units(units, [(2, 0), (3, 3)]) == [(0, 3), (4, 5)]
 
 
+def mods(f, b, m):
+    return Modules(forward_s=f, backward_s=b, param_bytes=m)
+
+
 class _Split(nn.Module):
     """``a`` holds a weight used first and a bias a trace may put in another unit (a module FSDP2 cannot
     split), ``b`` and ``c`` are plain."""
@@ -67,14 +73,19 @@ class _Split(nn.Module):
         self.a, self.b, self.c = nn.Linear(2, 2), nn.Linear(2, 2), nn.Linear(2, 2)
 
 
-def test_a_module_split_over_units_merges_them():
+def test_a_plan_splitting_a_module_is_refused_and_the_atoms_keep_it_whole():
     layers = [["a.weight"], ["b.weight", "b.bias"], ["a.bias"], ["c.weight", "c.bias"]]
     plan = FsdpPlan(method="per-layer", num_modules=4, units=[(i, i) for i in range(4)], depth=1,
                     reshard_after_forward=True)  # fmt: skip
-    g = shard_groups(_Split(), plan, layers)
-    assert g.units == ((0, 2), (3, 3))  # a's parameters in units 0 and 2: FSDP2 shards whole modules
+    with pytest.raises(UserError, match=r"^FSDP plan 'per-layer' splits module a between the units of "):
+        shard_groups(_Split(), plan, layers)  # FSDP2 shards whole modules: no post-hoc merge
+    atoms = layer_atoms(_Split(), layers)
+    assert atoms == [(0, 2), (3, 3)]  # a's parameters in layers 0 and 2: one fully_shard call
+    cost = LinearCost(0.0, 0.0)
+    planned = plan_fsdp("per-layer", mods([1.0] * 4, [1.0] * 4, [8] * 4), cost, cost, atoms=atoms)
+    g = shard_groups(_Split(), planned, layers)
+    assert g.units == planned.units == ((0, 2), (3, 3)) and g.notes == ()
     assert g.modules == (("a", "b"), ("c",)) and g.order == (0, 1) and g.root_unit is None
-    assert any("module a holds parameters of the units of a.weight to a.bias" in n for n in g.notes), g.notes
     with pytest.raises(UserError, match="does not have"):
         shard_groups(_Split(), plan, [["a.weight"], ["nope"], ["a.bias"], ["c.weight"]])
 

@@ -246,6 +246,10 @@ def test_max_servers_admits_bml_s_largest_study():
         ("nd-h100-v5", (8, 8, "ib")),
         ("oci-h100", (8, 16, "roce")),
         ("bm-gpu-h100-8", (8, 16, "roce")),
+        ("a3-ultra", (8, 8, "roce")),
+        ("a3-ultragpu-8g", (8, 8, "roce")),
+        ("oci-h200", (8, 8, "roce")),
+        ("bm-gpu-h200-8", (8, 8, "roce")),
     ],
 )
 def test_presets_users_type(name, gpus_nics_transport):
@@ -266,7 +270,9 @@ def test_an_unknown_topology_lists_every_preset(capsys):
     with pytest.raises(SystemExit):
         main(["netsim", "--help"])
     out = capsys.readouterr().out
-    assert all(n in out for n in ("hgx-h200:S", "dgx-b200:S", "p4d:S", "p5e:S", "nd-h100-v5:S", "oci-h100:S"))
+    want = ("hgx-h200:S", "dgx-b200:S", "p4d:S", "p5e:S", "nd-h100-v5:S", "oci-h100:S")
+    want += ("a3-ultra:S", "oci-h200:S")
+    assert all(n in out for n in want)
 
 
 def test_a_hand_written_spec_says_what_it_assumed_and_block_bytes_needs_lp(capsys):
@@ -282,15 +288,17 @@ def test_a_hand_written_spec_says_what_it_assumed_and_block_bytes_needs_lp(capsy
 
 def test_efa_s_fraction_follows_the_nccl_version_a_spec_states():
     # EFA's achievable fraction depends on NCCL's version: 0.63 fitted on NCCL 2.9.9 (NVIDIA/nccl#527), where
-    # 2 p4d with NCCL 2.23.4 and aws-ofi-nccl 1.13.2 move 76.2 GB/s busbw at 1 GiB (AWS's DLAMI guide)
+    # 2 p4d with NCCL 2.23.4 and aws-ofi-nccl 1.13.2 move 76.2 GB/s busbw at 1 GiB (AWS's DLAMI guide); from
+    # NCCL 2.18 on (a p4d scatter log with NCCL 2.18.3 at 0.86 of EFA's line rate)
     from dpcomm.sim.network import make_fabric, simulate_allreduce
     from dpcomm.sim.network.pricing import default_model
     from dpcomm.topology.multigpu import parse_multigpu
     from dpcomm.topology.transports import transport
 
     efa = transport("efa")
-    assert efa.fraction_for(None) == efa.fraction_for("2.9.9") == efa.fraction_for("2.22.3") == 0.63
-    assert efa.fraction_for("2.23.4") == efa.fraction_for("2.27.7+cuda12.9") == 0.895
+    assert efa.fraction_for(None) == efa.fraction_for("2.9.9") == efa.fraction_for("2.17.1") == 0.63
+    assert efa.fraction_for("2.18.3") == efa.fraction_for("2.23.4") == 0.895
+    assert efa.fraction_for("2.27.7+cuda12.9") == 0.895
     assert parse_multigpu("p4d:2").nic_fraction == 0.63
     assert parse_multigpu("p4d:2,nccl=2.23.4").nic_fraction == 0.895
     assert parse_multigpu("p4d:2,nccl=2.23.4,nic_eff=0.5").nic_fraction == 0.5  # the spec's own wins

@@ -1,7 +1,8 @@
 """``dpcomm.ddp.wrap`` and ``dpcomm.fsdp.shard`` on the models people write (:mod:`tests._corpus`), in every
 DDP mode they use, against plain PyTorch (issue 36).
 
-One launch of 2 gloo workers runs every case (:mod:`tests._user_workers`). For each: the model and the
+One launch of 2 gloo workers runs every case (:mod:`tests._user_workers`), each rank with its own example
+and batches; the planners of each model and mode are :func:`_planners`'s. For each: the model and the
 random state are built and seeded alike for dpcomm and for plain DDP with the same buckets; after
 ``wrap`` the random state must be the one before (dropout draws the same masks), three SGD steps must give
 the same losses (``rel=1e-6``), last gradients and parameters (``atol=1e-6``: the same sums in the same
@@ -27,13 +28,23 @@ def _mode_name(kw: dict) -> str:
 
 NEW = {"moe-top1": PLANNERS, "moe-top2": ("optimal",), "tasks": ("wfbp", "optimal"), "frozen": ("optimal",),
        "hf-kw": ("optimal",), "shared-4": ("optimal",), "checkpoint": ("optimal",),
-       "counter": ("optimal",)}  # fmt: skip
+       "counter": ("optimal",), "mixed": ("wfbp", "optimal")}  # fmt: skip
 """Issue 46's models, each with the planners its finding needs (every planner builds from one analysis)."""
+
+
+def _planners(model: str, i: int, j: int) -> tuple[str, ...]:
+    """The planners of model ``i`` (corpus order) in its ``j``-th DDP mode: ``wfbp`` (a bucket per unit:
+    every cut DDP can be asked for) and one of the two timed planners, taking turns, so that each model with
+    two modes or more, and each mode, runs both (they share every step of ``wrap`` but the plan itself,
+    which tests/test_planners.py checks)."""
+    return NEW.get(model, ("wfbp", ("optimal", "mgwfbp")[(i + j) % 2]))
+
+
 WRAP_CASES = [
     {"model": m, "planner": p, "ddp": kw}
-    for m, (_, _, modes) in CORPUS.items()
-    for kw in modes
-    for p in NEW.get(m, PLANNERS)
+    for i, (m, (_, _, modes)) in enumerate(CORPUS.items())
+    for j, kw in enumerate(modes)
+    for p in _planners(m, i, j)
 ]
 EXTRA_CASES = [  # the rest of what users pass, on two models, with a timed planner
     {"model": "encoder", "planner": "optimal", "ddp": {"gradient_as_bucket_view": True}},
@@ -44,7 +55,7 @@ EXTRA_CASES = [  # the rest of what users pass, on two models, with a timed plan
     {"model": "nested", "planner": "wfbp", "ddp": {}, "extra": "compile"},  # issue 46, finding 4
     {"model": "lora", "planner": "optimal", "ddp": {}, "extra": "accum"},  # no_sync, param groups, a hook
 ]
-BAD = ("planner", "shape", "shape-on-rank-1", "no-params", "weights", "unused", "mixed-dtypes", "wrap-layout")
+BAD = ("planner", "shape", "shape-on-rank-1", "no-params", "weights", "unused", "wrap-layout")
 BAD_SHARD = (
     "shard-planner",
     "shard-shape",
@@ -63,7 +74,7 @@ TIGHT = {"nested": 1.0, "bn": 1.0, "lora": 1.0, "frozen": 1.0, "hf-kw": 1.0}
 a frozen backbone is gathered whole by the root call, and the bound counts it: issue 46)."""
 SHARD_CASES = [
     {"model": m, "planner": p, "memory": mem and TIGHT.get(m, mem)}
-    for m in CORPUS if m not in NEW for p in ("per-block", "optimal") for mem in (None, 0.6)
+    for m in CORPUS if m not in NEW for p, mem in (("per-block", 0.6), ("optimal", None), ("optimal", 0.6))
 ] + [
     {"model": m, "planner": "optimal", "memory": None} for m in PER_RANK
 ] + [
@@ -75,14 +86,16 @@ SHARD_CASES = [
     {"model": "counter", "planner": "optimal", "memory": None},
 ] + [
     {"model": m, "planner": "optimal", "memory": None, "meta": True}
-    for m in ("encoder", "decoder", "lora", "bn")
+    for m in ("encoder", "bn")
 ] + [
     {"model": "sdpa-gpt", "planner": "per-block", "memory": 0.6, "meta": True},
     {"model": "encoder", "planner": "per-layer", "memory": None},  # finding 2: out_proj a unit of its own
     {"model": "gpt2-tiny", "planner": "optimal", "memory_bytes": 1 << 20},  # finding 4
 ]  # fmt: skip
-"""On ``meta``: four models with ``optimal``, the tied decoder with ``per-block`` under a budget (``moe``
-routes with ``nonzero``, which cannot run on ``meta``: data-dependent shapes)."""
+"""``per-block`` under a budget only (the same units as without one, the budget checked besides; without
+one on the issue-46 models). On ``meta``: two models with ``optimal`` (attention's ``out_proj`` and
+BatchNorm's buffers), the tied decoder with ``per-block`` under a budget (``moe`` routes with ``nonzero``,
+which cannot run on ``meta``: data-dependent shapes)."""
 
 
 @pytest.fixture(scope="module")
@@ -100,6 +113,16 @@ def _all(cases, shard_cases, bad):  # one launch for every case (module level: s
     return W.wrap_cases(cases), W.shard_cases(shard_cases), W.bad_inputs(bad)
 
 
+def _runs_the_plan(seen: list, buckets: list, plan: list[list[int]]) -> bool:
+    """DDP's buckets (``[units, dtype]``, communication order) are the plan's: one bucket per dtype of each
+    group, the groups in the plan's order (a group's buckets in any order: DDP closes them as their last
+    gradients arrive), so with one dtype exactly the plan's groups."""
+    group = {u: k for k, g in enumerate(plan) for u in g}
+    order = [group[units[0]] for units, _ in seen]
+    key = lambda b: (group[b[0][0]], b[0], b[1])  # noqa: E731
+    return order == sorted(order) and sorted(seen, key=key) == sorted(buckets, key=key)
+
+
 def _check(ranks: list[dict], case: dict) -> None:
     for rank, r in enumerate(ranks):
         assert "error" not in r, f"rank {rank}: {r.get('error')}\n{r.get('trace')}"
@@ -108,7 +131,9 @@ def _check(ranks: list[dict], case: dict) -> None:
         assert r["grad_diff"] <= 1e-6 and r["param_diff"] <= 1e-6, (r["grad_diff"], r["param_diff"])
         assert r["replicas"], "replicas differ across ranks"
         if case.get("extra") not in W.HOOKED:
-            assert r["seen"] == r["plan"], f"DDP ran {r['seen']}, the plan is {r['plan']}"
+            assert _runs_the_plan(r["seen"], r["buckets"], r["plan"]), (
+                f"DDP ran {r['seen']}, plan {r['buckets']}"
+            )
         if case["ddp"].get("find_unused_parameters") or not case["ddp"].get("static_graph"):
             assert r["plan"] == r["requested"] and not r["dropped"], "a cut of the plan was dropped"
         assert len({w for w in r["warnings"]}) == len(r["warnings"])  # no repeats
@@ -141,7 +166,22 @@ def test_static_graph_keeps_every_cut_of_a_plan_over_a_model_with_unused_paramet
     for kw in (UNUSED, STATIC):
         i = WRAP_CASES.index({"model": "sdpa-gpt", "planner": "wfbp", "ddp": kw})
         for r in runs[0][i]:
-            assert len(r["plan"]) == len(r["requested"]) > 20 and r["seen"] == r["plan"]
+            assert len(r["plan"]) == len(r["requested"]) > 20 and [u for u, _ in r["seen"]] == r["plan"]
+
+
+@pytest.mark.slow
+def test_parameters_of_mixed_dtypes_run_one_bucket_per_dtype_of_each_group(runs):
+    """bf16 linears and fp32 norms (plain DDP trains them; ``wrap`` refused them): in every DDP mode the
+    plan's groups that hold both dtypes are a bf16 and a fp32 bucket, each as DDP ran it (the rest is
+    :func:`_check`: the same losses, gradients and parameters as plain DDP)."""
+    for i, case in enumerate(WRAP_CASES):
+        if case["model"] != "mixed":
+            continue
+        r = runs[0][i][0]
+        assert {d for _, d in r["seen"]} == {"torch.bfloat16", "torch.float32"}, r["seen"]
+        if case["planner"] == "optimal":  # one group (the model is tiny): a bucket per dtype
+            assert len(r["buckets"]) == len(r["plan"]) + 1, (r["plan"], r["buckets"])
+            assert f"{len(r['buckets'])} buckets" in r["text"].splitlines()[0], r["text"]
 
 
 @pytest.mark.slow
@@ -162,6 +202,8 @@ def test_bad_input_to_wrap_and_shard_is_one_line_on_every_rank(runs, kind):
         assert r["type"] == "UserError", r
         assert "\n" not in r["message"] and r["message"]
     assert ranks[0]["message"] == ranks[1]["message"]
+    if kind == "shard-mixed-dtypes":  # wrap runs them (a bucket per dtype); FSDP2 cannot: say which modules
+        assert "mixes torch.bfloat16: 0.weight" in ranks[0]["message"], ranks[0]["message"]
 
 
 def _shard_id(c: dict) -> str:

@@ -254,6 +254,14 @@ def add_fsdp_arguments(parser: argparse.ArgumentParser) -> None:
         help="FSDP/HSDP model: streams (GPUs, the default) or gathers (CPU: reduce-scatters block)",
     )
     parser.add_argument(
+        "--unit-cost",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="FSDP/HSDP: FSDP2's fixed cost of a unit per pass, seconds (hooks and copies; default: "
+        "dpcomm.planner.fsdp_unit's measured one for --overlap: streams a GPU's, gathers a CPU's)",
+    )
+    parser.add_argument(
         "--param-dtype",
         metavar="DTYPE",
         help="FSDP/HSDP: FSDP2's MixedPrecisionPolicy param_dtype (bf16, fp16, fp32): units gathered and "
@@ -271,6 +279,7 @@ def fsdp_options(args: argparse.Namespace) -> dict:
     """:func:`dpcomm.sim.fsdp.plan_row`'s options from :func:`add_fsdp_arguments`' flags, checked
     (``precision``: ``--param-dtype``/``--reduce-dtype`` as FSDP2's mixed-precision policy)."""
     from dpcomm.planner.fsdp_precision import Precision
+    from dpcomm.planner.fsdp_unit import unit_s_for
     from dpcomm.utils.sizes import parse_size
 
     memory = None if args.memory is None else parse_size(args.memory, what="--memory")
@@ -279,6 +288,11 @@ def fsdp_options(args: argparse.Namespace) -> dict:
         raise UserError(f"--max-depth must be an integer from 0 to 16, got {args.max_depth}")
     if not (0 <= args.gap <= 1):
         raise UserError(f"--gap must be a fraction from 0 to 1, got {args.gap!r}")
+    unit_s = args.unit_cost
+    if unit_s is None:
+        unit_s = unit_s_for("cuda" if args.overlap == "streams" else "cpu")
+    elif not (0 <= unit_s < float("inf")):
+        raise UserError(f"--unit-cost must be a number of seconds >= 0, got {args.unit_cost!r}")
     return {
         "memory": memory,
         "state_bytes": float(state),
@@ -287,4 +301,5 @@ def fsdp_options(args: argparse.Namespace) -> dict:
         "gap": float(args.gap),
         "overlap": args.overlap,
         "precision": Precision(param_dtype=args.param_dtype, reduce_dtype=args.reduce_dtype),
+        "unit_s": float(unit_s),
     }

@@ -3,10 +3,10 @@
 ``dpcomm profile`` records per layer its ``fsdp_modules`` (:func:`dpcomm.fsdp.groups.layer_holders`): the
 modules ``dpcomm.fsdp.shard`` gives the layer's parameters to (the nearest module whose forward runs and
 returns no view: a block's ``nn.Linear`` on a 3-D input hands its parameters to the block). FSDP2 shards
-whole modules, so a unit that splits one of them is merged by ``shard``
-(:func:`dpcomm.fsdp.groups.shard_groups`, point 2), and a plan printed with it split is code ``shard`` does
-not run as planned (an ALBERT-style block applied N times, its children split across units). The CLI plans
-over the *atoms* instead: the layers of one such module, and of the modules it contains, are one layer.
+whole modules, so a unit may not split one of them (an ALBERT-style block applied N times, its children
+split across units, is no ``fully_shard`` call). The CLI plans over the *atoms* instead
+(:mod:`dpcomm.planner.fsdp_atoms`, as ``shard`` does): the layers of one such module, and of the modules it
+contains, are one layer.
 """
 
 from __future__ import annotations
@@ -14,11 +14,6 @@ from __future__ import annotations
 from dpcomm.trace.format import Trace
 
 __all__ = ["fsdp_atoms", "holders", "on_atoms"]
-
-
-def _prefixes(path: str) -> list[str]:
-    parts = path.split(".") if path else []
-    return [""] + [".".join(parts[: i + 1]) for i in range(len(parts))]
 
 
 def holders(trace: Trace) -> list[list[str]] | None:
@@ -29,23 +24,17 @@ def holders(trace: Trace) -> list[list[str]] | None:
 
 
 def fsdp_atoms(trace: Trace) -> list[tuple[int, int]] | None:
-    """The runs of consecutive layers one ``fully_shard`` call must take whole: a module ``shard`` gives
-    parameters of layers ``i < j`` (its ``fsdp_modules``), or contains such a module, joins ``i..j`` (FSDP2
-    shards whole modules; :func:`dpcomm.fsdp.groups.shard_groups` merges them the same way). None when the
-    trace does not record ``fsdp_modules``."""
-    from dpcomm.fsdp.groups import merge_units
+    """The runs of consecutive layers one ``fully_shard`` call must take whole
+    (:func:`dpcomm.planner.fsdp_atoms.holder_atoms` of the layers' ``fsdp_modules``: the rule ``shard``
+    plans by; without them, of the modules their ``param_names`` belong to, which cannot know a module
+    whose output is a view). None when the trace records neither, or when no run joins two layers."""
+    from dpcomm.planner.fsdp_atoms import holder_atoms
 
     held = holders(trace)
-    if held is None:
-        return None
-    every = {m for hs in held for m in hs}
-    span: dict[str, list[int]] = {}
-    for i, hs in enumerate(held):
-        for h in hs:  # the module, and every non-root module above it that holds parameters too
-            for p in [""] if not h else [q for q in _prefixes(h)[1:] if q in every]:
-                span.setdefault(p, [i, i])[1] = i
-    singles = [(i, i) for i in range(trace.num_layers)]
-    return merge_units(singles, [tuple(ab) for ab in span.values()])
+    if held is None and trace.layers and all(x.param_names for x in trace.layers):
+        held = [list(dict.fromkeys(n.rpartition(".")[0] for n in x.param_names)) for x in trace.layers]
+    atoms = None if held is None else holder_atoms(held)
+    return None if atoms is None or len(atoms) == trace.num_layers else atoms
 
 
 def on_atoms(trace: Trace, atoms: list[tuple[int, int]]) -> Trace:
@@ -55,10 +44,11 @@ def on_atoms(trace: Trace, atoms: list[tuple[int, int]]) -> Trace:
     layers = []
     for a, z in atoms:
         run = trace.layers[a : z + 1]
+        held = list(dict.fromkeys(m for x in run for m in x.extra.get("fsdp_modules", [])))
         layers.append(replace(
             run[0], params=sum(x.params for x in run), forward_s=sum(x.forward_s for x in run),
             backward_s=sum(x.backward_s for x in run),
             param_names=tuple(n for x in run for n in x.param_names), unused=all(x.unused for x in run),
-            extra={"fsdp_modules": list(dict.fromkeys(m for x in run for m in x.extra["fsdp_modules"]))},
+            extra={"fsdp_modules": held} if held else {},
         ))  # fmt: skip
     return replace(trace, layers=tuple(layers))

@@ -249,12 +249,14 @@ def _plot(path, trace, plan, costs, world: int, opts):
     rs, ar = scaled_bytes(rs, k), scaled_bytes(ar, k)  # reductions in reduce_dtype bytes
     exact = (exact[0], scaled_bytes(exact[1], k), scaled_bytes(exact[2], k))
     ar, ar_exact = (ar, exact[2]) if G < world else (None, None)
-    kw = {"update_s": opts["update_s"], "max_depth": opts["max_depth"], "overlap": opts["overlap"]}
+    kw = {"update_s": opts["update_s"], "max_depth": opts["max_depth"], "overlap": opts["overlap"],
+          "unit_s": opts["unit_s"]}  # fmt: skip
     gap = max(opts["gap"], PLOT_GAP)
 
     def timed(p):
         t = fsdp_time(p.units, f, b, m, exact[0], exact[1], depth=p.depth, reshard=p.reshard_after_forward,
-                      update_s=kw["update_s"], overlap=kw["overlap"], ar_cost=ar_exact)  # fmt: skip
+                      update_s=kw["update_s"], overlap=kw["overlap"], ar_cost=ar_exact,
+                      unit_s=kw["unit_s"])  # fmt: skip
         return replace(p, time_s=float(t))
 
     front = []
@@ -294,6 +296,7 @@ def _json(row, paths, world, opts, written, args, model) -> dict:
         "priced_by": priced_by(args, model),
         "plot": None if written is None else str(written),
         "precision": opts["precision"].to_dict(),
+        "unit_s": opts["unit_s"],
     }
 
 
@@ -314,7 +317,8 @@ def _print(trace, row, paths, costs, world, opts, where, written, param_bytes) -
     table = Table(
         title=f"{plan.method} plan: {trace.model}, {mesh}, {len(plan.units)} unit(s), prefetch depth "
         f"{plan.depth}, reshard after forward {reshard}",
-        caption=where + "; all-gather and reduce-scatter: half a ring all-reduce (docs/fsdp.md)",
+        caption=f"{where}; all-gather and reduce-scatter: half a ring all-reduce; FSDP2's fixed cost "
+        f"{opts['unit_s'] * 1e6:.0f} us a unit per pass (docs/fsdp.md)",
     )
     cols = ["#", "modules", "fully_shard", "MiB", "all-gather ms", "reduce-scatter ms"]
     cols += ["all-reduce ms"] if ar is not None else []

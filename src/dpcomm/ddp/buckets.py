@@ -42,24 +42,24 @@ merge, the finest such coarsening) and :class:`BucketCaps` says which and why in
 model's price of the difference when a trace and a cost are given. The first iteration before a rebuild
 cuts the same caps in registration order; its buckets differ from the plan, its sums do not.
 
-Kept as one module (about 400 lines): the walk, the caps and the construction-time assignment are one
-argument about how DDP cuts buckets, read together; the planning around them is :mod:`dpcomm.ddp.planning`.
+A model whose parameters mix dtypes gets one bucket per dtype of each group, and caps fitted to DDP's
+per-dtype walk (:mod:`dpcomm.ddp.dtypes`).
+
+Kept as one module (about 350 lines): the walk and the caps are one argument about how DDP cuts buckets,
+read together; handing DDP the buckets is :mod:`dpcomm.ddp.build`, the planning around them
+:mod:`dpcomm.ddp.planning`.
 """
 
 from __future__ import annotations
 
-import contextlib
 import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-import torch.distributed as dist
 from torch import nn
-from torch.nn.parallel import DistributedDataParallel
 
 from dpcomm.costmodel.base import CommCost
+from dpcomm.ddp.build import build_ddp
 from dpcomm.errors import UserError
 from dpcomm.models.layers import learnable_layers
 from dpcomm.plan import Plan
@@ -125,9 +125,12 @@ class BucketCaps:
     extra_s: float | None = None
     """Cost-model price of running ``plan`` instead of ``requested`` (seconds per iteration), if priced."""
     param_groups: tuple[tuple[str, ...], ...] = ()
-    """Parameter names of each of ``plan``'s groups (communication order): what :func:`build_ddp` assigns."""
+    """Parameter names of each of DDP's buckets (communication order): ``plan``'s groups, a group of several
+    dtypes as a bucket per dtype (:mod:`dpcomm.ddp.dtypes`); what :func:`build_ddp` assigns."""
     unit_names: tuple[str, ...] = ()
     """Each unit's name (forward order), to name cuts in :attr:`note`."""
+    why: str | None = None
+    """Why cuts were dropped, where the walk alone does not say (parameters of mixed dtypes)."""
 
     @property
     def exact(self) -> bool:
@@ -144,8 +147,9 @@ class BucketCaps:
         else:
             cuts = ", ".join(f"{g}|{g - 1}" for g in self.dropped)
         price = "" if self.extra_s is None else f"; the cost model prices it at {self.extra_s * 1e3:+.3f} ms"
+        why = self.why or _WHY[self.walk]
         return (
-            f"DDP cannot cut plan '{self.requested.schedule}' between {cuts} ({_WHY[self.walk]}); "
+            f"DDP cannot cut plan '{self.requested.schedule}' between {cuts} ({why}); "
             f"running {len(self.plan.groups)} buckets instead of {len(self.requested.groups)}{price}"
         )
 
@@ -203,17 +207,27 @@ def ddp_walk(
     of each parameter in that order, communication side first (module docstring). The ready order comes
     from one local forward/backward of ``example`` (or is ``ready``, already recorded); without either, the
     units' own order is assumed."""
-    unit_of = {n: k for k, u in enumerate(units) for n in u.param_names}
-    names = trainable_names(model)
-    if find_unused_parameters and not static_graph:
-        return "registration", [unit_of[n] for n in reversed(list(names.values()))]
-    if example is None and ready is None:
-        return "ready", [k for k in reversed(range(len(units))) for _ in units[k].param_names]
-    if ready is None:
+    if ready is None and example is not None and not (find_unused_parameters and not static_graph):
         ready = ready_sequence(model, example, loss_fn)
-    unused = [n for pid, n in names.items() if pid not in set(ready)]  # static_graph: after the used ones
+    walk, names, _ = _walk_names(model, units, find_unused_parameters, static_graph, ready)
+    unit_of = {n: k for k, u in enumerate(units) for n in u.param_names}
+    return walk, [unit_of[n] for n in names]
+
+
+def _walk_names(
+    model: nn.Module, units: list[Unit], find_unused: bool, static_graph: bool, ready: list[int] | None
+) -> tuple[str, list[str], bool]:
+    """:func:`ddp_walk` by parameter name, and whether the order inside each unit is the one DDP will see
+    (not so where no ready order was recorded and the units' own order is assumed)."""
+    names = trainable_names(model)
+    if find_unused and not static_graph:
+        return "registration", list(reversed(list(names.values()))), True
+    if ready is None:
+        return "ready", [n for k in reversed(range(len(units))) for n in units[k].param_names], False
+    used = set(ready)
+    unused = [n for pid, n in names.items() if pid not in used]  # static_graph: after the used ones
     walk = "static" if static_graph else "ready"
-    return walk, [unit_of[names[pid]] for pid in ready if pid in names] + [unit_of[n] for n in unused]
+    return walk, [names[pid] for pid in ready if pid in names] + unused, True
 
 
 def ready_order(
@@ -301,101 +315,40 @@ def bucket_caps(
     if plan.num_layers != len(units):
         raise UserError(f"plan '{plan.schedule}' has {plan.num_layers} layers, the model {len(units)} units")
     per_unit = unit_params(model, units)
-    keys = {(p.dtype, p.device) for ps in per_unit for p in ps}
-    if len(keys) > 1:
+    devices = {p.device for ps in per_unit for p in ps}
+    if len(devices) > 1:
         raise UserError(
-            "DDP cuts buckets per (dtype, device) with separate caps; a plan needs one dtype and one device, "
-            f"the model has {sorted(str(k) for k in keys)}"
+            f"DDP buckets need one device; the trainable parameters are on {sorted(map(str, devices))}"
         )
     unit_bytes = [sum(p.numel() * p.element_size() for p in ps) for ps in per_unit]
-    walk, order = ddp_walk(
-        model, units, example=example, loss_fn=loss_fn,
-        find_unused_parameters=find_unused_parameters, static_graph=static_graph, ready=ready,
-    )  # fmt: skip
+    walk, walked, exact = _walk_names(model, units, find_unused_parameters, static_graph, ready)
+    unit_of = {n: k for k, u in enumerate(units) for n in u.param_names}
+    order = [unit_of[n] for n in walked]
     group_bytes = [sum(unit_bytes[u] for u in g) for g in plan.groups]
     if assign and walk == "registration":
         walk, order = "assigned", [k for k in reversed(range(len(units))) for _ in units[k].param_names]
     runs, dropped = expressible_plan(plan, order, group_bytes)
+    groups = tuple(tuple(n for u in g for n in units[u].param_names) for g in runs.groups)
+    caps = [sum(unit_bytes[u] for u in g) / _MIB for g in runs.groups]
+    if walk == "registration":  # DDP's first cap goes to the first bucket of registration order
+        caps.reverse()
+    why = None
+    if len({p.dtype for ps in per_unit for p in ps}) > 1:  # one bucket per dtype (ddp/dtypes)
+        from dpcomm.ddp.dtypes import WHY, split_plan
+
+        runs, more, groups, caps = split_plan(model, runs, groups, walk, walked, exact)
+        if more:
+            why = WHY if not dropped else f"{_WHY[walk]}; and {WHY}"
+            dropped = tuple(sorted(set(dropped) | set(more), reverse=True))
     extra = None
     if dropped and trace is not None and cost is not None and nodes is not None:
         from dpcomm.sim import simulate
 
         extra = simulate(trace, runs, cost, nodes).t_iter_s - simulate(trace, plan, cost, nodes).t_iter_s
-    caps = [sum(unit_bytes[u] for u in g) / _MIB for g in runs.groups]
-    if walk == "registration":  # DDP's first cap goes to the first bucket of registration order
-        caps.reverse()
     out = BucketCaps(
         bucket_cap_mb_list=caps, plan=runs, requested=plan, dropped=dropped, extra_s=extra, walk=walk,
-        param_groups=tuple(tuple(n for u in g for n in units[u].param_names) for g in runs.groups),
-        unit_names=tuple(u.name for u in units),
+        param_groups=groups, unit_names=tuple(u.name for u in units), why=why,
     )  # fmt: skip
     if out.note and warn:
         warnings.warn(f"dpcomm: {out.note}", stacklevel=2)
     return out
-
-
-@contextlib.contextmanager
-def _assigned(model: nn.Module, groups: tuple[tuple[str, ...], ...]) -> Iterator[None]:
-    """While DDP is constructed, its one call for construction-time buckets gets ``groups`` (module
-    docstring): indices into the parameter list DDP passes, groups in reverse communication order (DDP
-    reverses the list it gets), each bucket's byte size as its limit."""
-    compute = dist._compute_bucket_assignment_by_size
-    ids = {n.removeprefix("_orig_mod."): id(p) for n, p in model.named_parameters()}  # torch.compile's
-
-    def assignment(params: list[torch.Tensor], limits: Any, *args: Any, **kwargs: Any) -> Any:
-        index = {id(p): i for i, p in enumerate(params)}
-        buckets = [[index[ids[n]] for n in g if ids[n] in index] for g in groups]
-        buckets = [b for b in buckets if b]
-        if sorted(i for b in buckets for i in b) != list(range(len(params))):  # not the plan's parameters
-            return compute(params, limits, *args, **kwargs)
-        sizes = [sum(params[i].numel() * params[i].element_size() for i in b) for b in buckets]
-        return buckets[::-1], sizes[::-1]
-
-    dist._compute_bucket_assignment_by_size = assignment
-    try:
-        yield
-    finally:
-        dist._compute_bucket_assignment_by_size = compute
-
-
-class PlannedDDP(DistributedDataParallel):
-    """``DistributedDataParallel`` as :func:`build_ddp` builds it. After construction only dynamo reads
-    ``bucket_bytes_cap`` (``DDPOptimizer(bucket_bytes_cap=...)``, when the DDP module is compiled). Compiled
-    after ``wrap`` without :mod:`dpcomm.ddp.compiled`'s optimizer installed (``torch._dynamo`` not yet
-    imported when ``wrap`` ran), dynamo's own rule splits the graph: it asserts on a cap under its 1 MiB
-    first bucket (``wfbp``'s), so it reads at least that, and one line on rank 0 says so."""
-
-    @property
-    def bucket_bytes_cap(self) -> int:
-        cap = self.__dict__.get("_dpcomm_cap", 0)
-        if not self.__dict__.get("_dpcomm_built"):
-            return cap
-        from dpcomm.ddp import compiled
-
-        if compiled.PlannedDDPOptimizer is not None:
-            return cap
-        if not self.__dict__.get("_dpcomm_said") and dist.get_rank(self.process_group) == 0:
-            import logging
-
-            logging.getLogger("dpcomm.ddp").info(
-                "dpcomm: torch.compile after wrap: dynamo splits this DDP's graph by its own size rule, not "
-                "at the plan's cuts (the buckets are still the plan's); compile the model first "
-                "(docs/compile.md) to split at them"
-            )
-        self.__dict__["_dpcomm_said"] = True
-        return max(cap, dist._DEFAULT_FIRST_BUCKET_BYTES)
-
-    @bucket_bytes_cap.setter
-    def bucket_bytes_cap(self, value: int) -> None:
-        self.__dict__["_dpcomm_cap"] = value
-
-
-def build_ddp(
-    model: nn.Module, caps: BucketCaps, process_group: Any = None, **ddp_kwargs: Any
-) -> DistributedDataParallel:
-    """``DistributedDataParallel(model, bucket_cap_mb_list=..., **ddp_kwargs)`` running ``caps.plan``: for
-    the walk ``assigned`` its construction-time buckets are the plan's groups (module docstring)."""
-    with _assigned(model, caps.param_groups) if caps.walk == "assigned" else contextlib.nullcontext():
-        ddp = PlannedDDP(model, process_group=process_group, **caps.ddp_kwargs(), **ddp_kwargs)
-    ddp.__dict__["_dpcomm_built"] = True
-    return ddp

@@ -37,17 +37,23 @@ TIMED = ("mgwfbp", "optimal")
 
 
 def sizes_trace(model: nn.Module, units: Any, name: str) -> Trace:
-    """Sizes only: ``units`` (the agreed analysis's; the learnable layers in registration order if None)."""
+    """Sizes only: ``units`` (the agreed analysis's; the learnable layers in registration order if None).
+    Parameters of mixed dtypes (bf16 and fp32, say): ``dtype_bytes`` is the greatest common divisor of their
+    element sizes and ``params`` counts such words, so each unit's ``layer_bytes`` is its gradients' bytes
+    (DDP all-reduces each dtype's gradients in its own dtype)."""
+    import math
+
     from dpcomm.ddp.buckets import model_units
     from dpcomm.trace.units import unit_params
 
     units = list(units) if units is not None else model_units(model)
     owned = unit_params(model, units)
-    dtype_bytes = next((p.element_size() for ps in owned for p in ps), 4)
+    sizes = {p.element_size() for ps in owned for p in ps}
+    dtype_bytes = math.gcd(*sizes) if sizes else 4
     rows = tuple(
         Layer(
-            name=u.name, params=sum(p.numel() for p in ps), forward_s=0.0, backward_s=0.0,
-            param_names=u.param_names, unused=u.unused,
+            name=u.name, params=sum(p.numel() * p.element_size() for p in ps) // dtype_bytes, forward_s=0.0,
+            backward_s=0.0, param_names=u.param_names, unused=u.unused,
         )
         for u, ps in zip(units, owned, strict=True)
     )  # fmt: skip
@@ -72,7 +78,10 @@ def agreed_trace(model: nn.Module, local: Trace, units: Any, group: Any, measure
     fb = rank_mean(f + b, group)
     sized = sizes_trace(model, units, type(model).__name__)
     layers = tuple(replace(x, forward_s=fb[i], backward_s=fb[len(f) + i]) for i, x in enumerate(sized.layers))
-    return replace(local, model=type(model).__name__, layers=layers, extra={"measured_by": measured_by})
+    return replace(
+        local, model=type(model).__name__, dtype_bytes=sized.dtype_bytes, layers=layers,
+        extra={"measured_by": measured_by},
+    )  # fmt: skip
 
 
 def plan_on_workers(

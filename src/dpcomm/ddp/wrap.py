@@ -120,9 +120,9 @@ class Wrapped:
                 why = "DDP's own buckets: no plan was measurably (> 2%) faster in the timed trial"
             elif mine > fastest:
                 why = "within 2% of the fastest in the timed trial, with the fewest buckets"
+        buckets = len(self.caps.param_groups)  # a bucket per dtype of each group (ddp/dtypes)
         lines = [
-            f"dpcomm.ddp.wrap: DDP({options}) runs plan '{self.plan.schedule}', {len(self.plan.groups)} "
-            f"buckets ({why})"
+            f"dpcomm.ddp.wrap: DDP({options}) runs plan '{self.plan.schedule}', {buckets} buckets ({why})"
         ]
         if self.trial:
             lines.append(

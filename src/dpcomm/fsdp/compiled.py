@@ -207,7 +207,8 @@ def unit_times(
 
 
 def _price(model: nn.Module, said: Any) -> float:
-    """The cost model's iteration time of ``said.plan`` on ``said.trace`` (as :func:`as_run` prices it)."""
+    """The cost model's iteration time of ``said.plan`` on ``said.trace`` (as the planner priced it, FSDP2's
+    fixed cost per unit included)."""
     import numpy as np
 
     from dpcomm.fsdp.planning import overlap_of
@@ -225,5 +226,6 @@ def _price(model: nn.Module, said: Any) -> float:
     t = fsdp_time(
         list(plan.units), f, b, m, said.ag_cost, scaled_bytes(said.rs_cost, k), depth=plan.depth,
         reshard=plan.reshard_after_forward, overlap=overlap_of(model), ar_cost=scaled_bytes(said.ar_cost, k),
+        unit_s=plan.meta.get("unit_s", 0.0),
     )  # fmt: skip
     return float(t)

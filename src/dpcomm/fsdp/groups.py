@@ -10,9 +10,10 @@ before their parents and the root (``fully_shard(model)``) last, taking whatever
 1. every parameter is placed in the unit of its layer; a module is in the unit of the parameters it
    holds directly (a tied parameter is held by every module it is registered on: GPT-2's ``lm_head``
    holds ``wte.weight``);
-2. **coarsening**: a module whose direct parameters fall in units ``i < j`` cannot be split by FSDP2, so
-   units ``i..j`` are merged into one (like :func:`dpcomm.ddp.bucket_caps` dropping cuts DDP cannot
-   make). A tied parameter joins *every* module holding it to its unit; where such a module runs
+2. **whole modules**: a module whose direct parameters fall in units ``i < j`` cannot be split by FSDP2;
+   the planners never make such a plan (they plan over the *atoms*, :func:`layer_atoms`,
+   :mod:`dpcomm.planner.fsdp_atoms`), and a plan given that splits one is refused in one line. A tied
+   parameter joins *every* module holding it to its unit; where such a module runs
    elsewhere in forward (``lm_head`` last, ``wte`` first), FSDP2 keeps the group unsharded from its
    first module's forward to its last's (it reshards a group after its last module's forward): the
    unit is *spanning*, and its bytes are added to the plan's peak as a bound; so is a unit whose module
@@ -40,11 +41,13 @@ import torch
 from torch import nn
 
 from dpcomm.errors import UserError
+from dpcomm.planner.fsdp_atoms import holder_atoms, merge_units
 from dpcomm.planner.fsdp_model import FsdpPlan
 
 __all__ = [
     "ShardGroups",
     "call_params",
+    "layer_atoms",
     "layer_holders",
     "merge_units",
     "mixed_dtypes",
@@ -61,7 +64,7 @@ class ShardGroups:
     """Per unit of the plan as run, the module paths one ``fully_shard`` call gets, and the call order."""
 
     units: tuple[tuple[int, int], ...]
-    """The units as run (the plan's, merged where FSDP2 cannot cut: point 2), ``(first, last)`` layers."""
+    """The plan's units, ``(first, last)`` layers (each one ``fully_shard`` call: point 2)."""
     modules: tuple[tuple[str, ...], ...]
     """Module paths per unit (``""`` alone: the root call)."""
     order: tuple[int, ...]
@@ -69,7 +72,8 @@ class ShardGroups:
     spanning: tuple[int, ...]
     """Units FSDP2 keeps unsharded beyond their own layers (a tied parameter's other holder, or the root)."""
     notes: tuple[str, ...]
-    """One line per coarsening, for the user."""
+    """One line per unit FSDP2 keeps unsharded beyond its layers (the root's, a tied parameter's), for the
+    user."""
 
     @property
     def root_unit(self) -> int | None:
@@ -124,18 +128,6 @@ def mixed_dtypes(model: nn.Module, groups: ShardGroups) -> str | None:
     return None
 
 
-def merge_units(units: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
-    """``units`` with every cut inside a span of unit indices ``(i, j)`` removed (``i..j`` become one)."""
-    cut = [True] * max(0, len(units) - 1)  # cut[k]: between unit k and k+1
-    for i, j in spans:
-        for k in range(min(i, j), max(i, j)):
-            cut[k] = False
-    out = [units[0]] if units else []
-    for k in range(1, len(units)):
-        out[-1:] = [out[-1], units[k]] if cut[k - 1] else [(out[-1][0], units[k][1])]
-    return out
-
-
 def shardable_modules(model: nn.Module, example: Any) -> frozenset[str]:
     """Paths of the modules whose forward runs on ``example`` and returns no view that needs a gradient
     (point 4); one forward, no backward. Run it under :func:`dpcomm.utils.user_run.untouched`."""
@@ -178,11 +170,26 @@ def layer_holders(model: nn.Module, example: Any, layer_params: Sequence[Sequenc
 
     with untouched(model):
         shardable = shardable_modules(model, example)
+    return _layer_holders(model, layer_params, shardable)
+
+
+def layer_atoms(
+    model: nn.Module, layer_params: Sequence[Sequence[str]], shardable: Collection[str] | None = None
+) -> list[tuple[int, int]]:
+    """The runs of consecutive layers one ``fully_shard`` call must take whole
+    (:func:`dpcomm.planner.fsdp_atoms.holder_atoms` of each layer's holders, points 1 and 4): what every
+    planner of :func:`dpcomm.fsdp.shard` plans over, so that :func:`shard_groups` never has to merge."""
+    return holder_atoms(_layer_holders(model, layer_params, shardable))
+
+
+def _layer_holders(
+    model: nn.Module, layer_params: Sequence[Sequence[str]], shardable: Collection[str] | None
+) -> list[list[str]]:
     holders: dict[str, list[str]] = {}  # a tied parameter: every module holding it
     for path, names in _holders(model, shardable).items():
         for n in names:
             holders.setdefault(n, []).append(path)
-    return [list(dict.fromkeys(h for n in names for h in holders[n])) for names in layer_params]
+    return [list(dict.fromkeys(h for n in names for h in holders.get(n, [ROOT]))) for names in layer_params]
 
 
 def _shardable(model: nn.Module, shardable: Collection[str] | None) -> Callable[[str, nn.Module], bool]:
@@ -224,7 +231,8 @@ def shard_groups(
     """The ``fully_shard`` calls that run ``plan`` on ``model`` (module docstring); ``layer_params``: the
     parameter names of each of the plan's layers (forward order); ``shardable``: the modules that may be a
     unit (:func:`shardable_modules`; None: every module with a forward). A one-line :class:`UserError` where
-    the layers do not match the model, or where no call order exists."""
+    the layers do not match the model, where a unit splits a module (point 2), or where no call order
+    exists."""
     if len(layer_params) != plan.num_modules:
         raise UserError(f"the plan has {plan.num_modules} modules, the model's trace {len(layer_params)}")
     direct = _holders(model, shardable)
@@ -237,21 +245,16 @@ def shard_groups(
             layer_of[n] = i
     units = list(plan.units)
     notes: list[str] = []
-    while True:  # point 2: merge until every module's direct parameters lie in one unit
-        unit_of = {i: k for k, (a, b) in enumerate(units) for i in range(a, b + 1)}
-        spans = []
-        for path, names in direct.items():
-            ks = sorted({unit_of[layer_of[n]] for n in names if n in layer_of})
-            if len(ks) > 1:
-                spans.append((ks[0], ks[-1]))
-                first, last = (_unit_text(units, k, layer_params) for k in (ks[0], ks[-1]))
-                notes.append(
-                    f"module {path or 'root'} holds parameters of the units of {first} to {last}: FSDP2 "
-                    "shards whole modules, so they are merged"
-                )
-        if not spans:
-            break
-        units = merge_units(units, spans)
+    unit_of = {i: k for k, (a, b) in enumerate(units) for i in range(a, b + 1)}
+    for path, names in direct.items():  # point 2: every module's direct parameters in one unit
+        ks = sorted({unit_of[layer_of[n]] for n in names if n in layer_of})
+        if len(ks) > 1:
+            first, last = (_unit_text(units, k, layer_params) for k in (ks[0], ks[-1]))
+            raise UserError(
+                f"FSDP plan '{plan.method}' splits module {path or '(root)'} between the units of {first} "
+                f"and {last}; FSDP2 shards whole modules: plan over the model's atoms "
+                "(dpcomm.fsdp.groups.layer_atoms, plan_fsdp(..., atoms=...))"
+            )
     members: list[set[str]] = [set() for _ in units]
     for path, names in direct.items():
         ks = {unit_of[layer_of[n]] for n in names if n in layer_of}

@@ -1,8 +1,9 @@
 """Steps 1-3 of :func:`dpcomm.fsdp.shard` on the workers: profile the units, fit the two collectives, plan
-on rank 0 and check the plan's hash on every rank; and the plan as FSDP2 will run it (:func:`as_run`: units
-merged where FSDP2 cannot cut, the peak bound with a tied weight's unit), re-planned under a lower budget
-where that bound is over (:func:`within_bound`). Applying a plan and the timed trial are
-:mod:`dpcomm.fsdp.shard`'s.
+on rank 0 over the model's atoms (:func:`dpcomm.fsdp.groups.layer_atoms`: every unit one ``fully_shard``
+call) with FSDP2's fixed cost per unit (:mod:`dpcomm.planner.fsdp_unit`) and check the plan's hash on every
+rank; and the plan's peak as FSDP2 will run it (:func:`as_run`: the bound with a tied weight's unit),
+re-planned under a lower budget where that bound is over (:func:`within_bound`). Applying a plan and the
+timed trial are :mod:`dpcomm.fsdp.shard`'s.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from torch import nn
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.costs import fsdp_costs
-from dpcomm.fsdp.groups import ShardGroups, call_params, shard_groups
-from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, Modules, fsdp_time, peak_memory, plan_fsdp
+from dpcomm.fsdp.groups import ShardGroups, call_params, layer_atoms, shard_groups
+from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, peak_memory, plan_fsdp
 from dpcomm.planner.fsdp_model import FsdpPlan
-from dpcomm.planner.fsdp_precision import Precision, scaled_bytes
+from dpcomm.planner.fsdp_precision import Precision
+from dpcomm.planner.fsdp_unit import unit_s_for
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.utils.sizes import parse_size
 from dpcomm.utils.user_run import batch_size, call, map_tensors, on_every_rank
@@ -34,6 +36,7 @@ __all__ = [
     "overlap_of",
     "plan_on_root",
     "plan_on_workers",
+    "unit_s_of",
     "within_bound",
 ]
 
@@ -57,6 +60,12 @@ def overlap_of(model: nn.Module) -> str:
     """The FSDP model's overlap for where ``model`` trains: ``gathers`` on CPU (asynchronous all-gathers,
     blocking reduce-scatters), ``streams`` elsewhere (:mod:`dpcomm.fsdp.shard`)."""
     return "gathers" if target_device(model).type == "cpu" else "streams"
+
+
+def unit_s_of(model: nn.Module) -> float:
+    """FSDP2's fixed cost of a unit per pass where ``model`` trains, seconds
+    (:func:`dpcomm.planner.fsdp_unit.unit_s_for`)."""
+    return unit_s_for(target_device(model).type)
 
 
 def on_model_device(model: nn.Module, example: Any) -> Any:
@@ -161,12 +170,15 @@ def _sizes_trace(model: nn.Module) -> Trace:
 def plan_on_root(method: str, trace: Trace, ag: CommCost, rs: CommCost, memory: int | None, max_depth: int,
                  group: Any, overlap: str, ar: CommCost | None = None,
                  choices: dict[int, Any] | None = None,
-                 precision: Precision | None = None) -> FsdpPlan:  # fmt: skip
+                 precision: Precision | None = None, atoms: Any = None,
+                 unit_s: float = 0.0) -> FsdpPlan:  # fmt: skip
     """Step 3: rank 0 plans, every rank gets the plan (its ``meta`` too: a certified bound) or rank 0's
     one-line error, and checks the hash. ``ar``: HSDP's all-reduce across the replicas. ``choices``:
     ``{G: (T_ag, T_rs, T_ar)}`` for several shard-group sizes, the planner choosing among them
     (:func:`dpcomm.planner.hsdp.plan_hsdp`; ``ag``, ``rs`` and ``ar`` are then unused). ``precision``:
-    FSDP2's mixed-precision policy, priced (:mod:`dpcomm.planner.fsdp_precision`)."""
+    FSDP2's mixed-precision policy, priced (:mod:`dpcomm.planner.fsdp_precision`). ``atoms``: the runs of
+    layers no unit may split (:func:`dpcomm.fsdp.groups.layer_atoms`); ``unit_s``: each unit's fixed cost
+    per pass, seconds."""
     box: list[Any] = [None]
     if dist.get_rank(group) == 0:
         try:
@@ -183,10 +195,12 @@ def plan_on_root(method: str, trace: Trace, ag: CommCost, rs: CommCost, memory: 
                     max_depth=max_depth,
                     overlap=overlap,
                     precision=precision,
+                    unit_s=unit_s,
+                    atoms=atoms,
                 )
             else:
                 p = plan_fsdp(method, trace, ag, rs, memory=memory, max_depth=max_depth, overlap=overlap,
-                              ar_cost=ar, precision=precision)  # fmt: skip
+                              ar_cost=ar, precision=precision, unit_s=unit_s, atoms=atoms)  # fmt: skip
             box[0] = {"plan": p.to_dict(), "time_s": p.time_s, "peak_bytes": p.peak_bytes, "meta": p.meta}
         except UserError as exc:
             box[0] = {"error": str(exc)}
@@ -218,6 +232,7 @@ def plan_on_workers(
     meshes: dict[int, Any] | None = None,
     analysis: Any = None,
     precision: Precision | None = None,
+    shardable: Any = None,
 ) -> tuple[FsdpPlan, Trace, CommCost, CommCost, CommCost | None]:
     """Steps 1-3 of :mod:`dpcomm.fsdp.shard` on every rank of ``process_group``: ``(plan, trace, T_ag,
     T_rs, T_ar)``, the same on every rank. ``optimal`` needs ``example`` (one input batch). ``meshes``:
@@ -226,7 +241,8 @@ def plan_on_workers(
     mesh's all-reduce across the replicas (``None``: FSDP). ``analysis``: the units every rank agreed on
     (:func:`dpcomm.trace.units.agree`; with ``example``, made here if not given). ``precision``: FSDP2's
     mixed-precision policy: the units timed computing in its ``param_dtype``, the plan priced in its
-    dtypes."""
+    dtypes. ``shardable``: the modules that may be a unit (:func:`dpcomm.fsdp.agreed.agreed_shardable`;
+    None: every module with a forward); the plan is made over the atoms they leave."""
     name = str(method).strip().lower()
     dtype = _compute_dtype(precision)
     if example is None and name == "optimal":
@@ -254,18 +270,19 @@ def plan_on_workers(
         if dtype is not None:  # what the units' times were measured computing in
             trace = replace(trace, extra={**trace.extra, "computed_in": str(dtype).removeprefix("torch.")})
     total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
+    basis = {"precision": precision, "unit_s": unit_s_of(model),
+             "atoms": layer_atoms(model, [x.param_names for x in trace.layers], shardable)}  # fmt: skip
     if meshes is None:
         ag, rs, _, _ = fsdp_costs(total, process_group)
         plan = plan_on_root(name, trace, ag, rs, budget_bytes(memory), max_depth, process_group,
-                            overlap_of(model), precision=precision)  # fmt: skip
+                            overlap_of(model), **basis)  # fmt: skip
         return plan, trace, ag, rs, None
     from dpcomm.fsdp.mesh import mesh_costs
 
     choices = {G: mesh_costs(total, m) for G, m in sorted(meshes.items())}
     G = next(iter(choices))
     plan = plan_on_root(name, trace, *choices[G][:2], budget_bytes(memory), max_depth, process_group,
-                        overlap_of(model), ar=choices[G][2], choices=choices,
-                        precision=precision)  # fmt: skip
+                        overlap_of(model), ar=choices[G][2], choices=choices, **basis)  # fmt: skip
     G = plan.shard_group or G
     world = dist.get_world_size(process_group)
     return replace(plan, shard_group=None if G == world else G), trace, *choices[G]
@@ -276,35 +293,29 @@ def as_run(
     plan: FsdpPlan,
     groups: ShardGroups,
     layer_params: Any,
-    trace: Trace | None,
-    ag: Any,
-    rs: Any,
+    trace: Trace | None = None,
+    ag: Any = None,
+    rs: Any = None,
     ar: Any = None,
     precision: Precision | None = None,
 ) -> tuple[FsdpPlan, int]:  # fmt: skip
-    """The plan with the units FSDP2 runs (re-modelled where merged and the trace is known), and the peak
-    bound: the model's peak plus the spanning units' bytes (bytes from the model's own parameters, in
-    ``precision``'s ``param_dtype``: FSDP2 gathers and holds them cast)."""
+    """The plan FSDP2 runs (``plan`` itself: every unit is one ``fully_shard`` call, point 2 of
+    :mod:`dpcomm.fsdp.groups`) and the peak bound: the model's peak plus the spanning units' bytes (bytes
+    from the model's own parameters, in ``precision``'s ``param_dtype``: FSDP2 gathers and holds them cast;
+    frozen parameters under a unit's modules included). ``trace``, ``ag``, ``rs`` and ``ar`` are unused
+    (kept for callers)."""
+    if groups.units != tuple(plan.units):  # the planners plan over atoms: nothing is ever merged
+        raise RuntimeError(f"dpcomm internal error: FSDP units {groups.units} differ from the plan's")
     p = precision or Precision()
     size = {n: x.numel() * p.gather_bytes(x.element_size()) for n, x in model.named_parameters()}
     m = np.array([sum(size[n] for n in names) for names in layer_params], dtype=float)
-    run = replace(plan, units=groups.units) if tuple(plan.units) != groups.units else plan
-    d, r = run.depth, run.reshard_after_forward
     held = m.copy()  # what each unit's fully_shard call also gathers: frozen parameters under its modules
     per_unit, always = _untrained_bytes(model, groups, layer_params, p)
     for (a, _), extra in zip(groups.units, per_unit, strict=True):
         held[a] += extra
-    peak = peak_memory(list(run.units), held, depth=d, reshard=r) + always
-    if run is not plan:
-        t = float("nan")
-        if trace is not None and ag is not None:
-            mods, k = Modules.from_trace(trace).under(precision)
-            f, b, _ = mods.arrays
-            t = fsdp_time(list(run.units), f, b, m, ag, scaled_bytes(rs, k), depth=d, reshard=r,
-                          overlap=overlap_of(model), ar_cost=scaled_bytes(ar, k))  # fmt: skip
-        run = replace(run, time_s=t, peak_bytes=int(peak))
-    spans = sum(int(held[a : z + 1].sum()) for k, (a, z) in enumerate(run.units) if k in groups.spanning)
-    return run, int(peak) + spans
+    peak = peak_memory(list(plan.units), held, depth=plan.depth, reshard=plan.reshard_after_forward) + always
+    spans = sum(int(held[a : z + 1].sum()) for k, (a, z) in enumerate(plan.units) if k in groups.spanning)
+    return plan, int(peak) + spans
 
 
 def _untrained_bytes(
@@ -347,13 +358,14 @@ def within_bound(
     lowered = budget
     for _ in range(REPLANS):
         groups = shard_groups(model, plan, layer_params, shardable)
-        over = as_run(model, plan, groups, layer_params, trace, ag, rs, ar, precision)[1] - budget
+        over = as_run(model, plan, groups, layer_params, precision=precision)[1] - budget
         if over <= 0 or lowered - over < 0:
             return plan
         lowered -= over
         try:
             again = plan_on_root(method, trace, ag, rs, lowered, max_depth, group, overlap_of(model), ar=ar,
-                                 precision=precision)  # fmt: skip
+                                 precision=precision, unit_s=unit_s_of(model),
+                                 atoms=layer_atoms(model, layer_params, shardable))  # fmt: skip
             plan = replace(again, shard_group=plan.shard_group)
         except UserError:  # nothing fits the lowered budget
             return plan

@@ -12,18 +12,20 @@ With an :class:`~dpcomm.planner.fsdp_model.FsdpPlan` its units are applied as gi
    communication: :func:`dpcomm.trace.profiler.profile`), averaged over ranks; buffers restored;
 2. all-gather and reduce-scatter are measured on the real group and fitted to ``T(B) = a + b B``
    (:mod:`dpcomm.fsdp.costs`);
-3. rank 0 plans (:func:`dpcomm.planner.fsdp.plan_fsdp`, under ``memory`` bytes of unsharded parameters)
-   and broadcasts the plan, or its one-line error (a budget nothing fits); every rank checks its sha256;
+3. rank 0 plans (:func:`dpcomm.planner.fsdp.plan_fsdp` under ``memory`` bytes of unsharded parameters,
+   over the atoms one ``fully_shard`` call must take whole, :func:`dpcomm.fsdp.groups.layer_atoms`, with
+   FSDP2's fixed cost per unit, :mod:`dpcomm.planner.fsdp_unit`) and broadcasts the plan, or its one-line
+   error (a budget nothing fits); every rank checks its sha256;
 4. for ``optimal``, the model is checked where it may be wrong: the plan and ``per-block`` are applied to
    sharded copies of the model (built on ``meta`` and given only their shards: never a whole copy) and
    timed round-robin on ``example`` (``verify_iters`` forward and backward passes
    each, the slowest rank's median); the faster is kept, ``per-block`` (what users write) within 2%;
-5. the kept plan's units become ``fully_shard`` calls (:mod:`dpcomm.fsdp.groups`: children first, the
-   root last, units merged where FSDP2 cannot cut them), the last unit with ``reshard_after_forward=False``
-   (the model's rule), the others with the plan's choice, and each unit prefetches the next ``depth`` units
-   in forward and the previous ``depth`` in backward (``set_modules_to_forward_prefetch`` /
-   ``set_modules_to_backward_prefetch``). Depth 0 leaves FSDP2's defaults: none in forward, one unit in
-   backward (an empty list means "default" to FSDP2).
+5. the kept plan's units become ``fully_shard`` calls, one each (:mod:`dpcomm.fsdp.groups`: children
+   first, the root last; a given plan that splits a module is refused in one line), the last unit with
+   ``reshard_after_forward=False`` (the model's rule), the others with the plan's choice, and each unit
+   prefetches the next ``depth`` units in forward and the previous ``depth`` in backward
+   (``set_modules_to_forward_prefetch`` / ``set_modules_to_backward_prefetch``). Depth 0 leaves FSDP2's
+   defaults: none in forward, one unit in backward (an empty list means "default" to FSDP2).
 
 On CPU the all-gathers are made asynchronous (FSDP2's ``_set_unshard_async_op(True)``: gloo has no
 streams, and FSDP2's default ``async_op=False`` would block the thread on every gather, prefetched or not),
@@ -32,8 +34,7 @@ and the plan is made under the model's ``overlap="gathers"``: the reduce-scatter
 
 What was decided is ``model.dpcomm`` (:class:`Sharded`). A plan whose peak (the model's, plus the bytes of
 units FSDP2 keeps unsharded longer, a tied weight's: :attr:`Sharded.peak_bound_bytes`) exceeds ``memory``
-is planned again under a budget lowered by the excess (a planner name), else refused in one line before
-anything is sharded.
+is planned again under a budget lowered by the excess (a planner name), else refused before sharding.
 
 Kept as one module (under 400 lines): the numbered steps of ``shard`` read in order; the agreed analysis
 is :mod:`dpcomm.fsdp.agreed`, planning :mod:`dpcomm.fsdp.planning`, meshes :mod:`dpcomm.fsdp.mesh`.
@@ -55,7 +56,7 @@ from torch import nn
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of, zeros_for_uneven
-from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups
+from dpcomm.fsdp.groups import ROOT, ShardGroups, layer_atoms, mixed_dtypes, shard_groups
 from dpcomm.fsdp.keywords import check_fsdp_keywords, planned_without
 from dpcomm.fsdp.mesh import given_on, meshes
 from dpcomm.fsdp.planning import (
@@ -68,6 +69,7 @@ from dpcomm.fsdp.planning import (
     plan_on_root,
     plan_on_workers,
     target_device,
+    unit_s_of,
     within_bound,
 )
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH
@@ -89,7 +91,7 @@ class Sharded:
     """What :func:`shard` decided, kept on the model as ``model.dpcomm``."""
 
     plan: FsdpPlan
-    """The plan FSDP2 runs: the kept one, its units merged where FSDP2 cannot cut (``groups.notes``)."""
+    """The plan FSDP2 runs: the kept one, one ``fully_shard`` call per unit."""
     requested: FsdpPlan
     """The plan as planned or given."""
     groups: ShardGroups
@@ -135,7 +137,9 @@ class Sharded:
             for name, t in self.trial.items():
                 lines.append(f"    {name:<10}{t * 1e3:9.3f} ms")
         if self.plan.time_s == self.plan.time_s and self.plan.time_s:  # not NaN, not 0
-            lines.append(f"  the model's iteration time: {self.plan.time_s * 1e3:.3f} ms")
+            c = self.plan.meta.get("unit_s", 0.0) * 1e6  # FSDP2's fixed cost of a unit per pass (us)
+            lines.append(f"  the model's iteration time: {self.plan.time_s * 1e3:.3f} ms (FSDP2's fixed cost "
+                         f"{c:.0f} us a unit per pass)")  # fmt: skip
         meta = self.requested.meta
         if "lower_bound_s" in meta:  # the planner's certificate (dpcomm.planner.fsdp_optimal)
             lb, gap = meta["lower_bound_s"] * 1e3, meta.get("gap", 0.0)
@@ -274,10 +278,9 @@ def shard(
     given plan, the parameter names of each of its layers (default: the gradient units of ``example``, else
     the learnable layers). ``mesh``: HSDP, a shard group size ``G`` (an int dividing the ranks), a 2-D
     ``DeviceMesh`` (replicate, shard) or ``"auto"`` (the planner chooses ``G``; :mod:`dpcomm.fsdp.mesh`);
-    default FSDP over ``process_group``. ``fsdp_kw``: FSDP2's other ``fully_shard`` keywords
-    (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``, ``shard_placement_fn``, ``ignored_params``),
-    given to every unit's call and to the trial's copies, checked first (:mod:`dpcomm.fsdp.keywords`:
-    ``ignored_params`` are in no unit). Build the optimizer after.
+    default FSDP over ``process_group``. ``fsdp_kw``: FSDP2's ``fully_shard`` keywords (``mp_policy``,
+    ``offload_policy``, ``shard_placement_fn``, ``ignored_params``), checked (:mod:`dpcomm.fsdp.keywords`),
+    given to every unit's call and the trial's copies. Build the optimizer after.
 
     A model built under ``torch.device("meta")`` is planned without materialising it (its units from a
     forward and backward on ``meta``, their times from FLOPs, :func:`dpcomm.fsdp.planning.plan_on_workers`)
@@ -293,10 +296,8 @@ def shard(
     check_fsdp_keywords(model, fsdp_kw)
     budget = budget_bytes(memory)
     check_same_weights(model, process_group, "dpcomm.fsdp.shard")
-    trace = ag = rs = ar = None
-    trial = None
-    precision = Precision.of(fsdp_kw.get("mp_policy"))  # priced as FSDP2 will run it
-    said: list[str] = []
+    trace = ag = rs = ar = trial = None
+    precision, said = Precision.of(fsdp_kw.get("mp_policy")), []  # priced as FSDP2 will run it
     with untouched(model), planned_without(fsdp_kw):  # ignored_params: in no unit, as FSDP2 leaves them
         candidates = meshes(model, mesh, process_group)
         shardable = analysis = None  # one analysis of the model, rank 0's (trace/units.agree)
@@ -309,7 +310,7 @@ def shard(
             requested, trace, ag, rs, ar = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, memory=budget, profile_iters=profile_iters,
                 max_depth=max_depth, process_group=process_group, meshes=None if mesh is None else candidates,
-                analysis=analysis, precision=precision,
+                analysis=analysis, precision=precision, shardable=shardable,
             )  # fmt: skip
             layer_params = tuple(tuple(x.param_names) for x in trace.layers)
         else:
@@ -317,6 +318,7 @@ def shard(
             if layer_params is None:
                 layer_params = layer_params_of(model, analysis)
             layer_params = tuple(tuple(x) for x in layer_params)
+        check_same_layout(model, layer_params, process_group, "dpcomm.fsdp.shard", "units")  # before mapping
         if trace is not None:
             requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
                                       budget, max_depth, process_group, shardable, ar, precision)  # fmt: skip
@@ -329,11 +331,9 @@ def shard(
         if not fits and trace is not None and kept.method != "per-block":
             block = _comparison(model, trace, (ag, rs, ar), budget, max_depth, process_group,
                                 layer_params, shardable, [], kept.shard_group, precision)  # fmt: skip
-            if block is not None:  # the planner's units merged past the budget where FSDP2 cannot cut
-                said.append(
-                    f"'{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it (units merged where "
-                    f"it cannot cut), over the budget of {budget:,}; running per-block, which fits"
-                )
+            if block is not None:  # FSDP2 keeps a unit unsharded longer than planned (a tied parameter's)
+                said.append(f"'{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it (units held "
+                            f"beyond their layers), over {budget:,}; running per-block")  # fmt: skip
                 kept, why, fits = block, "per-block: the plan does not fit the budget as FSDP2 runs it", True
         timed = (fits and kept is requested and example is not None and verify_iters > 0
                  and requested.method == "optimal" and dist.get_world_size(process_group) > 1)  # fmt: skip
@@ -382,7 +382,8 @@ def _comparison(model, trace, costs, budget, max_depth, group, layer_params, sha
     ag, rs, ar = costs
     try:
         block = plan_on_root("per-block", trace, ag, rs, budget, max_depth, group, overlap_of(model), ar=ar,
-                             precision=pr)  # fmt: skip
+                             precision=pr, unit_s=unit_s_of(model),
+                             atoms=layer_atoms(model, layer_params, shardable))  # fmt: skip
         block = within_bound("per-block", replace(block, shard_group=shard_group), model, layer_params, trace,
                              ag, rs, budget, max_depth, group, shardable, ar, pr)  # fmt: skip
     except UserError as exc:  # no blocks, or per-block does not fit: nothing to time against

@@ -28,13 +28,14 @@ memory, then the least depth, then resharding:
                within that fraction of a certified lower bound (real sizes: 723 modules in about a second).
 
 :func:`pareto_front` walks ``optimal`` down the budgets: the time-memory front. Its plot:
-:mod:`dpcomm.planner.fsdp_plot`.
+:mod:`dpcomm.planner.fsdp_plot`. Every method plans over ``atoms`` where given (runs of modules one
+``fully_shard`` call must take whole, :mod:`dpcomm.planner.fsdp_atoms`); ``per-block``'s and ``size``'s
+units are :mod:`dpcomm.planner.fsdp_methods`'; FSDP2's fixed cost per unit, :mod:`dpcomm.planner.fsdp_unit`.
 """
 
 from __future__ import annotations
 
 import math
-import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -44,12 +45,15 @@ import numpy as np
 from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.costmodel.network import Network
 from dpcomm.errors import UserError
+from dpcomm.planner.fsdp_atoms import check_atoms, in_modules
+from dpcomm.planner.fsdp_methods import block_units, size_units
 from dpcomm.planner.fsdp_model import (
     OVERLAPS,
     TIE_REL,
     FsdpPlan,
     Units,
     check_overlap,
+    check_unit_s,
     check_units,
     fsdp_inputs,
     fsdp_time,
@@ -88,8 +92,6 @@ as ``dpcomm plan --fsdp`` plans; ``gap=0`` is exact (the 70B shape at depth 2 un
 FSDP_MAX_DEPTH = 2
 """Deepest prefetch searched by default (``d = 0..2``): FSDP2 prefetches one unit by default; beyond a few,
 the memory of ``d + 1`` unsharded units rarely buys more overlap."""
-
-_BLOCK = re.compile(r"^((?:[^.]+\.)*?[0-9]+)\.[^.]")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,6 +139,16 @@ class Modules:
         gather = precision.gather_bytes(self.dtype_bytes)
         return replace(self, param_bytes=tuple(int(x) for x in m), dtype_bytes=gather), k
 
+    def on(self, atoms: Sequence[tuple[int, int]]) -> Modules:
+        """One module per atom (``(first, last)`` runs): times and bytes summed, the first one's name."""
+        return Modules(
+            forward_s=tuple(sum(self.forward_s[a : z + 1]) for a, z in atoms),
+            backward_s=tuple(sum(self.backward_s[a : z + 1]) for a, z in atoms),
+            param_bytes=tuple(sum(self.param_bytes[a : z + 1]) for a, z in atoms),
+            names=tuple(self.names[a] for a, _ in atoms) if self.names else (),
+            dtype_bytes=self.dtype_bytes,
+        )
+
     @property
     def arrays(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(f, b, m)`` as float arrays (seconds, seconds, bytes)."""
@@ -152,34 +164,6 @@ def ring_costs(net: Network, world: int) -> tuple[LinearCost, LinearCost]:
     share = (world - 1) / world
     ag = LinearCost((world - 1) * net.alpha, share * net.beta)
     return ag, LinearCost(ag.a, share * (net.beta + net.gamma))
-
-
-def block_units(names: Sequence[str]) -> Units:
-    """Units of ``per-block`` (module docstring) for module names in forward order."""
-    keys = [(m.group(1) if (m := _BLOCK.match(n)) else None) for n in names]
-    if not any(k is not None for k in keys):  # no repeated blocks (LeNet-5, VGG): the top-level children
-        keys = [n.split(".", 1)[0] for n in names]
-    units: Units = []
-    for i, k in enumerate(keys):
-        if i and k == keys[i - 1]:
-            units[-1] = (units[-1][0], i)
-        else:
-            units.append((i, i))
-    return units
-
-
-def size_units(param_bytes: Sequence[float], size_bytes: int) -> Units:
-    """Units closed once they hold ``>= size_bytes`` bytes, in forward order; the last holds the rest."""
-    units: Units = []
-    first, held = 0, 0.0
-    for i, x in enumerate(param_bytes):
-        held += float(x)
-        if held >= size_bytes:
-            units.append((first, i))
-            first, held = i + 1, 0.0
-    if first < len(param_bytes):
-        units.append((first, len(param_bytes) - 1))
-    return units
 
 
 def _units_of(name: str, mods: Modules) -> Units:
@@ -232,6 +216,8 @@ def plan_fsdp(
     gap: float = FSDP_GAP,
     ar_cost: CommCost | None = None,
     precision: Precision | None = None,
+    unit_s: float = 0.0,
+    atoms: Sequence[tuple[int, int]] | None = None,
 ) -> FsdpPlan:
     """The FSDP plan of ``method`` (module docstring) for ``modules`` (or a trace), all-gather and
     reduce-scatter costs of a unit's full bytes, a budget of ``memory`` unsharded bytes (``None``: none)
@@ -243,10 +229,22 @@ def plan_fsdp(
     ``ar_cost``: HSDP's all-reduce of a unit's shard across the replicas (``None``: FSDP;
     :func:`dpcomm.planner.hsdp.plan_hsdp` chooses the shard group). ``precision``: FSDP2's mixed-precision
     policy (:class:`Precision`): gathers and memory in ``param_dtype`` bytes, reductions in ``reduce_dtype``
-    bytes (None: the parameters' own)."""
+    bytes (None: the parameters' own). ``unit_s``: each unit's fixed cost per pass, seconds (the model's
+    ``c``: FSDP2's hooks and copies; :mod:`dpcomm.planner.fsdp_unit`). ``atoms``: runs of consecutive
+    modules no unit may split (``(first, last)``, covering every module: what one ``fully_shard`` call
+    must take whole, :func:`dpcomm.planner.fsdp_atoms.holder_atoms`); every method plans over them, and
+    the plan's units are given in modules."""
     check_overlap(overlap)
+    check_unit_s(unit_s)
     t_start = time.perf_counter()
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
+    if atoms is not None:
+        atoms = check_atoms(atoms, len(mods.forward_s))
+        if len(atoms) < len(mods.forward_s):
+            plan = plan_fsdp(method, mods.on(atoms), ag_cost, rs_cost, memory=memory, update_s=update_s,
+                             max_depth=max_depth, depth=depth, reshard=reshard, overlap=overlap, gap=gap,
+                             ar_cost=ar_cost, precision=precision, unit_s=unit_s)  # fmt: skip
+            return in_modules(plan, atoms)
     mods, k = mods.under(precision)
     rs_cost, ar_cost = scaled_bytes(rs_cost, k), scaled_bytes(ar_cost, k)
     f, b, m = mods.arrays
@@ -266,7 +264,7 @@ def plan_fsdp(
             try:
                 got = plan_fsdp(other, mods, ag_cost, rs_cost, memory=memory, update_s=update_s,
                                 max_depth=max_depth, depth=depth, reshard=reshard, overlap=overlap,
-                                ar_cost=ar_cost)  # fmt: skip
+                                ar_cost=ar_cost, unit_s=unit_s)  # fmt: skip
             except UserError:
                 continue
             if inc is None or got.time_s < inc.time_s:
@@ -274,7 +272,7 @@ def plan_fsdp(
                                     got.reshard_after_forward, 0, got.time_s, 0)  # fmt: skip
         res = optimal_fsdp(f, b, m, ag_cost, rs_cost, memory=M, depths=depths, reshards=reshards,
                            update_s=update_s, incumbent=inc, overlap=overlap, gap=float(gap),
-                           ar_cost=ar_cost)  # fmt: skip
+                           ar_cost=ar_cost, unit_s=unit_s)  # fmt: skip
         if res is None:
             per_layer = [(i, i) for i in range(f.size)]  # no plan needs less (docs/fsdp.md)
             smallest = min(peak_memory(per_layer, m, depth=d, reshard=r) for d in depths for r in reshards)
@@ -292,7 +290,7 @@ def plan_fsdp(
                 if peak > M:
                     continue
                 t = fsdp_time(units, f, b, m, ag_cost, rs_cost, depth=d, reshard=r, update_s=update_s,
-                              overlap=overlap, ar_cost=ar_cost)  # fmt: skip
+                              overlap=overlap, ar_cost=ar_cost, unit_s=unit_s)  # fmt: skip
                 tie = TIE_REL * max(1.0, abs(best[0])) if best else 0.0
                 if best is None or t < best[0] - tie or (t <= best[0] + tie and peak < best[1]):
                     best = (t, peak, d, r)
@@ -301,7 +299,7 @@ def plan_fsdp(
             raise _no_fit(name, M, smallest)
         _, _, d, r = best
     t_iter = fsdp_time(units, f, b, m, ag_cost, rs_cost, depth=d, reshard=r, update_s=update_s,
-                       overlap=overlap, ar_cost=ar_cost)  # fmt: skip
+                       overlap=overlap, ar_cost=ar_cost, unit_s=unit_s)  # fmt: skip
     plan = FsdpPlan(
         method=name,
         num_modules=int(f.size),
@@ -312,6 +310,8 @@ def plan_fsdp(
         peak_bytes=peak_memory(units, m, depth=d, reshard=r),
         meta=meta,
     )
+    if unit_s:
+        meta["unit_s"] = float(unit_s)
     if "lower_bound_s" in meta:  # certified: the plan's time over the bound, less one (0: exact)
         lb = meta["lower_bound_s"]
         meta["gap"] = 0.0 if gap == 0 or lb <= 0 else max(0.0, plan.time_s / lb - 1)
@@ -330,13 +330,14 @@ def pareto_front(
     gap: float = 0.0,
     ar_cost: CommCost | None = None,
     precision: Precision | None = None,
+    unit_s: float = 0.0,
 ) -> list[tuple[int, float, FsdpPlan]]:
     """The time-memory front of ``optimal``: ``(peak_bytes, time_s, plan)`` by rising peak, every point
     the least time at a budget of its peak and the least peak at its time. Walked down from no budget: each
     plan's peak less one byte is the next budget, until none fits (bytes are whole numbers, so no point
     between is missed). ``max_points`` caps the walk (a :class:`UserError` beyond it). ``gap``: each point
     planned within it (:func:`plan_fsdp`; 0: the exact front). ``ar_cost``: HSDP's all-reduce across the
-    replicas (:func:`dpcomm.planner.hsdp.hsdp_front`). ``precision``: as :func:`plan_fsdp`'s."""
+    replicas (:func:`dpcomm.planner.hsdp.hsdp_front`). ``precision``, ``unit_s``: as :func:`plan_fsdp`'s."""
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
     mods, k = mods.under(precision)
     rs_cost, ar_cost = scaled_bytes(rs_cost, k), scaled_bytes(ar_cost, k)
@@ -345,7 +346,8 @@ def pareto_front(
     while True:
         try:
             plan = plan_fsdp("optimal", mods, ag_cost, rs_cost, memory=budget, update_s=update_s,
-                             max_depth=max_depth, overlap=overlap, gap=gap, ar_cost=ar_cost)  # fmt: skip
+                             max_depth=max_depth, overlap=overlap, gap=gap, ar_cost=ar_cost,
+                             unit_s=unit_s)  # fmt: skip
         except UserError:
             break
         out.append((plan.peak_bytes, plan.time_s, plan))

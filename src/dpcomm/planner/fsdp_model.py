@@ -8,7 +8,10 @@ does that it leaves out. The planners: :mod:`dpcomm.planner.fsdp`; the exact min
 
 Symbols. Modules ``i = 0..L-1`` in forward order with forward ``f_i`` and backward ``b_i`` seconds and
 ``m_i`` parameter bytes (unsharded, all ranks' shards together). A plan cuts them into contiguous units
-``k = 1..K`` (forward order); unit ``k`` holds ``B_k`` bytes, ``F_k`` forward and ``W_k`` backward seconds.
+``k = 1..K`` (forward order); unit ``k`` holds ``B_k`` bytes and takes ``F_k = c + sum f_i`` forward and
+``W_k = c + sum b_i`` backward seconds, ``c >= 0`` FSDP2's fixed cost of a unit per pass on the thread that
+computes (its hooks, the copy into the all-gather buffer and out of it, and the reduce-scatter's; ``unit_s``,
+:data:`dpcomm.planner.fsdp_unit.UNIT_S`), so that more units are never free.
 All-gather and reduce-scatter of a unit cost ``A_k = T_ag(B_k)`` and ``R_k = T_rs(B_k)`` seconds, functions
 of the unit's *full* bytes (a ring moves ``(P-1)/P`` of them per rank: that factor is inside ``b``,
 :func:`dpcomm.planner.fsdp.ring_costs`). Prefetch depth ``d >= 0``; ``reshard`` (FSDP2's
@@ -77,6 +80,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -92,6 +96,7 @@ __all__ = [
     "FsdpPlan",
     "Units",
     "check_overlap",
+    "check_unit_s",
     "check_units",
     "fsdp_inputs",
     "fsdp_time",
@@ -218,17 +223,20 @@ def fsdp_time(
     overlap: str = "streams",
     detail: bool = False,
     ar_cost: CommCost | None = None,
+    unit_s: float = 0.0,
 ) -> float | dict[str, float]:
     """The model's ``t_iter`` (module docstring), seconds, by its event equations one unit at a time, with
     ``overlap`` one of :data:`OVERLAPS`. ``detail``: a dict of ``t_iter``, ``forward_end`` (``t0``),
     ``backward_end`` (``BE_K``) and ``reduce_scatter_end`` (``Q_K``; HSDP: ``X_K``) instead. ``ar_cost``:
     HSDP's all-reduce of a unit's shard across the replicas, a function of the unit's full bytes (``None``:
-    FSDP; module docstring)."""
+    FSDP; module docstring). ``unit_s``: ``c``, each unit's fixed cost per pass, seconds."""
     check_overlap(overlap)
     f, b, m = fsdp_inputs(forward_s, backward_s, param_bytes)
     check_units(units, f.size)
+    c = check_unit_s(unit_s)
     d, K = int(depth), len(units)
-    F, W, B = unit_sums(units, f), unit_sums(units, b), unit_sums(units, m)
+    F, W, B = ([x + c for x in unit_sums(units, f)], [x + c for x in unit_sums(units, b)],
+               unit_sums(units, m))  # fmt: skip
     A = [float(ag_cost(x)) for x in B]
     R = [float(rs_cost(x)) for x in B]
     C = [float(ar_cost(x)) if ar_cost is not None else 0.0 for x in B]
@@ -254,6 +262,13 @@ def fsdp_time(
     if detail:
         return {"t_iter": t_iter, "forward_end": t0, "backward_end": BE[K], "reduce_scatter_end": max(Q, X)}
     return t_iter
+
+
+def check_unit_s(unit_s: float) -> float:
+    """``unit_s`` as a float, checked: a finite number of seconds >= 0 (a one-line :class:`UserError`)."""
+    if isinstance(unit_s, bool) or not isinstance(unit_s, int | float) or not (0 <= unit_s < math.inf):
+        raise UserError(f"FSDP fixed cost per unit must be a number of seconds >= 0, got {unit_s!r}")
+    return float(unit_s)
 
 
 def check_overlap(overlap: str) -> str:

@@ -119,6 +119,7 @@ def optimal_fsdp(
     overlap: str = "streams",
     gap: float = 0.0,
     ar_cost: CommCost | None = None,
+    unit_s: float = 0.0,
 ) -> OptimalResult | None:
     """The least ``t_iter`` (then peak) over partitions of checked inputs ``f, b, m`` (seconds, bytes) with
     peak ``<= memory`` bytes, for each depth in ``depths`` and reshard choice in ``reshards`` (ties: the
@@ -126,9 +127,9 @@ def optimal_fsdp(
     the bound, returned where nothing better is found. ``overlap``: the model's,
     :data:`~dpcomm.planner.fsdp_model.OVERLAPS`. ``gap``: the answer's time is at most ``(1 + gap)`` times
     :attr:`OptimalResult.bound_s` (0: exact). ``ar_cost``: HSDP's all-reduce across replicas (``None``:
-    FSDP)."""
+    FSDP). ``unit_s``: each unit's fixed cost per pass, seconds (the model's ``c``)."""
     p = Problem.of(f, b, m, ag_cost, rs_cost, memory=memory, update_s=update_s,
-                   blocking=check_overlap(overlap) == "gathers", ar=ar_cost)  # fmt: skip
+                   blocking=check_overlap(overlap) == "gathers", ar=ar_cost, unit_s=unit_s)  # fmt: skip
     runs = sorted(((d, r) for d in depths for r in reshards), key=lambda x: (x[1], x[0]))  # cheap first
     roots = {x: root_bound(p, *x) for x in runs}
     lb0 = min(roots.values())

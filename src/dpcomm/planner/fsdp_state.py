@@ -30,7 +30,9 @@ costs; the ``U`` after ``j`` are fewer), so the bound at ``j = i`` holds for eve
 rest's start-ups are left out to keep it so. HSDP adds the all-reduce chain after the last unit's
 backward (``sum C + b_ar bytes(rest)``, and a second joint term with ``U``'s reduce-scatter and every
 all-reduce in place of every reduce-scatter). With ``overlap="gathers"`` the backward is ``b + max(W(s..L-1),
-a_d) + R(s..i) + b_rs bytes(rest)`` (HSDP: ``R + C``) and there is no joint term.
+a_d) + R(s..i) + b_rs bytes(rest)`` (HSDP: ``R + C``) and there is no joint term. A unit's fixed cost
+``c`` (:class:`Problem`'s ``c``) is in the ``F`` and ``W`` of every unit added; the bound leaves it out for
+the units still to come (``t_iter`` only grows with it, so the bound holds).
 """
 
 from __future__ import annotations
@@ -76,13 +78,17 @@ class Problem:
     """``overlap="gathers"``: reduce-scatters block the thread (:mod:`dpcomm.planner.fsdp_model`)."""
     ar: CommCost | None = None
     """HSDP: the all-reduce of a unit's shard across the replicas (``None``: FSDP)."""
+    c: float = 0.0
+    """Each unit's fixed cost per pass, seconds (``unit_s``: added to its ``F`` and ``W``)."""
     memo: dict = field(default_factory=dict, compare=False, repr=False)
     """What the runs share: :func:`last_unit_tails`' suffix bounds by ``(reshard, budget)``."""
 
     @classmethod
-    def of(cls, f, b, m, ag, rs, *, memory: float, update_s: float, blocking: bool, ar=None) -> Problem:
+    def of(
+        cls, f, b, m, ag, rs, *, memory: float, update_s: float, blocking: bool, ar=None, unit_s: float = 0.0
+    ) -> Problem:
         cf, cb, cm = (np.concatenate(([0.0], np.cumsum(x))) for x in (f, b, m))
-        return cls(cf, cb, cm, ag, rs, float(memory), float(update_s), bool(blocking), ar)
+        return cls(cf, cb, cm, ag, rs, float(memory), float(update_s), bool(blocking), ar, float(unit_s))
 
     @property
     def L(self) -> int:
@@ -121,7 +127,7 @@ def extend_states(p: Problem, lay: Layout, r: bool, X: np.ndarray, s: np.ndarray
     """States of rows ``X`` (next unit starting at ``s``) extended by unit ``s..i``: ``(Y, parts)``."""
     d, H, T = lay.d, lay.H, lay.T
     B = p.cm[i + 1] - p.cm[s]
-    F, W = p.cf[i + 1] - p.cf[s], p.cb[i + 1] - p.cb[s]
+    F, W = p.cf[i + 1] - p.cf[s] + p.c, p.cb[i + 1] - p.cb[s] + p.c  # the unit's fixed cost, each pass
     A, R = costs(p.ag, B), costs(p.rs, B)
     C = None if p.ar is None else costs(p.ar, B)
     if p.blocking and C is not None:

@@ -37,6 +37,7 @@ from dpcomm.planner.fsdp import (
     peak_memory,
     plan_fsdp,
 )
+from dpcomm.planner.fsdp_atoms import check_atoms, in_modules
 from dpcomm.planner.fsdp_model import TIE_REL, check_overlap
 from dpcomm.planner.fsdp_precision import Precision, scaled_bytes
 from dpcomm.planner.fsdp_search import Problem, root_bound
@@ -93,6 +94,8 @@ def plan_hsdp(
     overlap: str = "streams",
     gap: float = FSDP_GAP,
     precision: Precision | None = None,
+    unit_s: float = 0.0,
+    atoms: Sequence[tuple[int, int]] | None = None,
 ) -> FsdpPlan:
     """The HSDP plan of ``method`` (:func:`dpcomm.planner.fsdp.plan_fsdp`'s methods) over the shard group
     sizes ``shards`` (default: every divisor of ``world``): the least modelled ``t_iter`` whose unsharded
@@ -102,9 +105,17 @@ def plan_hsdp(
     bound exceeds the best plan's time is not planned. The plan's ``shard_group`` is ``G``;
     ``meta["hsdp"]`` has each group size's time (``None``: none fits, or not planned) and bound, and
     ``optimal``'s ``meta["lower_bound_s"]`` holds over every group size. ``precision``: FSDP2's
-    mixed-precision policy (:func:`dpcomm.planner.fsdp.plan_fsdp`'s)."""
+    mixed-precision policy, ``unit_s`` each unit's fixed cost per pass and ``atoms`` the runs of modules no
+    unit may split (:func:`dpcomm.planner.fsdp.plan_fsdp`'s)."""
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
     check_overlap(overlap)
+    if atoms is not None and len(check_atoms(atoms, len(mods.forward_s))) < len(mods.forward_s):
+        atoms = check_atoms(atoms, len(mods.forward_s))
+        plan = plan_hsdp(method, mods.on(atoms), costs, world=world, shards=shards, memory=memory,
+                         state_bytes=state_bytes, update_s=update_s, max_depth=max_depth, depth=depth,
+                         reshard=reshard, overlap=overlap, gap=gap, precision=precision,
+                         unit_s=unit_s)  # fmt: skip
+        return in_modules(plan, atoms)
     mods, k = mods.under(precision)
     given = (lambda G: mesh_costs(costs, world, G)) if isinstance(costs, Network) else costs
 
@@ -127,7 +138,8 @@ def plan_hsdp(
         budget = None if memory is None else memory - state_bytes / G
         times[G] = None
         if budget is None or budget >= 0:
-            lb = _root(mods, ag, rs, ar, budget, update_s, _choices(max_depth, depth, reshard), overlap)
+            lb = _root(mods, ag, rs, ar, budget, update_s, _choices(max_depth, depth, reshard), overlap,
+                       unit_s)  # fmt: skip
             todo.append((lb, G, ag, rs, ar, budget))
     for lb, G, ag, rs, ar, budget in sorted(todo, key=lambda x: x[:2]):  # the most promising first
         bounds[G] = lb
@@ -136,7 +148,8 @@ def plan_hsdp(
             continue  # no plan of this group size beats the best so far
         try:
             plan = plan_fsdp(method, mods, ag, rs, memory=budget, update_s=update_s, max_depth=max_depth,
-                             depth=depth, reshard=reshard, overlap=overlap, gap=gap, ar_cost=ar)  # fmt: skip
+                             depth=depth, reshard=reshard, overlap=overlap, gap=gap, ar_cost=ar,
+                             unit_s=unit_s)  # fmt: skip
         except UserError as exc:
             if not str(exc).startswith(f"no {method.strip().lower()} plan fits"):
                 raise
@@ -175,6 +188,7 @@ def hsdp_front(
     gap: float = 0.0,
     budgets: int | None = None,
     precision: Precision | None = None,
+    unit_s: float = 0.0,
 ) -> list[tuple[int, float, FsdpPlan]]:
     """The time-memory front of ``optimal`` at one shard group size (its costs; ``ar_cost`` ``None``:
     FSDP): ``(peak_bytes, time_s, plan)`` by rising unsharded peak (the sharded state, the same at every
@@ -182,11 +196,12 @@ def hsdp_front(
     point; one plan per point). ``budgets=n``: sampled, one plan at each of ``n`` budgets spaced
     geometrically from the least any plan needs (per-layer units) to the peak of the plan without a budget,
     the points no other point beats kept (a staircase at or above the front, touching it at each budget).
-    ``precision``: as :func:`dpcomm.planner.fsdp.plan_fsdp`'s."""
+    ``precision`` and ``unit_s``: as :func:`dpcomm.planner.fsdp.plan_fsdp`'s."""
     mods = Modules.from_trace(modules) if isinstance(modules, Trace) else modules
     mods, k = mods.under(precision)
     rs_cost, ar_cost = scaled_bytes(rs_cost, k), scaled_bytes(ar_cost, k)
-    kw = {"update_s": update_s, "max_depth": max_depth, "overlap": overlap, "gap": gap, "ar_cost": ar_cost}
+    kw = {"update_s": update_s, "max_depth": max_depth, "overlap": overlap, "gap": gap, "ar_cost": ar_cost,
+          "unit_s": unit_s}  # fmt: skip
     out: list[tuple[int, float, FsdpPlan]] = []
     if budgets is not None:
         top = plan_fsdp("optimal", mods, ag_cost, rs_cost, **kw)
@@ -208,11 +223,11 @@ def hsdp_front(
     return pareto_front(mods, ag_cost, rs_cost, max_points=max_points, **kw)
 
 
-def _root(mods: Modules, ag, rs, ar, budget, update_s, choices, overlap: str) -> float:
+def _root(mods: Modules, ag, rs, ar, budget, update_s, choices, overlap: str, unit_s: float = 0.0) -> float:
     """A lower bound on every plan of one group size: the empty prefix's, over the depths and reshards."""
     f, b, m = mods.arrays
     p = Problem.of(f, b, m, ag, rs, memory=math.inf if budget is None else budget, update_s=update_s,
-                   blocking=overlap == "gathers", ar=ar)  # fmt: skip
+                   blocking=overlap == "gathers", ar=ar, unit_s=unit_s)  # fmt: skip
     return min(root_bound(p, d, r) for d in choices[0] for r in choices[1])
 
 

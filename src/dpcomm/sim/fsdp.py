@@ -104,11 +104,14 @@ def plan_row(
     overlap: str = "streams",
     gap: float = 0.0,
     precision: Precision | None = None,
+    unit_s: float = 0.0,
 ) -> FsdpRow:
     """Plan ``schedule`` on ``nodes`` ranks with ``costs`` under ``memory`` bytes per rank (``None``: no
     budget), then time it by the model. ``shards``: the group sizes ``hsdp:METHOD`` chooses among.
     ``precision``: FSDP2's mixed-precision policy, gathers and memory in ``param_dtype`` bytes, reductions
-    in ``reduce_dtype`` bytes (:mod:`dpcomm.planner.fsdp_precision`)."""
+    in ``reduce_dtype`` bytes (:mod:`dpcomm.planner.fsdp_precision`). ``unit_s``: FSDP2's fixed cost of a
+    unit per pass, seconds (:mod:`dpcomm.planner.fsdp_unit`; in ``t_comm_exposed_s`` with the
+    collectives)."""
     kind, method, G = parse_fsdp_schedule(schedule)
     mods, k = Modules.from_trace(trace).under(precision)
     if k != 1:
@@ -125,16 +128,16 @@ def plan_row(
         if kind == "fsdp":
             ag, rs, _ = lines(nodes)
             return plan_fsdp(name, mods, ag, rs, memory=budget, update_s=update_s, max_depth=max_depth,
-                             overlap=overlap, gap=gap)  # fmt: skip
+                             overlap=overlap, gap=gap, unit_s=unit_s)  # fmt: skip
         return plan_hsdp(name, mods, lines, world=nodes, shards=[G] if G is not None else shards,
                          memory=memory, state_bytes=state_bytes, update_s=update_s, max_depth=max_depth,
-                         overlap=overlap, gap=gap)  # fmt: skip
+                         overlap=overlap, gap=gap, unit_s=unit_s)  # fmt: skip
 
     def priced(plan: FsdpPlan, by: MeshCosts = costs) -> float:  # timed by the costs, not their lines
         ag, rs, ar = by(plan.shard_group or nodes)
         d, r, ar = plan.depth, plan.reshard_after_forward, ar if kind == "hsdp" else None
         return float(fsdp_time(plan.units, f, b, m, ag, rs, depth=d, reshard=r, update_s=update_s,
-                               overlap=overlap, ar_cost=ar))  # fmt: skip
+                               overlap=overlap, ar_cost=ar, unit_s=unit_s))  # fmt: skip
 
     plan = planned(method)
     t_iter = priced(plan)

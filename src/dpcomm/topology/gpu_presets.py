@@ -138,19 +138,38 @@ PRESETS["p5e"] = PRESETS["p5"]
 # dstackai/dstack examples/clusters/a4/README.md: "eight NVIDIA ConnectX-7 (CX-7) NICs that utilize RDMA over
 # Converged Ethernet (RoCE)"; examples/clusters/gcp/README.md: A4, B200:8, 3.2 Tbps, RoCE).
 PRESETS["a4"] = {**PRESETS["dgx-b200"], "transport": "roce"}
-# Google Cloud A3 (High, Mega, Ultra) is not here: A3 High and Mega reach other VMs by GPUDirect-TCPX/TCPXO,
-# and no stored source states the per-NIC rate of any of the three (docs/netsim.md's A3 Mega table assumes
-# 200 Gbit/s, uncited); write it as gpus:S,8,...,nics=8,nic=RATE.
+# Google Cloud A3 Ultra (a3-ultragpu-8g): 8 H200 141GB on the all-to-all NVLink board (dgx-h200's parts) and
+# 8 ConnectX-7 NICs, one per GPU, 3,200 Gbps together, on GPUDirect RDMA (Google Cloud, "Networking and GPU
+# machines", cloud.google.com/compute/docs/gpus/gpu-network-bandwidth: "eight NVIDIA ConnectX-7 (CX7) network
+# interface cards ... deliver a total network bandwidth of 3,200 Gbps ... each CX7 NIC is aligned with one
+# NVIDIA H200 141GB GPU"); the same page gives A4 the same eight CX-7 NICs, RoCE as a4 below.
+PRESETS["a3-ultra"] = {**PRESETS["dgx-h200"], "transport": "roce"}
+# A3 High and A3 Mega are not here: they reach other VMs by GPUDirect-TCPX/TCPXO (no achievable fraction
+# published), and the stored sources give only each VM's total (1,000 and 1,800 Gbps over 4+1 and 8+1 NICs),
+# not the GPU NICs' own rate (docs/netsim.md's A3 Mega table assumes 200 Gbit/s); write them as gpus: specs.
 # Azure ND H100 v5: 8 H100 with NVLink 4.0, "Each GPU within the VM is provided with its own dedicated,
 # topology-agnostic 400 Gb/s NVIDIA Quantum-2 CX7 InfiniBand connection", 3.2 Tbps per VM (Microsoft Learn,
 # ND-H100-v5 size series).
 PRESETS["nd-h100-v5"] = PRESETS["dgx-h100"]
 # OCI BM.GPU.H100.8: 8 H100 SXM on NVSwitch, 16 RDMA ports of 200 Gb/s on OCI's RoCEv2 cluster network
 # (16 ports: the NCCL_IB_HCA of github.com/oracle-japan/ocitutorials tutorials/_hpc/benchmark/
-# run-nccltests-h100.md, "全16ポートのRDMAインタフェース"; 3,200 Gbps of RDMA network: OCI's GPU shape table).
-# OCI's H200 shape (BM.GPU.H200.8) is not here: no stored source states its NICs.
+# run-nccltests-h100.md, "全16ポートのRDMAインタフェース"; "8 x 2 x 200 Gbps RDMA": OCI's Compute Shapes page,
+# docs.oracle.com/en-us/iaas/Content/Compute/References/computeshapes.htm, as crawled in
+# github.com/jacklty/oci_doc_crawler iaas/Content/Compute/References/computeshapes.md at 8e7bbd72).
 PRESETS["oci-h100"] = {**PRESETS["dgx-h100"], "nics": 16, "nic_bps": 200e9, "transport": "roce"}
-ALIASES = {"a4-highgpu-8g": "a4", "nd-h100v5": "nd-h100-v5", "bm-gpu-h100-8": "oci-h100"}
+# OCI BM.GPU.H200.8: "8x NVIDIA H200 Tensor Core GPUs 141 GB" and "8 x 400 Gbps RDMA" (the same Compute
+# Shapes page and crawl); 8 RDMA devices in the NCCL_IB_HCA of OCI's own job (github.com/oracle-quickstart/
+# oci-hpc-oke manifests/nccl-tests/kueue/BM.GPU.H200.8.yaml); RoCE as oci-h100 (OCI's cluster networks are
+# "RDMA over converged ethernet (RoCE) delivered over NVIDIA ConnectX SmartNICs", blogs.oracle.com, "Building
+# a high-performance network in the cloud"); NVLink as dgx-h200.
+PRESETS["oci-h200"] = {**PRESETS["dgx-h200"], "transport": "roce"}
+ALIASES = {
+    "a4-highgpu-8g": "a4",
+    "a3-ultragpu-8g": "a3-ultra",
+    "nd-h100v5": "nd-h100-v5",
+    "bm-gpu-h100-8": "oci-h100",
+    "bm-gpu-h200-8": "oci-h200",
+}
 """Other names of the presets (the clouds' own machine and shape names, lower case)."""
 for _alias, _name in ALIASES.items():
     PRESETS[_alias] = PRESETS[_name]
