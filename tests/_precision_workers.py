@@ -164,12 +164,18 @@ def _keywords(case: dict[str, Any], model: nn.Module) -> dict[str, Any]:
 
 
 def _plain_refusal(build: Any, batch: Any, kw: dict[str, Any]) -> str:
-    """Plain FSDP2 (the root call) with ``kw``, one step: its error's first line, or ``""`` if it ran."""
+    """Plain FSDP2 with ``kw``, one step: a ``fully_shard`` call per module holding parameters of its own
+    (children first), then the root; its error's first line, or ``""`` if it ran."""
     from torch.distributed.fsdp import fully_shard
 
     torch.manual_seed(0)
     model = build()
     try:
+        owners = [
+            m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))
+        ]
+        for m in reversed(owners):
+            fully_shard(m, **kw)
         fully_shard(model, **kw)
         _train(model, batch)
     except Exception as exc:

@@ -89,8 +89,9 @@ def test_ignored_parameters_are_planned_without_and_given_back():
 
 
 def test_a_profile_under_a_policy_runs_as_fsdp2_and_leaves_the_model_as_it_was():
-    """Parameters and floating inputs in bf16, integer inputs and buffers as they are (FSDP2 casts
-    neither); after: the same parameter storage and values, the same gradients (the tensors themselves)."""
+    """Parameters and floating inputs (the model's and each module's) in bf16, integer inputs and buffers
+    as they are (FSDP2 casts neither); after: the same parameter storage and values, the same gradients
+    (the tensors themselves), no hook left."""
     m = _model()
     m[3].weight.grad = torch.ones_like(m[3].weight)
     data = [(p.data_ptr(), p.detach().clone()) for p in m.parameters()]
@@ -102,11 +103,13 @@ def test_a_profile_under_a_policy_runs_as_fsdp2_and_leaves_the_model_as_it_was()
         assert cast["idx"].dtype == torch.int64 and cast["x"].dtype == torch.bfloat16
         assert m[2].running_mean.dtype == torch.float32
         m[1](cast["x"]).sum().backward()  # a bf16 gradient, as under FSDP2's gathered parameters
+        assert m[3](torch.ones(2, 4)).dtype == torch.bfloat16  # a module's fp32 input cast, as a unit's
     kept = [
         p.data_ptr() == ptr and torch.equal(p, d) for p, (ptr, d) in zip(m.parameters(), data, strict=True)
     ]
     assert all(kept)
     assert all(p.grad is g for p, g in zip(m.parameters(), grads, strict=True))
     assert {p.dtype for p in m.parameters()} == {torch.float32}
+    assert m[3](torch.ones(2, 4)).dtype == torch.float32  # the hooks gone
     with K.as_fsdp2_computes(m, example, None) as same:
         assert same is example and {p.dtype for p in m.parameters()} == {torch.float32}

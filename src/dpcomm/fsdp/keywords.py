@@ -9,9 +9,10 @@
 - :func:`planned_without`: the ignored parameters held out of planning (FSDP2 neither shards, gathers nor
   reduces them: no unit may plan them).
 - :func:`as_fsdp2_computes`: the model's parameters and floating inputs in a policy's ``param_dtype`` while
-  its units are timed, as FSDP2 runs them (the parameters cast, the buffers not, the root's floating
-  inputs cast), so a model FSDP2 cannot run under the policy fails here, in one line, and one it runs is
-  timed as it runs.
+  its units are timed, as FSDP2 runs them (the parameters cast, the buffers not, the floating inputs of
+  every module holding parameters cast, as FSDP2 casts a unit's: the units are not known yet, and any such
+  module may be one), so a model FSDP2 cannot run under the policy fails here, in one line, and one it runs
+  is timed as it runs.
 """
 
 from __future__ import annotations
@@ -89,9 +90,11 @@ def planned_without(fsdp_kw: dict[str, Any]) -> Iterator[None]:
 
 @contextlib.contextmanager
 def as_fsdp2_computes(model: nn.Module, example: Any, dtype: torch.dtype | None) -> Iterator[Any]:
-    """``example`` with its floating tensors in ``dtype``, and the model's parameters cast to ``dtype``
-    (their data swapped; gradients cleared) for the block, as FSDP2's ``MixedPrecisionPolicy(param_dtype=
-    dtype)`` runs them; the parameters' own data and gradients put back after. ``dtype`` None: as they are.
+    """``example`` with its floating tensors in ``dtype``, the model's parameters cast to ``dtype`` (their
+    data swapped; gradients cleared) and the floating inputs of every module holding parameters cast on
+    the way in (a forward pre-hook) for the block, as FSDP2's ``MixedPrecisionPolicy(param_dtype=dtype)``
+    runs them; the hooks removed and the parameters' own data and gradients put back after. ``dtype`` None:
+    as they are.
     Holds a ``dtype`` copy of the parameters beside them for the block (planning a model too large for that:
     build it on ``meta``, planned from FLOPs)."""
     if dtype is None:
@@ -99,13 +102,25 @@ def as_fsdp2_computes(model: nn.Module, example: Any, dtype: torch.dtype | None)
         return
     params = list(model.parameters())
     saved = [(p.data, p.grad) for p in params]
+
+    def cast(x: Any) -> Any:
+        return map_tensors(x, lambda t: t.to(dtype) if t.is_floating_point() else t)
+
+    def inputs(_: nn.Module, args: Any, kwargs: Any) -> Any:  # FSDP2's cast_forward_inputs, per unit
+        return cast(args), cast(kwargs)
+
+    owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    hooks = []
     try:
         for p in params:
             p.grad = None
             if p.is_floating_point():
                 p.data = p.data.to(dtype)
-        yield map_tensors(example, lambda t: t.to(dtype) if t.is_floating_point() else t)
+        hooks = [m.register_forward_pre_hook(inputs, with_kwargs=True) for m in owners]
+        yield cast(example)
     finally:
+        for h in hooks:
+            h.remove()
         for p, (data, grad) in zip(params, saved, strict=True):
             p.data = data
             p.grad = grad
