@@ -8,7 +8,9 @@
   layers one call must take whole, which every planner plans over (:mod:`dpcomm.fsdp.groups`);
 - :func:`compile_units`, :func:`shard_compiled`: ``torch.compile`` each unit after sharding, in place, the
   plan priced on the compiled units' times (:mod:`dpcomm.fsdp.compiled`);
-- :func:`fsdp_costs`: the two collectives measured and fitted (:mod:`dpcomm.fsdp.costs`).
+- :func:`fsdp_costs`: the two collectives measured and fitted (:mod:`dpcomm.fsdp.costs`);
+- FSDP2's own keywords (``mp_policy``, ``offload_policy``, ``ignored_params``) as ``shard`` takes them:
+  :mod:`dpcomm.fsdp.keywords`.
 
 ``dpcomm train --schedule fsdp:PLANNER`` runs it in the training loop (:mod:`dpcomm.train.fsdp_replica`).
 """

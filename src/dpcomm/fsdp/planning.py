@@ -138,13 +138,16 @@ def call_model(model: nn.Module, example: Any) -> Any:
 
 def _profile_local(model: nn.Module, example: Any, loss_fn: Any, iters: int, dtype: Any = None) -> Trace:
     """Step 1 on this rank: the gradient units' times (the caller restores the model: ``untouched``).
-    ``dtype``: a mixed-precision policy's ``param_dtype``, the forward timed under ``torch.autocast`` to it
-    (FSDP2 casts the parameters themselves; autocast computes the products in that dtype without a copy of
-    the model, its other operations staying in the parameters' dtype)."""
+    ``dtype``: a mixed-precision policy's ``param_dtype``, the parameters and floating inputs cast to it as
+    FSDP2 runs them (:func:`dpcomm.fsdp.keywords.as_fsdp2_computes`); the trace keeps the stored bytes."""
+    from dpcomm.fsdp.keywords import as_fsdp2_computes
     from dpcomm.trace.profiler import profile
 
-    return profile(model, example, iters=iters, warmup=1, device=next(model.parameters()).device,
-                   loss_fn=loss_fn, autocast=dtype)  # fmt: skip
+    stored = next(model.parameters()).element_size()
+    with as_fsdp2_computes(model, example, dtype) as cast:
+        trace = profile(model, cast, iters=iters, warmup=1, device=next(model.parameters()).device,
+                        loss_fn=loss_fn)  # fmt: skip
+    return trace if dtype is None else replace(trace, dtype_bytes=stored)
 
 
 def _sizes_trace(model: nn.Module) -> Trace:

@@ -57,6 +57,7 @@ from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of, zeros_for_uneven
 from dpcomm.fsdp.groups import ROOT, ShardGroups, layer_atoms, mixed_dtypes, shard_groups
+from dpcomm.fsdp.keywords import check_fsdp_keywords, planned_without
 from dpcomm.fsdp.mesh import given_on, meshes
 from dpcomm.fsdp.planning import (
     as_run,
@@ -277,9 +278,9 @@ def shard(
     given plan, the parameter names of each of its layers (default: the gradient units of ``example``, else
     the learnable layers). ``mesh``: HSDP, a shard group size ``G`` (an int dividing the ranks), a 2-D
     ``DeviceMesh`` (replicate, shard) or ``"auto"`` (the planner chooses ``G``; :mod:`dpcomm.fsdp.mesh`);
-    default FSDP over ``process_group``. ``fsdp_kw``: FSDP2's other ``fully_shard`` keywords
-    (``mp_policy=MixedPrecisionPolicy(...)``, ``offload_policy``, ``shard_placement_fn``, ``ignored_params``),
-    given to every unit's call and to the trial's copies. Build the optimizer after.
+    default FSDP over ``process_group``. ``fsdp_kw``: FSDP2's ``fully_shard`` keywords (``mp_policy``,
+    ``offload_policy``, ``shard_placement_fn``, ``ignored_params``), checked (:mod:`dpcomm.fsdp.keywords`),
+    given to every unit's call and the trial's copies. Build the optimizer after.
 
     A model built under ``torch.device("meta")`` is planned without materialising it (its units from a
     forward and backward on ``meta``, their times from FLOPs, :func:`dpcomm.fsdp.planning.plan_on_workers`)
@@ -292,13 +293,12 @@ def shard(
             "dpcomm.fsdp.shard needs torch.distributed initialised (dist.init_process_group(...))"
         )
     first_param(model, "dpcomm.fsdp.shard")
-    if "reshard_after_forward" in fsdp_kw:
-        raise UserError("dpcomm.fsdp.shard: reshard_after_forward is the plan's choice, not a keyword")
+    check_fsdp_keywords(model, fsdp_kw)
     budget = budget_bytes(memory)
     check_same_weights(model, process_group, "dpcomm.fsdp.shard")
     trace = ag = rs = ar = trial = None
     precision, said = Precision.of(fsdp_kw.get("mp_policy")), []  # priced as FSDP2 will run it
-    with untouched(model):
+    with untouched(model), planned_without(fsdp_kw):  # ignored_params: in no unit, as FSDP2 leaves them
         candidates = meshes(model, mesh, process_group)
         shardable = analysis = None  # one analysis of the model, rank 0's (trace/units.agree)
         if example is not None:
