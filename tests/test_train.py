@@ -177,6 +177,25 @@ def test_digits_order_is_a_function_of_seed_epoch_iteration():
     assert x.shape == (16, 1, 28, 28) and y.dtype == torch.int64 and abs(float(x.mean())) < 0.5
 
 
+def test_digits_read_from_scikit_learns_file_are_load_digits(monkeypatch):
+    """The bundled file read without importing scikit-learn gives ``load_digits``'s arrays, bit for bit and
+    in the same dtypes; where the file is not found, ``load_digits`` itself answers."""
+    import importlib.util
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from dpcomm.runtime import data
+
+    want = load_digits()
+    for found in (True, False):
+        if not found:
+            monkeypatch.setattr(importlib.util, "find_spec", lambda _name: None)
+        images, target = data._digits_arrays()
+        assert images.dtype == want.images.dtype and target.dtype == want.target.dtype
+        assert np.array_equal(images, want.images) and np.array_equal(target, want.target)
+
+
 def test_every_config_field_is_a_flag_and_the_cli_copies_them_all():
     import argparse
     import dataclasses
