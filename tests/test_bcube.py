@@ -166,7 +166,10 @@ def test_piece_bounds_cover_the_tensor():
 @pytest.mark.slow
 def test_against_native_on_4_8_9_ranks():
     """All three ops vs torch.distributed on BCube(3,2) (world), (2,3) and (2,2) (sub-groups); 6 refused;
-    counted messages and bytes of one allreduce equal the docstring's 2 k^2 (n-1) and 2 (N-1)/N * M."""
+    counted messages and bytes of one allreduce equal the docstring's 2 k^2 (n-1) and 2 (N-1)/N * M. In the
+    job where the matrix already ran bcube on ranks 1-8 and 5-8: the sub-groups 0-7 and 0-3 share level
+    domains with them (ranks 1 and 3 at level 1), whose store-built groups once took the same prefix and
+    hung."""
     from tests import _collective_workers
 
     out = [r["bcube"] for r in _collective_workers.shared_launch()]  # its 9 ranks, after the matrix
