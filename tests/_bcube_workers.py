@@ -1,8 +1,9 @@
 """Worker for tests/test_bcube.py: bcube against torch.distributed's own collectives on 4, 8 and 9 ranks.
 
-One launch of 9 ranks: BCube(3,2) on the default group (and once more with its level groups bound to the
-``lo`` interface), BCube(2,3) on ranks 0..7 and BCube(2,2) on ranks 0..3 (sub-groups: level groups built
-directly on the store), and a 6-rank group that must be refused. Inputs are small integers: exact sums.
+On the 9 ranks of ``tests/_collective_workers.shared``'s launch: BCube(3,2) on the default group (and once
+more with its level groups bound to the ``lo`` interface), BCube(2,3) on ranks 0..7 and BCube(2,2) on ranks
+0..3 (sub-groups: level groups built directly on the store), and a 6-rank group that must be refused. Inputs
+are small integers: exact sums.
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from dpcomm.collectives._p2p import count_traffic
 from dpcomm.collectives.base import get
 from dpcomm.collectives.bcube import make_level_groups
 from dpcomm.errors import UserError
-from dpcomm.launch import init_worker
 
 DTYPES = (torch.float32, torch.float16, torch.int64)
 
@@ -63,10 +63,11 @@ def _traffic(group, algo, size: int) -> tuple[int, int, int]:
 
 
 def against_native() -> dict:
-    """``bad``: every mismatch (empty: all equal); ``refused``: the 6-rank group's UserError;
-    ``traffic``: world size -> (messages, bytes, M) of one allreduce."""
+    """On the default group of 9 ranks (tests/_collective_workers.shared's launch). ``bad``: every mismatch
+    (empty: all equal); ``refused``: the 6-rank group's UserError; ``traffic``: world size -> (messages,
+    bytes, M) of one allreduce."""
     t0 = time.perf_counter()
-    rank, world = init_worker(timeout_s=120)
+    rank, world = dist.get_rank(), dist.get_world_size()
     assert world == 9
     marks = {"init": time.perf_counter() - t0}
     algo = get("bcube")
@@ -99,5 +100,4 @@ def against_native() -> dict:
             out["refused"] = str(exc)
     dist.barrier()
     marks["end"] = time.perf_counter() - t0
-    dist.destroy_process_group()
     return out

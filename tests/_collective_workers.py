@@ -14,10 +14,12 @@ and the step in time.
 from __future__ import annotations
 
 import datetime
+import functools
 import multiprocessing as mp
 import os
 import queue
 import time
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -170,27 +172,61 @@ def _run(algo, op: str, x: torch.Tensor, root: int, group) -> None:
         getattr(algo, op)(x, root=root, group=group)
 
 
-def matrices() -> dict[int, dict]:
-    """:func:`matrix` on a group of every size P = 1..world, one after another: the last P ranks (group rank =
-    global rank - (world - P), so every peer and root goes through the group-to-global translation), the
-    whole world on the default group (``group=None``). Returns {P: result} for the groups this rank is in."""
-    torch.set_num_threads(1)
-    rank, world = init_worker(timeout_s=60)
+def matrices(upto: int) -> dict[int, dict]:
+    """:func:`matrix` on a group of every size P = 1..upto (<= world), one after another: the last P ranks
+    (group rank = global rank - (world - P), so every peer and root goes through the group-to-global
+    translation), the whole world on the default group (``group=None``). Returns {P: result} for the groups
+    this rank is in. In a launch: the default group is up (:func:`shared`)."""
+    rank, world = dist.get_rank(), dist.get_world_size()
     # new_group is collective over the default group: every rank creates every group, in the same order.
     # Groups under test keep the 60 s timeout (new_group's default is 30 min); the barrier group waits while
     # a whole matrix runs on the others (up to 7 s per P measured under load), so it gets 600 s.
     groups = {
         p: dist.new_group(list(range(world - p, world)), timeout=datetime.timedelta(seconds=60))
-        for p in range(1, world)
+        for p in range(1, min(upto + 1, world))
     }
     between = dist.new_group(list(range(world)), timeout=datetime.timedelta(seconds=600))
     out = {}
-    for p in range(1, world + 1):
+    for p in range(1, upto + 1):
         if rank >= world - p:
             out[p] = matrix(groups.get(p))
         dist.barrier(group=between)  # ranks outside the group wait here, not in the next group's first call
+    return out
+
+
+WORLD = 9
+"""Ranks of the :func:`shared` launch (BCube(3,2)); the matrix runs on P = 1..8 (its bfloat16 sums stay
+exact up to 8 ranks, :func:`pattern`)."""
+
+
+def shared(sizes: list[int]) -> dict[str, Any]:
+    """One launch of :data:`WORLD` ranks for three test files (each worker's start, torch's import, costs
+    more than most checks): :func:`matrices` on P = 1..8 (tests/test_collectives.py), bcube against native
+    (``tests/_bcube_workers.against_native``, tests/test_bcube.py), then :func:`timing` of ``sizes`` on a
+    group of ranks 0-2 (tests/test_timing.py); this rank's results by name."""
+    from tests._bcube_workers import against_native
+
+    torch.set_num_threads(1)
+    rank, world = init_worker(timeout_s=120)
+    assert world == WORLD
+    trio = dist.new_group([0, 1, 2], timeout=datetime.timedelta(seconds=60))
+    out: dict[str, Any] = {"matrix": matrices(8), "bcube": against_native()}
+    if rank < 3:
+        out["timing"] = timing(sizes, trio)
     dist.destroy_process_group()
     return out
+
+
+TIMING_SIZES = (4, 4096, 1 << 16)
+"""Elements per call that :func:`shared` times."""
+
+
+@functools.cache
+def shared_launch() -> list[dict[str, Any]]:
+    """:func:`shared`'s launch, once per test session (in the test process); results by rank."""
+    from dpcomm.launch import launch
+
+    return launch(shared, WORLD, list(TIMING_SIZES))
 
 
 def matrix(group=None) -> dict:
@@ -317,15 +353,13 @@ def dead_peer(
     return out
 
 
-def timing(sizes: list[int]) -> dict:
-    """``dpcomm.timing`` on this group: torch's own and ``ring``, every barrier mode."""
+def timing(sizes: list[int], group: Any = None) -> dict:
+    """``dpcomm.timing`` on ``group`` (this rank a member): torch's own and ``ring``, every barrier mode."""
     from dpcomm.timing import time_collective
 
-    init_worker(timeout_s=60)
     out = {}
     for label, algo in (("torch", None), ("ring", get("ring"))):
         for barrier in ("each", "once", "none"):
             for op in OPS:
-                out[label, barrier, op] = time_collective(None, op, sizes, 3, algo=algo, barrier=barrier)
-    dist.destroy_process_group()
+                out[label, barrier, op] = time_collective(group, op, sizes, 3, algo=algo, barrier=barrier)
     return out

@@ -1,9 +1,10 @@
 """Every collective algorithm against torch.distributed's own, its traffic against its docstring, and no hang
 when a peer dies.
 
-Budget (2-core machine, load average 6-10 from other jobs): 47-61 s for one launch of 8 ranks that runs the
+Budget (2-core machine, load average 6-10 from other jobs): 47-61 s for one launch of 8 ranks that ran the
 whole matrix on a group of each size P = 1..8 in turn (tests/_collective_workers.py; 8 spawned workers,
-each importing torch, where one launch per P spawned 36 and took 174-194 s under the same load, 63 s quiet);
+each importing torch, where one launch per P spawned 36 and took 174-194 s under the same load, 63 s quiet;
+the launch now has a 9th rank and runs tests/test_bcube.py's and test_timing.py's checks after the matrix);
 the dead-peer cases 0.1-0.8 s each after the first (2-10 s: the forkserver starts), the absent peer ~2 s (its
 group's timeout).
 """
@@ -17,7 +18,6 @@ from dpcomm.collectives._p2p import block_bounds, chunk_bounds
 from dpcomm.costmodel.lp import lp_optimal_block
 from dpcomm.costmodel.network import PRESETS, Network, save_network
 from dpcomm.errors import UserError
-from dpcomm.launch import launch
 from tests import _collective_workers as W
 
 MINE = {"ring", "lp", "mst", "be", "ps", "native"}
@@ -55,8 +55,9 @@ def test_lp_default_block_is_the_optimum_on_the_network_it_is_told(monkeypatch, 
 
 @pytest.fixture(scope="module")
 def matrix_by_size() -> dict[int, list[dict]]:
-    """One launch of 8 ranks runs the matrix on a group of each size 1..8: {P: one result per member}."""
-    by_rank = launch(W.matrices, 8)
+    """One launch of 9 ranks (``W.shared_launch``, shared with tests/test_bcube.py and test_timing.py) runs
+    the matrix on a group of each size 1..8: {P: one result per member}."""
+    by_rank = [r["matrix"] for r in W.shared_launch()]
     return {p: [r[p] for r in by_rank if p in r] for p in range(1, 9)}
 
 

@@ -64,13 +64,23 @@ defaults: inductor's greedy fusion) and ``ddp:wfbp`` (a plan group per layer) si
 batches (``compare_schedules``), through inductor's post-grad passes without its code generation (``passes``:
 ~25 s more for a real inductor compile here; ``DPCOMM_COMPILE_MATRIX=1`` runs that too)."""
 
-REDUCER_AT, FSDP_AT, TRAIN_AT = len(CASES), len(CASES) + 1, len(CASES) + 2
+_TRAIN_BASE = dict(model="gpt2-tiny", nproc=2, iters=4, batch_size=4, threads=1, profile_iters=1,
+                   verify_iters=1, progress=False)  # fmt: skip
+TRAIN_SCHEDULES = ["ddp:optimal", "fsdp:per-block"]
+TRAINED = [{"train": _TRAIN_BASE, "schedules": TRAIN_SCHEDULES},
+           {"train": {**_TRAIN_BASE, "compile": "aot_eager"}, "schedules": TRAIN_SCHEDULES}]  # fmt: skip
+"""``dpcomm train`` on gpt2-tiny, eager and ``--compile aot_eager``, each comparing ``TRAIN_SCHEDULES``."""
+
+REDUCER_AT, FSDP_AT, TRAIN_AT, TRAINED_AT = len(CASES), len(CASES) + 1, len(CASES) + 2, len(CASES) + 3
+ALL = CASES + [REDUCER, FSDP, TRAIN_CA, *TRAINED]
 
 
 @pytest.fixture(scope="module")
 def runs():
-    out = launch(W.compiled_cases, 2, CASES + [REDUCER, FSDP, TRAIN_CA])
-    return [[r[i] for r in out] for i in range(len(CASES) + 3)]
+    """The module's one launch of 2 workers: every case of ``ALL``, one after another; per case, each rank's
+    results."""
+    out = launch(W.compiled_cases, 2, ALL)
+    return [[r[i] for r in out] for i in range(len(ALL))]
 
 
 @pytest.fixture(scope="module")
@@ -206,22 +216,19 @@ def test_compiled_fsdp_keeps_units_and_prefetch_and_prices_compiled_times(runs):
 
 
 @pytest.fixture(scope="module")
-def trained():
-    """``dpcomm train`` on gpt2-tiny, 2 ranks, eager and ``--compile aot_eager`` side by side (one launch)."""
-    from dpcomm.train.config import TrainConfig
-    from tests._train_workers import train_runs
+def trained(runs):
+    """``TRAINED``'s runs by schedule: (eager, compiled) :class:`TrainResult` (rank 0's, as ``train``)."""
+    from dpcomm.train.config import TrainResult
 
-    base = dict(model="gpt2-tiny", nproc=2, iters=4, batch_size=4, threads=1, profile_iters=1, verify_iters=1,
-                progress=False)  # fmt: skip
-    schedules = ["ddp:optimal", "fsdp:per-block"]
-    eager, compiled = train_runs(
-        [(TrainConfig(**base), schedules), (TrainConfig(**base, compile="aot_eager"), schedules)]
-    )
-    return dict(zip(schedules, zip(eager, compiled, strict=True), strict=True))
+    eager, compiled = (runs[TRAINED_AT + k][0] for k in (0, 1))
+    for got in (eager, compiled):
+        assert "error" not in got, f"{got.get('error')}\n{got.get('trace')}"
+    eager, compiled = ([TrainResult(**r) for r in got["results"]] for got in (eager, compiled))
+    return dict(zip(TRAIN_SCHEDULES, zip(eager, compiled, strict=True), strict=True))
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("schedule", ["ddp:optimal", "fsdp:per-block"])
+@pytest.mark.parametrize("schedule", TRAIN_SCHEDULES)
 def test_train_compile_trains_like_eager(trained, schedule):
     eager, compiled = trained[schedule]
     assert compiled.loss_final == pytest.approx(eager.loss_final, rel=1e-5)

@@ -1,8 +1,8 @@
 """The parameter server as the training layer's ``ps`` kind (skipped where the training layer is absent).
 
 Both placements run through the one training loop: co-located (every rank a worker) and dedicated servers
-(``servers=S``: ``S`` server ranks after the workers). Budget: ~60 s on the 2-core VM (one 3-process run of
-two schedules, a checkpointed co-located run, then the rest of it resumed with two dedicated servers).
+(``servers=S``: ``S`` server ranks after the workers). Two launches: 3 processes run two schedules side by
+side and then a checkpointed co-located run, 5 resume the rest of it with two dedicated servers.
 """
 
 import json
@@ -32,11 +32,18 @@ def test_ps_kind_is_registered_and_checks_its_schedule():
 
 @pytest.mark.slow
 def test_ps_trains_like_allreduce_and_resumes_bitwise(tmp_path):
-    from dpcomm.train import TrainConfig, compare_schedules, train
+    from dpcomm.train import TrainConfig, train
+    from tests._train_workers import train_runs
 
     cfg = TrainConfig(model="lenet5", nproc=3, data="digits", iters=4, batch_size=8, progress=False)
+    ck, trace = str(tmp_path / "ck"), tmp_path / "trace.json"
+    # (two iterations either side of the checkpoint: a run's first iteration, resumed or not, pulls nothing
+    # and its second trains on pulled parameters; the checkpoint carries the servers' momentum of two steps)
+    half = TrainConfig(model="lenet5", nproc=3, data="digits", iters=2, batch_size=8, progress=False,
+                       schedule="ps:layer", checkpoint=ck)  # fmt: skip
+    # the comparison and the first half share a launch (tests/_train_workers.py: both co-located)
+    (single, *pss), _ = train_runs([(cfg, ["single", "ps:ibatch,pulls=request"]), (half, None)])
     # (every pull method and mode against all-reduce SGD: tests/test_ps.py, without the loop)
-    single, *pss = compare_schedules(cfg, ["single", "ps:ibatch,pulls=request"])
     for ps in pss:
         assert len(set(ps.params_sha256)) == 1  # every worker bitwise the same
         assert ps.loss_final == pytest.approx(single.loss_final, rel=1e-5)  # float sums in another order
@@ -44,12 +51,6 @@ def test_ps_trains_like_allreduce_and_resumes_bitwise(tmp_path):
     # both placements through the same loop: half the run co-located, checkpointed, then resumed with two
     # dedicated servers (the checkpoint is in state_dict form, whoever held the shards); the same parameters
     # and loss as the uninterrupted co-located run, the same JSON keys, a Chrome trace with the servers in it
-    ck, trace = str(tmp_path / "ck"), tmp_path / "trace.json"
-    # (two iterations either side of the checkpoint: a run's first iteration, resumed or not, pulls nothing
-    # and its second trains on pulled parameters; the checkpoint carries the servers' momentum of two steps)
-    half = TrainConfig(model="lenet5", nproc=3, data="digits", iters=2, batch_size=8, progress=False,
-                       schedule="ps:layer", checkpoint=ck)  # fmt: skip
-    train(half)
     more = {"iters": 4, "resume": True, "chrome_trace": str(trace), "schedule": "ps:layer,servers=2"}
     resumed = train(TrainConfig(**{**_fields(half), **more}))
     assert resumed.start_iteration == 2 and resumed.nproc == 3

@@ -1,15 +1,16 @@
 """``dpcomm train`` end to end: JSON schema, replicas agree, resume equals uninterrupted, digits accuracy,
 bad flags, corrupt checkpoints, and a killed worker that makes the others fail fast instead of hanging.
 
-Budget: about 65 CPU-seconds (measured: 57 s on the 2-core machine with other jobs keeping the load average
-at 6): five worker launches, four of 2 workers (the digits run and the bf16 comparison on digits; for the
-resume test a killed run, then one launch for the uninterrupted run and the resumed one, LeNet-5 on tiny
-synthetic batches) and one two-"node" run on loopback, plus process-free checks of flags, checkpoints and
-data order.
+Four worker launches, three of 2 workers (the digits run; a killed run, then one launch for the
+uninterrupted run, the one resumed from the killed run's checkpoint, LeNet-5 on tiny synthetic batches, and
+the bf16 comparison on digits) and one two-"node" run on loopback, plus process-free checks of flags,
+checkpoints and data order.
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -177,6 +178,25 @@ def test_digits_order_is_a_function_of_seed_epoch_iteration():
     assert x.shape == (16, 1, 28, 28) and y.dtype == torch.int64 and abs(float(x.mean())) < 0.5
 
 
+def test_digits_read_from_scikit_learns_file_are_load_digits(monkeypatch):
+    """The bundled file read without importing scikit-learn gives ``load_digits``'s arrays, bit for bit and
+    in the same dtypes; where the file is not found, ``load_digits`` itself answers."""
+    import importlib.util
+
+    import numpy as np
+    from sklearn.datasets import load_digits
+
+    from dpcomm.runtime import data
+
+    want = load_digits()
+    for found in (True, False):
+        if not found:
+            monkeypatch.setattr(importlib.util, "find_spec", lambda _name: None)
+        images, target = data._digits_arrays()
+        assert images.dtype == want.images.dtype and target.dtype == want.target.dtype
+        assert np.array_equal(images, want.images) and np.array_equal(target, want.target)
+
+
 def test_every_config_field_is_a_flag_and_the_cli_copies_them_all():
     import argparse
     import dataclasses
@@ -295,40 +315,64 @@ def _cli_config(argv: list[str]):
     return _config(parser.parse_args(argv[1:]))
 
 
-@pytest.mark.slow
-def test_killed_worker_then_resume_equals_uninterrupted(capsys, monkeypatch, tmp_path):
+@pytest.fixture(scope="module")
+def killed_then_shared(tmp_path_factory):
+    """A checkpointed run whose rank 1 dies at iteration 5 (a launch of its own: the agent ends it), then one
+    launch (tests/_train_workers.py: starting workers costs more than these few iterations) for the
+    uninterrupted run and the one resumed from that checkpoint, each the config its command line gives, and
+    the bf16 comparison of ``ddp`` and ``mgwfbp`` (digits)."""
+    from dpcomm.train import TrainConfig
     from tests._train_workers import train_runs
 
-    # Rank 1 dies at iteration 5; the last checkpoint is the one of iteration 4.
-    monkeypatch.setenv("DPCOMM_TEST_KILL", "1:5")
+    tmp_path = tmp_path_factory.mktemp("killed")
+    ckpt, trace, err = tmp_path / "ckpt", tmp_path / "trace.json", io.StringIO()
+    os.environ["DPCOMM_TEST_KILL"] = "1:5"  # the last checkpoint is then the one of iteration 4
     t0 = time.monotonic()
-    ckpt = tmp_path / "ckpt"
-    rc = main([*TINY, "--nproc", "2", "--iters", "6", "--checkpoint", str(ckpt), "--checkpoint-every", "2",
-               "--timeout", "30"])  # fmt: skip
-    assert rc == 1 and time.monotonic() - t0 < 60
-    assert "worker rank 1 failed: exited with code 17" in _error_line(capsys)
-    assert load_checkpoint(ckpt)["iteration"] == 4
-    monkeypatch.delenv("DPCOMM_TEST_KILL")
-
-    # the uninterrupted run and the resumed one, each the config its command line gives, share one launch
-    # (tests/_train_workers.py: starting workers costs more than these 6 iterations)
-    trace = tmp_path / "trace.json"
+    try:
+        with contextlib.redirect_stderr(err):
+            rc = main([*TINY, "--nproc", "2", "--iters", "6", "--checkpoint", str(ckpt), "--checkpoint-every",
+                       "2", "--timeout", "30"])  # fmt: skip
+    finally:
+        del os.environ["DPCOMM_TEST_KILL"]
+    killed = {"rc": rc, "s": time.monotonic() - t0, "err": err.getvalue(), "at": load_checkpoint(ckpt)}
     argv = [*TINY, "--nproc", "2", "--iters", "6"]
-    (full,), (resumed,) = train_runs(
+    bf16 = TrainConfig(model="lenet5", nproc=2, data="digits", iters=8, batch_size=16, dtype="bf16",
+                       profile_iters=2, verify_iters=1, progress=False)  # fmt: skip
+    (full,), (resumed,), (ddp, mg) = train_runs(
         [
             (_cli_config([*argv, "--chrome-trace", str(trace)]), None),
             (_cli_config([*argv, "--checkpoint", str(ckpt), "--resume"]), None),
+            (bf16, ["ddp", "mgwfbp"]),
         ]
     )
-    assert (full.start_iteration, resumed.start_iteration) == (0, 4)
-    full, resumed = full.to_json(), resumed.to_json()  # what --json prints
+    return {
+        "killed": killed,
+        "full": full,
+        "resumed": resumed,
+        "trace": trace,
+        "ckpt": ckpt,
+        "bf16": (ddp, mg),
+    }
+
+
+@pytest.mark.slow
+def test_killed_worker_then_resume_equals_uninterrupted(killed_then_shared):
+    got = killed_then_shared
+    killed = got["killed"]
+    assert killed["rc"] == 1 and killed["s"] < 60
+    err = killed["err"].strip()
+    assert len(err.splitlines()) == 1 and err.startswith("dpcomm: error: "), err
+    assert "worker rank 1 failed: exited with code 17" in err
+    assert killed["at"]["iteration"] == 4
+    assert (got["full"].start_iteration, got["resumed"].start_iteration) == (0, 4)
+    full, resumed = got["full"].to_json(), got["resumed"].to_json()  # what --json prints
     assert set(full) == JSON_KEYS and len(set(full["params_sha256"])) == 1
-    events = json.loads(trace.read_text())["traceEvents"]
+    events = json.loads(got["trace"].read_text())["traceEvents"]
     assert {e["pid"] for e in events} == {0, 1}  # one process per rank
     assert any(e["ph"] == "X" and e["tid"] == 1 for e in events)  # communication rows
     assert resumed["params_sha256"] == full["params_sha256"]
     assert resumed["loss_final"] == full["loss_final"]
-    assert load_checkpoint(ckpt)["iteration"] == 6
+    assert load_checkpoint(got["ckpt"])["iteration"] == 6
 
 
 def _free_port() -> int:
@@ -382,12 +426,8 @@ def test_worker_threads_flag_then_omp_num_threads_then_cores_per_worker(monkeypa
 
 
 @pytest.mark.slow
-def test_bf16_trains_alike_and_the_plan_prices_two_byte_gradients():
-    from dpcomm.train import TrainConfig, compare_schedules
-
-    cfg = TrainConfig(model="lenet5", nproc=2, data="digits", iters=8, batch_size=16, dtype="bf16",
-                      profile_iters=2, verify_iters=1, progress=False)  # fmt: skip
-    ddp, mg = compare_schedules(cfg, ["ddp", "mgwfbp"])
+def test_bf16_trains_alike_and_the_plan_prices_two_byte_gradients(killed_then_shared):
+    ddp, mg = killed_then_shared["bf16"]  # compared side by side on the same batches, in one run
     for r in (ddp, mg):
         assert len(set(r.params_sha256)) == 1 and r.loss_final < math.log(10)  # identical, and learning
     assert mg.params_sha256 == ddp.params_sha256  # two ranks: one bf16 sum per element either way

@@ -104,7 +104,10 @@ def make_level_groups(
 
         for level in range(k):
             members = [granks[r] for r in cube.domain(me, level)]
-            store = PrefixStore(f"dpcomm-bcube/{build}/{n},{k}/L{level}/{members}/", _get_default_store())
+            # the parent group's ranks too: two parent groups (ranks 0-7 and 1-8) can share a level domain
+            # (ranks 1 and 3), and the same prefix for both read the first one's addresses (a hang)
+            prefix = f"dpcomm-bcube/{list(granks)}/{build}/{n},{k}/L{level}/{members}/"
+            store = PrefixStore(prefix, _get_default_store())
             opts = ProcessGroupGloo._Options()
             if timeout is not None:
                 opts._timeout = timeout

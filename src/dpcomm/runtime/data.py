@@ -30,10 +30,13 @@ iteration ``i``; the sampler here is the shuffled equivalent.
 from __future__ import annotations
 
 import functools
+import gzip
 import hashlib
+import importlib.util
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -104,13 +107,31 @@ class DigitsSplit:
         return x.expand(-1, c, -1, -1).contiguous()
 
 
-def load_digits_split(seed: int) -> DigitsSplit:
-    """scikit-learn's digits, permuted by ``seed`` and split 80/20 into train and test."""
+def _digits_arrays() -> tuple[Any, Any]:
+    """scikit-learn's digits as ``(images (1797, 8, 8), targets (1797,))`` numpy arrays, read from the file
+    it ships (``sklearn/datasets/data/digits.csv.gz``: 64 pixels and the label per row, as ``load_digits``
+    reads it) without importing scikit-learn, whose import (~670 modules) cost each worker about a
+    CPU-second on the 2-core VM; ``load_digits`` itself where that file is not found."""
+    spec = importlib.util.find_spec("sklearn")  # finds the package without running its __init__
+    if spec is not None and spec.submodule_search_locations:
+        path = Path(next(iter(spec.submodule_search_locations)), "datasets", "data", "digits.csv.gz")
+        if path.is_file():
+            import numpy as np
+
+            with gzip.open(path, "rt") as fh:
+                data = np.loadtxt(fh, delimiter=",")
+            return data[:, :-1].reshape(-1, 8, 8), data[:, -1].astype(int)
     from sklearn.datasets import load_digits
 
     digits = load_digits()
-    x = torch.tensor(digits.images, dtype=torch.float32) / _DIGITS_MAX
-    y = torch.tensor(digits.target, dtype=torch.int64)
+    return digits.images, digits.target
+
+
+def load_digits_split(seed: int) -> DigitsSplit:
+    """scikit-learn's digits, permuted by ``seed`` and split 80/20 into train and test."""
+    images, target = _digits_arrays()
+    x = torch.tensor(images, dtype=torch.float32) / _DIGITS_MAX
+    y = torch.tensor(target, dtype=torch.int64)
     perm = torch.randperm(len(x), generator=torch.Generator().manual_seed(derive_seed(seed, 0xD161)))
     n_test = round(len(x) * _TEST_FRACTION)
     test, train = perm[:n_test], perm[n_test:]
