@@ -13,6 +13,9 @@ from dpcomm.cli.main import main
 from dpcomm.costmodel import MeasuredCost, allreduce_cost, load_network
 from dpcomm.costmodel.calibrate import ring_alpha_beta
 from dpcomm.costmodel.fit import fit_line
+from tests._nccl_logs import SIZES
+from tests._nccl_logs import model_rows as _model_rows
+from tests._nccl_logs import nccl_tests_log as _nccl_tests_log
 
 
 def fit_linear(points, fit="relative"):
@@ -106,106 +109,6 @@ def test_calibrate_two_workers_writes_a_valid_network(tmp_path, capsys):
 
 
 # --- dpcomm calibrate --from-nccl-tests: a cluster's own nccl-tests table, fitted to its topology ---------
-
-
-def _nccl_tests_log(rows, ranks=None, host="node", per_host=8, extra=""):
-    """An all_reduce_perf output with ``rows`` of ``(bytes, seconds)`` (nccl-tests 2.13's columns)."""
-    head = [
-        "# nThread 1 nGpus 1 minBytes 8 maxBytes 1073741824 step: 2(factor) warmup iters: 5 iters: 20",
-        "#",
-    ]
-    for r in range(ranks or 0):
-        head.append(
-            f"#  Rank {r:2d} Group  0 Pid {100 + r} on {host}-{r // per_host} device {r % per_host} [0x1]"
-        )
-    body = []
-    for n, t in rows:
-        us, p = t * 1e6, ranks or 16
-        alg = n / us / 1e3
-        bus = alg * 2 * (p - 1) / p
-        body.append(f"{n:12d} {n // 4:12d}     float     sum      -1  {us:9.2f} {alg:7.2f} {bus:7.2f}      0"
-                    f"  {us:9.2f} {alg:7.2f} {bus:7.2f}      0")  # fmt: skip
-    return "\n".join([*head, extra, *body, "# Avg bus bandwidth    : 1.0", ""])
-
-
-def _model_rows(spec, algo, alpha, sizes):
-    from dpcomm.sim.network import make_fabric, simulate_allreduce
-    from dpcomm.sim.network.pricing import default_model
-
-    model = default_model(make_fabric(spec, 10e9), alpha)
-    return [(n, simulate_allreduce(model, algo, n)[0].time_s) for n in sizes]
-
-
-SIZES = [8 << k for k in range(0, 14)] + [64 << 20, 128 << 20, 256 << 20, 512 << 20, 1 << 30]
-
-
-@pytest.mark.parametrize(
-    ("truth", "given", "algo"),
-    [
-        # A100, 4 HDR NICs per server, 3 servers: NIC-bound ring; the NIC fraction is recovered
-        ("gpus:3,8,nvlink=300GB/s,intra_eff=230/300,nics=4,nic=200gbit,nic_eff=0.81,arch=ampere",
-         "gpus:3,8,nvlink=300GB/s,intra_eff=230/300,nics=4,nic=200gbit,arch=ampere", "nccl"),
-        # H100 on 2 servers, NCCL's choice (NVLSTree at large sizes), a slower fabric than the preset's
-        ("dgx-h100:2,nic_eff=0.7,intra_eff=0.7", "dgx-h100:2", "nccl"),
-        # one server, forced ring: the NVLink fraction
-        ("dgx-h100:1,intra_eff=0.75", "dgx-h100:1", "nccl-ring"),
-    ],
-)  # fmt: skip
-def test_from_nccl_tests_round_trips(tmp_path, capsys, truth, given, algo):
-    from dpcomm.topology import parse_multigpu
-
-    p = parse_multigpu(truth).servers
-    rows = _model_rows(truth, algo, 3e-6, SIZES)
-    log = tmp_path / "all_reduce.log"
-    log.write_text(_nccl_tests_log(rows, ranks=p))
-    out = tmp_path / "net.json"
-    argv = ["calibrate", "--from-nccl-tests", str(log), "--topology", given, "-o", str(out)]
-    assert main([*argv, *(["--algo", algo] if algo != "nccl" else [])]) == 0
-    net = load_network(out)
-    assert net.fabric["alpha_s"] == pytest.approx(3e-6, rel=0.02)  # the start-up, from 8 B .. 64 KiB
-    refit = _model_rows(net.fabric["topology"], algo, net.fabric["alpha_s"], SIZES)
-    for (n, t), (_, got) in zip(rows, refit, strict=True):
-        if n >= 64 << 20:
-            assert abs(got / t - 1) < 0.05, (n, got, t)  # reproduces the table within 5% at 64 MB and up
-    if "nics=4" in truth:
-        assert net.fabric["nic_eff"] == pytest.approx(0.81, rel=0.01)
-    assert net.allreduce_tables[p][0] == (8.0, pytest.approx(rows[0][1], rel=1e-3))
-    assert "rows of 4 KiB and up" in capsys.readouterr().out
-
-
-_PUBLISHED = Path(__file__).resolve().parent.parent / "docs/data/netsim_multigpu_published.json"
-_CHECKED = {  # one table of each kind (all: benchmarks/netsim_multigpu.py --round-trip, docs/netsim.md)
-    "a3mega-2x8-h100",  # NCCL's choice, fitted to the tree
-    "aws-efa-eks-p4d-2x8",  # forced ring, EFA
-    "nebius-h100-2x8",  # NVLSTree
-    "oci-a100-2x8-roce-nccl2.21",  # one row, tree with twice the channels
-    "lambda-b200-2x8",  # busbw steps up 64 -> 128 -> 256 MB: one set of values misses (8.5%), ranges hold
-}
-_TABLES = [c for c in json.loads(_PUBLISHED.read_text())["cases"] if c["name"] in _CHECKED]
-
-
-@pytest.mark.parametrize("case", _TABLES, ids=lambda c: c["name"])
-def test_from_nccl_tests_round_trips_published(tmp_path, capsys, case):
-    # every published table of several servers (docs/data/netsim_multigpu_published.json), fitted on itself
-    # by calibrate (fractions, the latency of large calls, the algorithm where the log forced none, size
-    # ranges where one set of values misses): within 5% at 64 MB and up; the file it writes prices the
-    # same rows (its spec carries the ranges)
-    c = case
-    rows = [(r["bytes"], r["time_us"] * 1e-6) for r in c.get("latency_rows", []) + c["rows"]]
-    log = tmp_path / "all_reduce.log"
-    log.write_text(_nccl_tests_log(rows, ranks=c["gpus"]))
-    out = tmp_path / "net.json"
-    argv = ["calibrate", "--from-nccl-tests", str(log), "--topology", c["topology"], "-o", str(out)]
-    assert main([*argv, *(["--algo", c["algorithm"]] if c["algorithm"] != "nccl" else [])]) == 0
-    net = load_network(out)
-    large = [n for n, _ in rows if n >= 64 << 20]
-    algo = net.fabric["algorithm"] if c["algorithm"] == "nccl" else c["algorithm"]
-    refit = dict(_model_rows(net.fabric["topology"], algo, net.fabric["alpha_s"], large))
-    worst = max(abs(refit[n] / t - 1) for n, t in rows if n >= 64 << 20)
-    assert worst < 0.05, worst
-    ranged = "ranges=" in net.fabric["topology"]
-    assert ranged == (c["name"] == "lambda-b200-2x8") and ranged == bool(net.fabric.get("ranges"))
-    assert ranged == ("size ranges" in capsys.readouterr().out)
 
 
 def _ranged_file(path, fabric, **overrides):
