@@ -1,25 +1,23 @@
-"""dpcomm's DDP plans under ``torch.compile`` (issue 37): ``wrap(torch.compile(model), P, example=x)`` on
-2 gloo workers, one launch, the ``aot_eager`` backend (dynamo's graphs and DDPOptimizer's splits are the
+"""dpcomm's DDP plans under ``torch.compile`` (issue 37): ``wrap(torch.compile(model), P, example=x)`` on 2
+gloo workers, one launch, the ``aot_eager`` backend (dynamo's graphs and DDPOptimizer's splits are the
 backend's input, so inductor's slow CPU compile adds nothing to what is checked).
 
-For ``wfbp``, ``mgwfbp`` and ``optimal`` on GPT-2 tiny (the zoo's, tied ``lm_head``) and on a user's
-``nn.TransformerEncoderLayer`` classifier: the plan is made over the units dynamo's graph can be cut
-between; DDPOptimizer's subgraphs (its own record, ``ddp.dpcomm.compiled_splits``) are the plan's groups,
-one each; DDP's reducer buckets (a recording comm hook) are the plan's groups; three SGD steps give the
-losses of plain compiled DDP built with the same caps (``rel=1e-6``); the plan was made on a compiled
-copy's times (its own dynamo cache entry: the splits above show that the user's module was still split),
-the same on both ranks. Under compiled autograd
-(``optimize_ddp="python_reducer"``, inductor: its post-grad pass is where the all-reduces are fused) the
-compiled backward runs one fused all-reduce per plan group, read back from the graph, and plain compiled
-DDP's losses in that mode (``rel=1e-5``); with ``DPCOMM_COMPILE_MATRIX=1`` the same on the models and
-planners above (``MATRIX``, through inductor's post-grad passes without code generation). Compiled
-FSDP2 (``dpcomm.fsdp.shard_compiled``, GPT-2 tiny ``per-block``, ``aot_eager``): FSDP2's own units and
-prefetch lists equal a plain ``shard``'s of the same plan, every unit is compiled, the trace's unit times
-are the compiled units' (averaged over ranks) and price the plan, and three SGD steps give the losses of
-plain ``fully_shard`` + per-block compile (``rel=1e-6``). ``dpcomm
-train --compile aot_eager`` for ``ddp:optimal`` and ``fsdp:per-block`` ends at eager's loss
-(``rel=1e-5``: ``aot_eager`` runs the same aten operations) with identical replicas.
-"""
+For ``wfbp`` and a merging planner (``optimal``, ``mgwfbp``) on GPT-2 tiny (the zoo's, tied ``lm_head``)
+and on a user's ``nn.TransformerEncoderLayer`` classifier: the plan is made over the units dynamo's graph
+can be cut between; DDPOptimizer's subgraphs (its own record, ``ddp.dpcomm.compiled_splits``) are the
+plan's groups, one each; DDP's reducer buckets (a recording comm hook) are the plan's groups; three SGD
+steps give the losses of plain compiled DDP built with the same caps (``rel=1e-6``); the plan was made on a
+compiled copy's times (its own dynamo cache entry: the splits above show that the user's module was still
+split), the same on both ranks. Under compiled autograd (``optimize_ddp="python_reducer"``, inductor: its
+post-grad pass is where the all-reduces are fused) the compiled backward runs one fused all-reduce per plan
+group, read back from the graph, and plain compiled DDP's losses in that mode (``rel=1e-5``); with
+``DPCOMM_COMPILE_MATRIX=1`` the same on the models and planners above (``MATRIX``, through inductor's
+post-grad passes without code generation). Compiled FSDP2 (``dpcomm.fsdp.shard_compiled``, GPT-2 tiny
+``per-block``, ``aot_eager``): FSDP2's own units and prefetch lists equal a plain ``shard``'s of the same
+plan, every unit is compiled, the trace's unit times are the compiled units' (averaged over ranks) and
+price the plan, and three SGD steps give the losses of plain ``fully_shard`` + per-block compile
+(``rel=1e-6``). ``dpcomm train --compile aot_eager`` for ``ddp:optimal`` and ``fsdp:per-block`` ends at
+eager's loss (``rel=1e-5``: ``aot_eager`` runs the same aten operations) with identical replicas."""
 
 from __future__ import annotations
 
@@ -31,7 +29,10 @@ import torch
 from dpcomm.launch import launch
 from tests import _compile_workers as W
 
-CASES = [{"model": m, "planner": p} for m in ("gpt2-tiny", "encoder") for p in ("wfbp", "mgwfbp", "optimal")]
+_PLANNERS = {"gpt2-tiny": ("wfbp", "optimal"), "encoder": ("wfbp", "mgwfbp")}
+CASES = [{"model": m, "planner": p} for m, ps in _PLANNERS.items() for p in ps]
+"""Every model with ``wfbp`` (a cut per unit) and one merging planner each (``DPCOMM_COMPILE_MATRIX=1`` runs
+all three planners on both models under compiled autograd)."""
 REDUCER = {
     "model": "nested", "planner": "wfbp", "optimize_ddp": "python_reducer", "backward": "inductor",
     "ref_backward": "inductor-passes",
