@@ -163,6 +163,18 @@ def _keywords(case: dict[str, Any], model: nn.Module) -> dict[str, Any]:
     return kw
 
 
+def _refusal(model, planner, example, **kw) -> str:
+    """``shard``'s one-line refusal of ``model`` (``""`` where it shards it)."""
+    import dpcomm.fsdp
+    from dpcomm.errors import UserError
+
+    try:
+        dpcomm.fsdp.shard(model, planner, example=example, **kw)
+    except UserError as exc:
+        return str(exc)
+    return ""
+
+
 def _plain_refusal(build: Any, batch: Any, kw: dict[str, Any]) -> str:
     """Plain FSDP2 with ``kw``, one step: a ``fully_shard`` call per module holding parameters of its own
     (children first), then the root; its error's first line, or ``""`` if it ran."""
@@ -203,7 +215,6 @@ def precision_cases(cases: list[dict[str, Any]], group: Any = None) -> list[dict
     from torch.distributed.fsdp import fully_shard
 
     import dpcomm.fsdp
-    from dpcomm.errors import UserError
 
     rank, _ = init_worker()
     torch.set_num_threads(1)
@@ -219,21 +230,13 @@ def precision_cases(cases: list[dict[str, Any]], group: Any = None) -> list[dict
             model = copy.deepcopy(plain)
             kw, ref_kw = _keywords(case, model), _keywords(case, plain) | on
             if "bad" in case:  # keywords shard refuses: its one line
-                try:
-                    dpcomm.fsdp.shard(model, case["planner"], example=batch[0], **case["bad"])
-                    r["shard_error"] = ""
-                except UserError as exc:
-                    r["shard_error"] = str(exc)
+                r["shard_error"] = _refusal(model, case["planner"], batch[0], **case["bad"])
                 r["seconds"] = time.perf_counter() - r["seconds"]
                 out.append(r)
                 continue
             if case.get("cannot"):  # plain FSDP2's refusal, then shard's
                 r["plain_error"] = _plain_refusal(build, batch, _keywords(case, plain))
-                try:
-                    dpcomm.fsdp.shard(model, case["planner"], example=batch[0], profile_iters=1, **kw)
-                    r["shard_error"] = ""
-                except UserError as exc:
-                    r["shard_error"] = str(exc)
+                r["shard_error"] = _refusal(model, case["planner"], batch[0], profile_iters=1, **kw)
                 r["seconds"] = time.perf_counter() - r["seconds"]
                 out.append(r)
                 continue

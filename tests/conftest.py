@@ -10,6 +10,8 @@ Tests marked ``cuda`` (the GPU tier, ``pytest -m cuda``) skip with a reason wher
 
 import os
 
+import pytest
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import torch
 
@@ -21,7 +23,6 @@ def pytest_collection_modifyitems(config, items):
     marked = [item for item in items if item.get_closest_marker("cuda") is not None]
     if not marked:
         return
-    import pytest
     import torch
 
     if torch.cuda.is_available():
@@ -29,3 +30,15 @@ def pytest_collection_modifyitems(config, items):
     skip = pytest.mark.skip(reason="needs CUDA: torch.cuda.is_available() is False on this machine")
     for item in marked:
         item.add_marker(skip)
+
+
+@pytest.fixture
+def one_rank():
+    """A one-rank gloo group in this process (nothing is spawned), destroyed after the test."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

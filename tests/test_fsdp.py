@@ -118,17 +118,6 @@ def test_per_block_on_gpt2_tiny_shards_blocks_and_ties_lm_head_to_the_embedding(
     assert any("lm_head (a tied parameter)" in n for n in g.notes)
 
 
-@pytest.fixture
-def one_rank():
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.slow  # a process group in this process and profiled passes: not a pure function
 def test_budgets_are_refused_in_one_line(one_rank):
     from dpcomm.fsdp import shard

@@ -77,17 +77,6 @@ def test_every_corpus_plan_is_one_fully_shard_call_per_unit(name):
         assert shard_groups(model, by_layers, layers, shardable).units == by_layers.units
 
 
-@pytest.fixture
-def one_rank():
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 @pytest.mark.slow  # a process group in this process
 def test_shard_plans_over_atoms_and_merges_nothing(one_rank):
     """The decoder of PyTorch's own ``nn.TransformerDecoderLayer``: its linears return views (they hand their

@@ -65,18 +65,6 @@ def stream():
     s.close()
 
 
-@pytest.fixture
-def one_rank():
-    """A one-rank gloo group in this process (the barrier modes need a group; nothing is spawned)."""
-    import torch.distributed as dist
-
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
-
-
 def test_an_asynchronous_call_is_timed_until_its_work_is_done(stream):
     # the call returns at once with a handle, as an async_op=True collective does; its work takes WORK_S on
     # another thread. The old loop read the clock when the call returned and saw about 0 s.
