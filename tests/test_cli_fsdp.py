@@ -283,3 +283,11 @@ def test_schedule_names_and_ddp_plans_on_a_cluster(capsys):
     plan = _json(capsys, ["plan", *cluster, "--schedule", "optimal", "--json"])
     rows = _json(capsys, ["simulate", *cluster, "--nodes", "16", "--schedules", "optimal", "--json"])
     assert plan["nodes"] == 16 and plan["t_iter_s"] == pytest.approx(rows[0]["t_iter_s"], rel=1e-12)
+
+
+@pytest.mark.parametrize("bad", ["-1e-3", "nan", "inf", "1ms"])
+def test_a_bad_unit_cost_is_one_line(capsys, bad):
+    argv = ["plan", "--trace", TRACE, "--nodes", "8", "--network", "10gbe", "--fsdp", "optimal"]
+    assert main([*argv, f"--unit-cost={bad}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "--unit-cost" in err and len(err.splitlines()) == 1
