@@ -14,8 +14,8 @@ Defaults, seconds per unit per pass, by where the model trains (``dpcomm plan --
 ``cpu``   :data:`UNIT_S_CPU`, measured by ``benchmarks/fsdp_unit_cost.py`` (one gloo rank, a stack of 16
           ``nn.Linear(64, 64)`` with ``fully_shard`` on the stack and on every layer, the all-gathers
           asynchronous as ``dpcomm.fsdp.shard`` runs them: ``c = (t_16 - t_1) / 15 / 2``) on the 2-core VM
-          (x86_64), torch 2.13.0+cpu: 422 us with a load average of 9.7 (other jobs running; CPU time, so
-          a quiet machine measures less).
+          (x86_64), torch 2.13.0+cpu, quiet (load average 0.9): 187.5, 188.1, 196.4 and 198.1 us in four
+          runs, 192 us taken. It is CPU time: beside other jobs it measures more (422 us at load 9.7).
 ``cuda``  :data:`UNIT_S_CUDA`, from one NVIDIA H200 (torch 2.11.0+cu130, one rank under NCCL,
           ``docs/data/gpu/h200-2026-11-28/README.md`` item 5): a 4-block decoder (d = 128) ran 19-20 ms an
           iteration with ``fully_shard`` per block and the root (5 units) and 28-33 ms with 10 units (each
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 __all__ = ["UNIT_S_CPU", "UNIT_S_CUDA", "unit_s_for"]
 
-UNIT_S_CPU = 422e-6
+UNIT_S_CPU = 192e-6
 """FSDP2's fixed cost of a unit per pass on a CPU (gloo), seconds (module docstring)."""
 
 UNIT_S_CUDA = 0.8e-3
