@@ -179,7 +179,17 @@ def test_fully_shard_code_runs_on_the_zoo_model(monkeypatch, capsys):
     capsys.readouterr()
 
 
-def test_plan_fsdp_prints_only_units_shard_runs_on_a_block_applied_four_times(tmp_path, capsys):
+@pytest.fixture(scope="module")
+def albert(tmp_path_factory):
+    """An ALBERT-style block applied 4 times (``tests._corpus:SharedBlocks``), profiled by the CLI."""
+    out = tmp_path_factory.mktemp("albert") / "albert.json"
+    argv = ["profile", "--model", "tests._corpus:SharedBlocks", "--input", "long[4,8]:vocab=32",
+            "--iters", "1", "--warmup", "0", "-o", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    return out
+
+
+def test_plan_fsdp_prints_only_units_shard_runs_on_a_block_applied_four_times(albert, capsys):
     """Issue 46, finding 7: an ALBERT-style block applied 4 times, profiled by the CLI and planned under a
     budget. The printed units are the ones ``shard`` builds from the model (none merged: the block's
     children, whose linears return views, are never split across units) and each call's module paths take
@@ -191,10 +201,7 @@ def test_plan_fsdp_prints_only_units_shard_runs_on_a_block_applied_four_times(tm
     from dpcomm.trace import load_trace
     from tests._corpus import SharedBlocks
 
-    out = tmp_path / "albert.json"
-    argv = ["profile", "--model", "tests._corpus:SharedBlocks", "--input", "long[4,8]:vocab=32",
-            "--iters", "1", "--warmup", "0", "-o", str(out)]  # fmt: skip
-    assert main(argv) == 0, capsys.readouterr().err
+    out = albert
     capsys.readouterr()
     got = _json(capsys, ["plan", "--trace", str(out), "--nodes", "2", "--network", "10gbe",
                          "--fsdp", "optimal", "--memory", "6K", "--json"])  # fmt: skip
@@ -216,6 +223,27 @@ def test_plan_fsdp_prints_only_units_shard_runs_on_a_block_applied_four_times(tm
     assert main(["plan", "--trace", str(out), "--nodes", "2", "--network", "10gbe", "--fsdp", "optimal"]) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "Module paths are the modules dpcomm.fsdp.shard shards" in text, text
+
+
+@pytest.mark.parametrize("method", ["per-layer", "optimal"])
+def test_simulate_fsdp_rows_plan_over_the_units_shard_can_run(albert, capsys, method):
+    """``simulate``'s ``fsdp:`` rows plan over the same atoms as ``plan --fsdp`` and ``shard``: on the
+    ALBERT-style trace (layers one ``fully_shard`` call must take together) ``per-layer`` has as many
+    units as there are atoms, not layers, and every row is ``plan --fsdp``'s plan and time."""
+    from dpcomm.cli._fsdp_atoms import fsdp_atoms
+    from dpcomm.trace import load_trace
+
+    capsys.readouterr()
+    atoms = fsdp_atoms(load_trace(albert))
+    assert atoms is not None and len(atoms) < load_trace(albert).num_layers  # the case has joined layers
+    net = ["--trace", str(albert), "--network", "10gbe", "--memory", "6K"]
+    row = _json(capsys, ["simulate", *net, "--nodes", "2", "--schedules", f"fsdp:{method}", "--json"])[0]
+    plan = _json(capsys, ["plan", *net, "--nodes", "2", "--fsdp", method, "--json"])
+    assert row["units"] == len(plan["units"])
+    if method == "per-layer":
+        assert row["units"] == len(atoms)
+    assert row["t_iter_s"] == pytest.approx(plan["t_iter_s"], rel=1e-12)
+    assert row["memory_bytes"] == pytest.approx(plan["peak_bytes"], rel=1e-12)
 
 
 @pytest.mark.parametrize(

@@ -15,7 +15,8 @@ fabric.
 
 FSDP2 and HSDP schedules sit next to them too (:mod:`dpcomm.sim.fsdp`): ``fsdp:METHOD`` and
 ``hsdp:METHOD[:G]`` (METHOD ``per-block``, ``whole``, ``per-layer``, ``size:BYTES``, ``optimal``; ``G`` the
-shard group, else the planner's choice), planned under ``--memory`` per rank and priced on the same
+shard group, else the planner's choice), planned under ``--memory`` per rank over the runs of layers one
+``fully_shard`` call takes whole (as ``plan --fsdp``, :mod:`dpcomm.cli._fsdp_atoms`) and priced on the same
 network or topology (:mod:`dpcomm.sim.fsdp_costs`); the table then has a memory column.
 ``dpcomm simulate --trace tinyllama-1.1b-h200bf16-b4 --topology dgx-h100:4 --nodes 32
 --schedules ddp,fsdp:optimal,hsdp:optimal --memory 1G``.
@@ -105,8 +106,12 @@ def run(args: argparse.Namespace) -> int:
     if ps_schedules:
         rows += _ps_rows(trace, args, nodes_list, ps_schedules, model)
     if fsdp_schedules:
+        from dpcomm.cli._fsdp_atoms import fsdp_atoms, on_atoms
+
         costs_for, shards_for = fsdp_costs_of(args, model)
-        rows += fsdp_sweep(trace, costs_for, nodes_list, fsdp_schedules, shards_for=shards_for, **fsdp)
+        atoms = fsdp_atoms(trace)  # as plan --fsdp and shard: no unit splits a fully_shard call's module
+        planned_on = trace if atoms is None else on_atoms(trace, atoms)
+        rows += fsdp_sweep(planned_on, costs_for, nodes_list, fsdp_schedules, shards_for=shards_for, **fsdp)
     if ps_schedules or fsdp_schedules:  # nodes-major, in the order the schedules were named
         order = {s.lower(): i for i, s in enumerate(named)}
         rows.sort(key=lambda r: (nodes_list.index(r.nodes), order.get(r.schedule.lower(), len(order))))
