@@ -47,6 +47,20 @@ def busbw(nbytes: float, p: int, t: float) -> float:
     return 2 * (p - 1) / p * nbytes / t / 1e9
 
 
+def seconds(row: dict, p: int) -> float:
+    """A published row's out-of-place time: its ``time_us``, or, where the source prints only busbw
+    (``busbw_GBps``), the time that busbw means on ``p`` ranks."""
+    if "time_us" in row:
+        return row["time_us"] * 1e-6
+    return 2 * (p - 1) / p * row["bytes"] / (row["busbw_GBps"] * 1e9)
+
+
+def precise(row: dict) -> bool:
+    """Whether a row's time is known to 0.5%: every timed row, and busbw-only rows with three significant
+    digits (1.00 GB/s and up: the sources round busbw to 0.01 GB/s)."""
+    return "time_us" in row or row["busbw_GBps"] >= 1.0
+
+
 def _spec(case: dict, **fmt) -> str:
     """The case's topology with the NCCL and plugin versions its source states (``nccl=``, ``plugin=``: what
     EFA achieves depends on them, :mod:`dpcomm.topology.transports`)."""
@@ -65,7 +79,7 @@ def _rows(case: dict) -> list[tuple[str, int, int, float]]:
             (_spec(case, servers=r["servers"]), 8 * r["servers"], r["bytes"], r["time_us"] * 1e-6)
             for r in case["per_server_rows"]
         ]
-    out = [(_spec(case), case["gpus"], r["bytes"], r["time_us"] * 1e-6) for r in case["rows"]]
+    out = [(_spec(case), case["gpus"], r["bytes"], seconds(r, case["gpus"])) for r in case["rows"]]
     return [r for r in out if r[2] >= LARGE]
 
 
@@ -129,7 +143,8 @@ def round_trip(published: dict) -> None:
     for c in published["cases"]:
         if not c.get("rows") or (c.get("gpus") or 1) <= 8:
             continue
-        rows = tuple(sorted((r["bytes"], r["time_us"] * 1e-6) for r in c.get("latency_rows", []) + c["rows"]))
+        rows = tuple(sorted((r["bytes"], seconds(r, c["gpus"])) for r in c.get("latency_rows", []) + c["rows"]
+                            if precise(r)))  # fmt: skip
         forced = None if c["algorithm"] == "nccl" else c["algorithm"]
         cases.append((c["name"], NcclTestsLog(rows=rows, ranks=c["gpus"]), c["topology"], forced))
     for name in sorted((ROOT / "tests/data").glob("nccl_tests_*.log")):
