@@ -289,15 +289,15 @@ def test_a_hand_written_spec_says_what_it_assumed_and_block_bytes_needs_lp(capsy
 def test_efa_s_fraction_follows_the_nccl_version_a_spec_states():
     # EFA's achievable fraction depends on NCCL's version: 0.63 fitted on NCCL 2.9.9 (NVIDIA/nccl#527), where
     # 2 p4d with NCCL 2.23.4 and aws-ofi-nccl 1.13.2 move 76.2 GB/s busbw at 1 GiB (AWS's DLAMI guide); from
-    # NCCL 2.18 on (a p4d scatter log with NCCL 2.18.3 at 0.86 of EFA's line rate)
+    # NCCL 2.17 on (2 p4de with NCCL 2.17.1 and aws-ofi-nccl 1.5.0 move 77.6 GB/s at 1 GiB)
     from dpcomm.sim.network import make_fabric, simulate_allreduce
     from dpcomm.sim.network.pricing import default_model
     from dpcomm.topology.multigpu import parse_multigpu
     from dpcomm.topology.transports import transport
 
     efa = transport("efa")
-    assert efa.fraction_for(None) == efa.fraction_for("2.9.9") == efa.fraction_for("2.17.1") == 0.63
-    assert efa.fraction_for("2.18.3") == efa.fraction_for("2.23.4") == 0.895
+    assert efa.fraction_for(None) == efa.fraction_for("2.9.9") == efa.fraction_for("2.16.5") == 0.63
+    assert efa.fraction_for("2.17.1") == efa.fraction_for("2.18.3") == efa.fraction_for("2.23.4") == 0.895
     assert efa.fraction_for("2.27.7+cuda12.9") == 0.895
     assert parse_multigpu("p4d:2").nic_fraction == 0.63
     assert parse_multigpu("p4d:2,nccl=2.23.4").nic_fraction == 0.895

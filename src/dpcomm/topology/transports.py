@@ -23,11 +23,13 @@ Sources, by transport:
   fraction was found, and what NCCL achieves over EFA depends on its version (and aws-ofi-nccl's), so it is
   fitted per NCCL version range (``nccl=`` of a spec; in-sample, docs/netsim.md): 0.895, fitted to AWS's
   DLAMI guide ("Using EFA on the DLAMI": 2 p4d, NCCL 2.23.4, aws-ofi-nccl 1.13.2, its rows of 64 MiB to 1
-  GiB at 51-76 GB/s busbw), holds from NCCL 2.18 on: a p4d log with NCCL 2.18.3 and aws-ofi-nccl 1.5.0
-  already moves 0.86 of EFA's line rate (github.com/aws-samples/awsome-distributed-training at 4bcaf13a,
+  GiB at 51-76 GB/s busbw), holds from NCCL 2.17 on: 2 p4de with NCCL 2.17.1 and aws-ofi-nccl 1.5.0 move
+  77.6 GB/s busbw at 1 GiB (github.com/aws-samples/aws-hpc-tutorials pull request #408,
+  ``content/08-EFA/05-compile-run-nccl-tests.md``), and a p4d log with NCCL 2.18.3 and the same plugin
+  moves 0.86 of EFA's line rate (github.com/aws-samples/awsome-distributed-training at 4bcaf13a,
   ``3.test_cases/0.nccl-tests/slurm-104.out``: 2 p4d, scatter_perf, 2 GiB from rank 0 in 24,982 us, half
   of it to the other server over all 4 NICs, 43.0 of 50 GB/s), and aws-ofi-nccl drives p4d with the same
-  SENDRECV protocol from 1.8.1 to 1.13.2 (``src/platform-aws.c``); before NCCL 2.18, or where no version
+  SENDRECV protocol from 1.8.1 to 1.13.2 (``src/platform-aws.c``); before NCCL 2.17, or where no version
   is stated, 0.63, fitted to the p4d rows of NVIDIA/nccl#527
   (2, 3 and 4 servers x 8 A100, 4 x 100 Gb/s EFA, 1 GiB, NCCL 2.9.9: 57.2, 31.8, 29.6 GB/s busbw). An
   older p4d table (NCCL 2.8.3, github.com/aws-samples/aws-efa-eks at 043dbe74) moves 1.75x less on the
@@ -109,13 +111,15 @@ TRANSPORTS: dict[str, Transport] = {
         "src/platform-aws.cpp (75.0 us; 35.0 for p5en and later)",
         by_version=(
             (  # fitted: model / measured busbw 1 in geometric mean over rows >= 64 MiB (docs/netsim.md);
-                # from 2.18: the earliest NCCL a published p4d log shows past 0.86 of the line (slurm-104.out)
-                "2.18",
+                # from 2.17: the earliest NCCL a published p4d-class table shows at this fraction
+                "2.17",
                 0.895,
                 "fitted to AWS's DLAMI guide 'Using EFA on the DLAMI' (p4d 2 x 8, NCCL 2.23.4, aws-ofi-nccl "
-                "1.13.2, 64 MiB to 1 GiB), in-sample; from NCCL 2.18: a p4d scatter_perf log with NCCL "
-                "2.18.3 at 0.86 of the line (aws-samples/awsome-distributed-training 4bcaf13a, 3.test_cases/"
-                "0.nccl-tests/slurm-104.out)",
+                "1.13.2, 64 MiB to 1 GiB), in-sample; from NCCL 2.17: a 2 x p4de all_reduce table with NCCL "
+                "2.17.1 and aws-ofi-nccl 1.5.0 at 77.6 GB/s busbw at 1 GiB (aws-samples/aws-hpc-tutorials "
+                "pull request #408, content/08-EFA/05-compile-run-nccl-tests.md), and a p4d scatter_perf log "
+                "with NCCL 2.18.3 at 0.86 of the line (aws-samples/awsome-distributed-training 4bcaf13a, "
+                "3.test_cases/0.nccl-tests/slurm-104.out)",
             ),
         ),
     ),
