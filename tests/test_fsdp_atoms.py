@@ -95,3 +95,24 @@ def test_shard_plans_over_atoms_and_merges_nothing(one_rank):
     text = str(d)
     assert "merged" not in text and "shards whole modules" not in text, text
     assert list(d.groups.modules) == [("embed",), ("layers.0",), ("layers.1",), ("",)]  # out: a view
+
+
+@pytest.mark.slow  # a process group in this process
+def test_shard_plans_with_the_unit_cost_it_is_given(one_rank):
+    """``shard(..., unit_s=)``: the planner's ``c`` is the user's measured cost, not the device's default.
+    Free units let ``optimal`` keep the 4 atoms apart; a unit costing a second a pass makes it keep one."""
+    from dpcomm.fsdp import shard
+    from dpcomm.planner.fsdp_unit import UNIT_S_CPU
+
+    build, batch, _ = CORPUS["decoder"]
+    x, y = batch(0)
+    units = {}
+    for c in (None, 0.0, 1.0):
+        torch.manual_seed(0)
+        model = build()
+        kw = {} if c is None else {"unit_s": c}
+        shard(model, "optimal", example=x, loss_fn=lambda out: loss_of(out, y), profile_iters=1, **kw)
+        assert model.dpcomm.plan.meta.get("unit_s", 0.0) == (UNIT_S_CPU if c is None else c)
+        units[c] = len(model.dpcomm.plan.units)
+    assert units[1.0] == 1 and units[0.0] > 1, units
+    assert "1000000 us a unit per pass" in str(model.dpcomm)  # what it planned with, said

@@ -60,6 +60,23 @@ def test_what_fully_shard_would_refuse_is_one_line(kw, said):
     assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
 
 
+@pytest.mark.parametrize("bad", [-1e-3, float("nan"), float("inf"), "1ms", True, None])
+def test_a_bad_unit_cost_is_one_line(bad):
+    with pytest.raises(UserError) as err:
+        K.check_unit_s(bad, "optimal")
+    assert "unit_s is seconds a unit per pass, a finite number >= 0" in str(err.value)
+    assert "\n" not in str(err.value)
+
+
+def test_a_unit_cost_prices_only_plans_shard_makes():
+    from dpcomm.planner.fsdp_model import FsdpPlan
+
+    assert K.check_unit_s(0, "per-layer") == 0.0 and K.check_unit_s(2e-4, "optimal") == 2e-4
+    given = FsdpPlan(method="given", num_modules=2, units=((0, 1),), depth=1, reshard_after_forward=True)
+    with pytest.raises(UserError, match="a given FsdpPlan runs as it is"):
+        K.check_unit_s(1e-4, given)
+
+
 def test_pinned_offload_without_an_accelerator_is_one_line(monkeypatch):
     """FSDP2 pins the offloaded shards (``CPUOffloadPolicy()``'s default), which raises "Cannot access
     accelerator device" from inside ``fully_shard`` on a machine without one: refused first, with the fix."""

@@ -6,6 +6,8 @@
   type, an offload that pins memory where no accelerator is, or ``ignored_params`` that are not the model's
   own parameters is one :class:`UserError` before anything is profiled or sharded (FSDP2 itself would raise
   a traceback from the middle of sharding, after the planning).
+- :func:`check_unit_s`: ``shard``'s own ``unit_s`` (FSDP2's fixed cost of a unit per pass, the planner's
+  ``c``), checked the same way.
 - :func:`planned_without`: the ignored parameters held out of planning (FSDP2 neither shards, gathers nor
   reduces them: no unit may plan them).
 - :func:`as_fsdp2_computes`: the model's parameters and floating inputs in a policy's ``param_dtype`` while
@@ -28,7 +30,7 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.utils.user_run import map_tensors
 
-__all__ = ["as_fsdp2_computes", "check_fsdp_keywords", "planned_without"]
+__all__ = ["as_fsdp2_computes", "check_fsdp_keywords", "check_unit_s", "planned_without"]
 
 OWN = {"reshard_after_forward": "the plan's choice, not a keyword (an FsdpPlan given to shard fixes it)"}
 """``fully_shard`` keywords that are ``shard``'s to decide, and why (``mesh`` is ``shard``'s own argument)."""
@@ -66,6 +68,18 @@ def check_fsdp_keywords(model: nn.Module, fsdp_kw: dict[str, Any]) -> None:
         own = {id(p) for p in model.parameters()}
         if any(id(p) not in own for p in ignored):
             raise UserError("dpcomm.fsdp.shard: ignored_params holds a parameter that is not the model's")
+
+
+def check_unit_s(unit_s: Any, plan: Any) -> float:
+    """``shard``'s ``unit_s`` (FSDP2's fixed cost of a unit per pass, seconds): a finite number >= 0, and
+    only with a planner name (it prices the plans ``shard`` makes); anything else, one :class:`UserError`."""
+    if isinstance(unit_s, bool) or not isinstance(unit_s, int | float) or not 0 <= unit_s < float("inf"):
+        raise UserError(f"dpcomm.fsdp.shard: unit_s is seconds a unit per pass, a finite number >= 0, "
+                        f"got {unit_s!r}")  # fmt: skip
+    if not isinstance(plan, str):
+        raise UserError("dpcomm.fsdp.shard: unit_s prices the plans shard makes; a given FsdpPlan runs as it "
+                        "is: make it with plan_fsdp(..., unit_s=) or pass a planner name")  # fmt: skip
+    return float(unit_s)
 
 
 def _accelerator() -> bool:

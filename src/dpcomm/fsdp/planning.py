@@ -2,8 +2,8 @@
 on rank 0 over the model's atoms (:func:`dpcomm.fsdp.groups.layer_atoms`: every unit one ``fully_shard``
 call) with FSDP2's fixed cost per unit (:mod:`dpcomm.planner.fsdp_unit`) and check the plan's hash on every
 rank; and the plan's peak as FSDP2 will run it (:func:`as_run`: the bound with a tied weight's unit),
-re-planned under a lower budget where that bound is over (:func:`within_bound`). Applying a plan and the
-timed trial are :mod:`dpcomm.fsdp.shard`'s.
+re-planned under a lower budget where that bound is over (:func:`within_bound`); the trial's comparison
+plan (:func:`per_block_within`). Applying a plan and the timed trial are :mod:`dpcomm.fsdp.shard`'s.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ __all__ = [
     "call_model",
     "overlap_of",
     "plan_on_root",
+    "per_block_within",
     "plan_on_workers",
     "unit_s_of",
     "within_bound",
@@ -233,6 +234,7 @@ def plan_on_workers(
     analysis: Any = None,
     precision: Precision | None = None,
     shardable: Any = None,
+    unit_s: float | None = None,
 ) -> tuple[FsdpPlan, Trace, CommCost, CommCost, CommCost | None]:
     """Steps 1-3 of :mod:`dpcomm.fsdp.shard` on every rank of ``process_group``: ``(plan, trace, T_ag,
     T_rs, T_ar)``, the same on every rank. ``optimal`` needs ``example`` (one input batch). ``meshes``:
@@ -242,7 +244,8 @@ def plan_on_workers(
     (:func:`dpcomm.trace.units.agree`; with ``example``, made here if not given). ``precision``: FSDP2's
     mixed-precision policy: the units timed computing in its ``param_dtype``, the plan priced in its
     dtypes. ``shardable``: the modules that may be a unit (:func:`dpcomm.fsdp.agreed.agreed_shardable`;
-    None: every module with a forward); the plan is made over the atoms they leave."""
+    None: every module with a forward); the plan is made over the atoms they leave. ``unit_s``: FSDP2's
+    fixed cost of a unit per pass (default: :func:`unit_s_of` the model)."""
     name = str(method).strip().lower()
     dtype = _compute_dtype(precision)
     if example is None and name == "optimal":
@@ -270,7 +273,7 @@ def plan_on_workers(
         if dtype is not None:  # what the units' times were measured computing in
             trace = replace(trace, extra={**trace.extra, "computed_in": str(dtype).removeprefix("torch.")})
     total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
-    basis = {"precision": precision, "unit_s": unit_s_of(model),
+    basis = {"precision": precision, "unit_s": unit_s_of(model) if unit_s is None else unit_s,
              "atoms": layer_atoms(model, [x.param_names for x in trace.layers], shardable)}  # fmt: skip
     if meshes is None:
         ag, rs, _, _ = fsdp_costs(total, process_group)
@@ -346,7 +349,7 @@ REPLANS = 4
 def within_bound(
     method: str, plan: FsdpPlan, model: nn.Module, layer_params: Any, trace: Trace, ag: Any, rs: Any,
     budget: int | None, max_depth: int, group: Any, shardable: Any = None, ar: Any = None,
-    precision: Precision | None = None,
+    precision: Precision | None = None, unit_s: float | None = None,
 ) -> FsdpPlan:  # fmt: skip
     """``plan`` (planner ``method``'s), or ``method``'s plan under a budget lowered by what FSDP2 keeps
     unsharded beyond the model's peak (a tied weight's unit, kept to its last module's forward:
@@ -364,9 +367,34 @@ def within_bound(
         lowered -= over
         try:
             again = plan_on_root(method, trace, ag, rs, lowered, max_depth, group, overlap_of(model), ar=ar,
-                                 precision=precision, unit_s=unit_s_of(model),
+                                 precision=precision, unit_s=unit_s_of(model) if unit_s is None else unit_s,
                                  atoms=layer_atoms(model, layer_params, shardable))  # fmt: skip
             plan = replace(again, shard_group=plan.shard_group)
         except UserError:  # nothing fits the lowered budget
             return plan
     return plan
+
+
+def per_block_within(model, trace, costs, budget, max_depth, group, layer_params, shardable, said,
+                     shard_group, pr=None, unit_s=None):  # fmt: skip
+    """``shard``'s trial's comparison plan, ``per-block`` within the budget as FSDP2 runs it, or None (said
+    why). ``pr``: the policy priced (:class:`Precision`); ``unit_s``: as :func:`plan_on_workers`'s."""
+    ag, rs, ar = costs
+    c = unit_s_of(model) if unit_s is None else unit_s
+    try:
+        block = plan_on_root("per-block", trace, ag, rs, budget, max_depth, group, overlap_of(model), ar=ar,
+                             precision=pr, unit_s=c,
+                             atoms=layer_atoms(model, layer_params, shardable))  # fmt: skip
+        block = within_bound("per-block", replace(block, shard_group=shard_group), model, layer_params, trace,
+                             ag, rs, budget, max_depth, group, shardable, ar, pr, c)  # fmt: skip
+    except UserError as exc:  # no blocks, or per-block does not fit: nothing to time against
+        said.append(f"not timed against per-block: {exc}")
+        return None
+    bound = as_run(model, block, shard_groups(model, block, layer_params, shardable), layer_params, trace, ag,
+                   rs, ar, pr)[1]  # fmt: skip
+    if budget is not None and bound > budget:
+        said.append(
+            f"not timed against per-block: it needs {bound:,} bytes unsharded, over the budget of {budget:,}"
+        )
+        return None
+    return block

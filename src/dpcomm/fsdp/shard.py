@@ -46,7 +46,7 @@ import copy
 import gc
 import logging
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,8 +56,8 @@ from torch import nn
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of, zeros_for_uneven
-from dpcomm.fsdp.groups import ROOT, ShardGroups, layer_atoms, mixed_dtypes, shard_groups
-from dpcomm.fsdp.keywords import check_fsdp_keywords, planned_without
+from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups
+from dpcomm.fsdp.keywords import check_fsdp_keywords, check_unit_s, planned_without
 from dpcomm.fsdp.mesh import given_on, meshes
 from dpcomm.fsdp.planning import (
     as_run,
@@ -66,7 +66,7 @@ from dpcomm.fsdp.planning import (
     is_meta,
     on_model_device,
     overlap_of,
-    plan_on_root,
+    per_block_within,
     plan_on_workers,
     target_device,
     unit_s_of,
@@ -266,6 +266,7 @@ def shard(
     process_group: Any = None,
     layer_params: Any = None,
     mesh: Any = None,
+    unit_s: float | None = None,
     **fsdp_kw: Any,
 ) -> nn.Module:
     """``model`` sharded by FSDP2 as ``plan`` says (see the module docstring); returns it (the same object).
@@ -278,9 +279,12 @@ def shard(
     given plan, the parameter names of each of its layers (default: the gradient units of ``example``, else
     the learnable layers). ``mesh``: HSDP, a shard group size ``G`` (an int dividing the ranks), a 2-D
     ``DeviceMesh`` (replicate, shard) or ``"auto"`` (the planner chooses ``G``; :mod:`dpcomm.fsdp.mesh`);
-    default FSDP over ``process_group``. ``fsdp_kw``: FSDP2's ``fully_shard`` keywords (``mp_policy``,
-    ``offload_policy``, ``shard_placement_fn``, ``ignored_params``), checked (:mod:`dpcomm.fsdp.keywords`),
-    given to every unit's call and the trial's copies. Build the optimizer after.
+    default FSDP over ``process_group``. ``unit_s``: FSDP2's fixed cost of a unit per pass, seconds, the
+    planner's ``c`` (default: this device's, :mod:`dpcomm.planner.fsdp_unit`; measure yours with
+    ``benchmarks/fsdp_unit_cost.py``); planner names only. ``fsdp_kw``: FSDP2's ``fully_shard`` keywords
+    (``mp_policy``, ``offload_policy``, ``shard_placement_fn``, ``ignored_params``), checked
+    (:mod:`dpcomm.fsdp.keywords`), given to every unit's call and the trial's copies. Build the optimizer
+    after.
 
     A model built under ``torch.device("meta")`` is planned without materialising it (its units from a
     forward and backward on ``meta``, their times from FLOPs, :func:`dpcomm.fsdp.planning.plan_on_workers`)
@@ -294,6 +298,7 @@ def shard(
         )
     first_param(model, "dpcomm.fsdp.shard")
     check_fsdp_keywords(model, fsdp_kw)
+    c = unit_s_of(model) if unit_s is None else check_unit_s(unit_s, plan)  # the planner's cost per unit
     budget = budget_bytes(memory)
     check_same_weights(model, process_group, "dpcomm.fsdp.shard")
     trace = ag = rs = ar = trial = None
@@ -310,7 +315,7 @@ def shard(
             requested, trace, ag, rs, ar = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, memory=budget, profile_iters=profile_iters,
                 max_depth=max_depth, process_group=process_group, meshes=None if mesh is None else candidates,
-                analysis=analysis, precision=precision, shardable=shardable,
+                analysis=analysis, precision=precision, shardable=shardable, unit_s=c,
             )  # fmt: skip
             layer_params = tuple(tuple(x.param_names) for x in trace.layers)
         else:
@@ -320,8 +325,9 @@ def shard(
             layer_params = tuple(tuple(x) for x in layer_params)
         check_same_layout(model, layer_params, process_group, "dpcomm.fsdp.shard", "units")  # before mapping
         if trace is not None:
-            requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag, rs,
-                                      budget, max_depth, process_group, shardable, ar, precision)  # fmt: skip
+            requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag,
+                                      rs, budget, max_depth, process_group, shardable, ar, precision,
+                                      c)  # fmt: skip
         kept = requested
         why = "as given" if trace is None else f"planned by '{requested.method}'"
         on = candidates[requested.shard_group or max(candidates)]  # the mesh the plan runs on
@@ -329,8 +335,8 @@ def shard(
         run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs, ar, precision)
         fits = budget is None or bound <= budget
         if not fits and trace is not None and kept.method != "per-block":
-            block = _comparison(model, trace, (ag, rs, ar), budget, max_depth, process_group,
-                                layer_params, shardable, [], kept.shard_group, precision)  # fmt: skip
+            block = per_block_within(model, trace, (ag, rs, ar), budget, max_depth, process_group,
+                                    layer_params, shardable, [], kept.shard_group, precision, c)  # fmt: skip
             if block is not None:  # FSDP2 keeps a unit unsharded longer than planned (a tied parameter's)
                 said.append(f"'{kept.method}' needs {bound:,} bytes unsharded as FSDP2 runs it (units held "
                             f"beyond their layers), over {budget:,}; running per-block")  # fmt: skip
@@ -340,8 +346,9 @@ def shard(
         if timed and is_meta(model):
             said.append("not timed against per-block: the model is on the meta device (nothing to run)")
         elif timed:
-            block = _comparison(model, trace, (ag, rs, ar), budget, max_depth, process_group,
-                                layer_params, shardable, said, kept.shard_group, precision)  # fmt: skip
+            block = per_block_within(model, trace, (ag, rs, ar), budget, max_depth, process_group,
+                                     layer_params, shardable, said, kept.shard_group, precision,
+                                     c)  # fmt: skip
             if block is not None and _shape(block) != _shape(requested):
                 best, medians = _trial(model, [requested, block], layer_params, shardable, example, loss_fn,
                                        verify_iters, on, process_group, fsdp_kw)  # fmt: skip
@@ -373,27 +380,3 @@ def shard(
         for line in said:
             _log.info("dpcomm.fsdp.shard: %s", line)
     return model
-
-
-def _comparison(model, trace, costs, budget, max_depth, group, layer_params, shardable, said, shard_group,
-                pr=None):  # fmt: skip
-    """The trial's comparison plan, ``per-block`` within the budget as FSDP2 runs it, or None (said why).
-    ``pr``: the mixed-precision policy priced (:class:`Precision`)."""
-    ag, rs, ar = costs
-    try:
-        block = plan_on_root("per-block", trace, ag, rs, budget, max_depth, group, overlap_of(model), ar=ar,
-                             precision=pr, unit_s=unit_s_of(model),
-                             atoms=layer_atoms(model, layer_params, shardable))  # fmt: skip
-        block = within_bound("per-block", replace(block, shard_group=shard_group), model, layer_params, trace,
-                             ag, rs, budget, max_depth, group, shardable, ar, pr)  # fmt: skip
-    except UserError as exc:  # no blocks, or per-block does not fit: nothing to time against
-        said.append(f"not timed against per-block: {exc}")
-        return None
-    bound = as_run(model, block, shard_groups(model, block, layer_params, shardable), layer_params, trace, ag,
-                   rs, ar, pr)[1]  # fmt: skip
-    if budget is not None and bound > budget:
-        said.append(
-            f"not timed against per-block: it needs {bound:,} bytes unsharded, over the budget of {budget:,}"
-        )
-        return None
-    return block

@@ -7,9 +7,9 @@ buffer and the copy out to the parameters, the reduce-scatter's copy-in and the 
 units is never free: without it, on a trace whose collectives cost nothing, every split ties and the least
 memory (one unit per module) wins, which FSDP2 runs slower.
 
-Defaults, seconds per unit per pass, by where the model trains (``dpcomm plan --fsdp --unit-cost`` and
-``plan_fsdp(..., unit_s=)`` take another: measure yours with ``benchmarks/fsdp_unit_cost.py`` and hand
-``dpcomm.fsdp.shard`` the plan made with it):
+Defaults, seconds per unit per pass, by where the model trains (``dpcomm plan --fsdp --unit-cost``,
+``plan_fsdp(..., unit_s=)`` and ``dpcomm.fsdp.shard(..., unit_s=)`` take another: measure yours with
+``benchmarks/fsdp_unit_cost.py``):
 
 ``cpu``   :data:`UNIT_S_CPU`, measured by ``benchmarks/fsdp_unit_cost.py`` (one gloo rank, a stack of 16
           ``nn.Linear(64, 64)`` with ``fully_shard`` on the stack and on every layer, the all-gathers
