@@ -173,8 +173,7 @@ def test_the_trial_compares_only_plans_within_the_budget(one_rank):
     """Finding 4 of issue 36: a per-block plan that the planner fits under ``memory`` but FSDP2 runs over
     it (the tied unit stays gathered) is not the trial's comparison; the reason is said, not raised."""
     from dpcomm.costmodel.base import LinearCost
-    from dpcomm.fsdp.planning import as_run
-    from dpcomm.fsdp.planning import per_block_within
+    from dpcomm.fsdp.planning import as_run, per_block_within
     from dpcomm.planner.fsdp import plan_fsdp
     from dpcomm.trace.format import Layer, Trace
 
@@ -192,10 +191,10 @@ def test_the_trial_compares_only_plans_within_the_budget(one_rank):
     assert block.peak_bytes <= budget  # the planner's per-block fits; FSDP2's bound is over it
     assert as_run(model, block, shard_groups(model, block, layers), layers, trace, cost, cost)[1] > budget
     said: list[str] = []
-    assert per_block_within(model, trace, (cost, cost, None), budget, 2, None, layers, None, said, None) is None
+    costs = (cost, cost, None)
+    assert per_block_within(model, trace, costs, budget, 2, None, layers, None, said, None) is None
     assert len(said) == 1 and said[0].startswith("not timed against per-block"), said
     roomy: list[str] = []  # with room for the tied unit, per-block is the comparison
-    costs = (cost, cost, None)
     roomy_block = per_block_within(model, trace, costs, 4 * budget, 2, None, layers, None, roomy, None)
     assert roomy_block is not None
     assert roomy == []
