@@ -126,7 +126,7 @@ def _priced(said: Any, plain: nn.Module, planner: str, mp: Any) -> dict[str, Any
     """What ``shard`` planned and bounded under the policy, beside the planner's own plan under the
     policy's prices on the same trace and costs, and the bound of the same units counted in fp32 (on the
     unsharded copy)."""
-    from dpcomm.fsdp.planning import as_run
+    from dpcomm.fsdp.bound import as_run
     from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, plan_fsdp
     from dpcomm.planner.fsdp_precision import Precision
 

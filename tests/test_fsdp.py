@@ -145,7 +145,7 @@ def test_budgets_are_refused_in_one_line(one_rank):
 @pytest.mark.slow  # a process group in this process (rank 0 plans and broadcasts)
 def test_a_planners_plan_over_the_bound_is_planned_again_under_a_lower_budget(one_rank):
     from dpcomm.costmodel.base import LinearCost
-    from dpcomm.fsdp.planning import as_run, within_bound
+    from dpcomm.fsdp.bound import as_run, within_bound
     from dpcomm.planner.fsdp import plan_fsdp
     from dpcomm.trace.format import Layer, Trace
 
@@ -173,7 +173,7 @@ def test_the_trial_compares_only_plans_within_the_budget(one_rank):
     """Finding 4 of issue 36: a per-block plan that the planner fits under ``memory`` but FSDP2 runs over
     it (the tied unit stays gathered) is not the trial's comparison; the reason is said, not raised."""
     from dpcomm.costmodel.base import LinearCost
-    from dpcomm.fsdp.planning import as_run, per_block_within
+    from dpcomm.fsdp.bound import as_run, per_block_within
     from dpcomm.planner.fsdp import plan_fsdp
     from dpcomm.trace.format import Layer, Trace
 

@@ -152,8 +152,8 @@ def test_shards_bound_counts_the_gathered_bytes_in_param_dtype():
     the tied unit FSDP2 keeps unsharded included, is half the fp32 one."""
     import torch
 
+    from dpcomm.fsdp.bound import as_run
     from dpcomm.fsdp.groups import shard_groups
-    from dpcomm.fsdp.planning import as_run
     from dpcomm.models import get_model
     from dpcomm.trace.units import gradient_units
 

@@ -3,7 +3,7 @@
 - :func:`shard`: profile on the workers, fit all-gather and reduce-scatter, plan on rank 0
   (:mod:`dpcomm.planner.fsdp`), check the hash, optionally time the plan against ``per-block``, then
   ``fully_shard`` the planned units with their prefetch and reshard choice (:mod:`dpcomm.fsdp.shard`; the
-  planning on the workers: :mod:`dpcomm.fsdp.planning`);
+  planning on the workers: :mod:`dpcomm.fsdp.planning`; the peak as FSDP2 runs it: :mod:`dpcomm.fsdp.bound`);
 - :func:`shard_groups`: which modules each unit hands to ``fully_shard``; :func:`layer_atoms`: the runs of
   layers one call must take whole, which every planner plans over (:mod:`dpcomm.fsdp.groups`);
 - :func:`compile_units`, :func:`shard_compiled`: ``torch.compile`` each unit after sharding, in place, the

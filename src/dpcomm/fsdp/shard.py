@@ -37,7 +37,8 @@ units FSDP2 keeps unsharded longer, a tied weight's: :attr:`Sharded.peak_bound_b
 is planned again under a budget lowered by the excess (a planner name), else refused before sharding.
 
 Kept as one module (under 400 lines): the numbered steps of ``shard`` read in order; the agreed analysis
-is :mod:`dpcomm.fsdp.agreed`, planning :mod:`dpcomm.fsdp.planning`, meshes :mod:`dpcomm.fsdp.mesh`.
+is :mod:`dpcomm.fsdp.agreed`, planning :mod:`dpcomm.fsdp.planning`, the peak bound :mod:`dpcomm.fsdp.bound`,
+meshes :mod:`dpcomm.fsdp.mesh`.
 """
 
 from __future__ import annotations
@@ -56,21 +57,19 @@ from torch import nn
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of, zeros_for_uneven
+from dpcomm.fsdp.bound import as_run, per_block_within, within_bound
 from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups
 from dpcomm.fsdp.keywords import check_fsdp_keywords, check_unit_s, planned_without
 from dpcomm.fsdp.mesh import given_on, meshes
 from dpcomm.fsdp.planning import (
-    as_run,
     budget_bytes,
     call_model,
     is_meta,
     on_model_device,
     overlap_of,
-    per_block_within,
     plan_on_workers,
     target_device,
     unit_s_of,
-    within_bound,
 )
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH
 from dpcomm.planner.fsdp_model import FsdpPlan
