@@ -52,7 +52,7 @@ def seconds(row: dict, p: int) -> float:
     (``busbw_GBps``), the time that busbw means on ``p`` ranks."""
     if "time_us" in row:
         return row["time_us"] * 1e-6
-    return 2 * (p - 1) / p * row["bytes"] / (row["busbw_GBps"] * 1e9)
+    return busbw(row["bytes"], p, 1.0) / row["busbw_GBps"]  # busbw is inversely proportional to time
 
 
 def precise(row: dict) -> bool:

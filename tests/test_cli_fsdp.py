@@ -238,7 +238,9 @@ def test_simulate_fsdp_rows_plan_over_the_units_shard_can_run(albert, capsys, me
     assert atoms is not None and len(atoms) < load_trace(albert).num_layers  # the case has joined layers
     net = ["--trace", str(albert), "--network", "10gbe", "--memory", "6K"]
     row = _json(capsys, ["simulate", *net, "--nodes", "2", "--schedules", f"fsdp:{method}", "--json"])[0]
-    plan = _json(capsys, ["plan", *net, "--nodes", "2", "--fsdp", method, "--json"])
+    fig = albert.parent / f"{method}.png"  # the plan's figure is drawn on the atoms it was planned on
+    plan = _json(capsys, ["plan", *net, "--nodes", "2", "--fsdp", method, "--json", "--plot", str(fig)])
+    assert fig.stat().st_size > 0
     assert row["units"] == len(plan["units"])
     if method == "per-layer":
         assert row["units"] == len(atoms)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dpcomm.trace.format import Trace
 
-__all__ = ["fsdp_atoms", "holders", "on_atoms"]
+__all__ = ["fsdp_atoms", "holders", "on_atoms", "planned_on"]
 
 
 def holders(trace: Trace) -> list[list[str]] | None:
@@ -52,3 +52,10 @@ def on_atoms(trace: Trace, atoms: list[tuple[int, int]]) -> Trace:
             extra={"fsdp_modules": held} if held else {},
         ))  # fmt: skip
     return replace(trace, layers=tuple(layers))
+
+
+def planned_on(trace: Trace) -> tuple[Trace, list[tuple[int, int]] | None]:
+    """The trace the CLI plans FSDP units on (``trace`` with each atom one layer) and the atoms (None:
+    every layer is its own, and the trace is ``trace``)."""
+    atoms = fsdp_atoms(trace)
+    return (trace if atoms is None else on_atoms(trace, atoms)), atoms

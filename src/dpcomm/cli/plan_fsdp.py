@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from dpcomm.cli._costargs import costs_of, fsdp_costs_of, fsdp_options, load_trace_arg, parse_nodes, priced_by
-from dpcomm.cli._fsdp_atoms import fsdp_atoms, holders, on_atoms
+from dpcomm.cli._fsdp_atoms import holders, planned_on
 from dpcomm.errors import UserError
 from dpcomm.trace.format import Trace
 
@@ -189,9 +189,8 @@ def run_fsdp(args: argparse.Namespace) -> int:
     _, model = costs_of(args, world)
     costs_for, shards_for = fsdp_costs_of(args, model)
     costs = costs_for(world)
-    atoms = fsdp_atoms(trace)
-    planned_on = trace if atoms is None else on_atoms(trace, atoms)
-    row = plan_row(schedule, planned_on, costs, world, shards=shards_for(world), **opts)
+    on, atoms = planned_on(trace)
+    row = plan_row(schedule, on, costs, world, shards=shards_for(world), **opts)
     on_atoms_plan = row.plan
     if atoms is not None:  # the units back in the trace's layers
         units = tuple((atoms[a][0], atoms[z][1]) for a, z in row.plan.units)
@@ -204,7 +203,7 @@ def run_fsdp(args: argparse.Namespace) -> int:
     paths = module_paths(trace, plan.units)
     written = None
     if args.plot:
-        written = _plot(args.plot, planned_on, on_atoms_plan, costs, world, opts)
+        written = _plot(args.plot, on, on_atoms_plan, costs, world, opts)
     if args.json:
         print(json.dumps(_json(row, paths, world, opts, written, args, model)))
         return 0

@@ -106,12 +106,11 @@ def run(args: argparse.Namespace) -> int:
     if ps_schedules:
         rows += _ps_rows(trace, args, nodes_list, ps_schedules, model)
     if fsdp_schedules:
-        from dpcomm.cli._fsdp_atoms import fsdp_atoms, on_atoms
+        from dpcomm.cli._fsdp_atoms import planned_on
 
         costs_for, shards_for = fsdp_costs_of(args, model)
-        atoms = fsdp_atoms(trace)  # as plan --fsdp and shard: no unit splits a fully_shard call's module
-        planned_on = trace if atoms is None else on_atoms(trace, atoms)
-        rows += fsdp_sweep(planned_on, costs_for, nodes_list, fsdp_schedules, shards_for=shards_for, **fsdp)
+        on = planned_on(trace)[0]  # as plan --fsdp and shard: no unit splits a fully_shard call's module
+        rows += fsdp_sweep(on, costs_for, nodes_list, fsdp_schedules, shards_for=shards_for, **fsdp)
     if ps_schedules or fsdp_schedules:  # nodes-major, in the order the schedules were named
         order = {s.lower(): i for i, s in enumerate(named)}
         rows.sort(key=lambda r: (nodes_list.index(r.nodes), order.get(r.schedule.lower(), len(order))))
