@@ -16,13 +16,11 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 
 # torch==2.13.0 is the CPU wheel this machine serves locally; the package itself asks for torch>=$(COMPAT_TORCH)
-# (the oldest it supports, tested by `make test-compat`). --no-compile: the installed packages' bytecode is
-# written as their modules are first imported, not all of it up front (torch's whole tree took 16 s of the
-# 22 s its install took on the 2-core VM; an import of torch compiles what it loads, 1.3 s, once).
+# (the oldest it supports, tested by `make test-compat`).
 $(STAMP): $(BIN)/python pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q --no-compile torch==2.13.0
-	$(BIN)/pip install -q --no-compile -e '.[dev]'
+	$(BIN)/pip install -q torch==2.13.0
+	$(BIN)/pip install -q -e '.[dev]'
 	$(BIN)/python -m compileall -q src tests
 	touch $(STAMP)
 
