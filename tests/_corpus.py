@@ -350,6 +350,34 @@ class HashMoE(nn.Module):
         return self.head((h + y).view(*idx.shape, DIM).mean(dim=1))
 
 
+class SwitchMoE(nn.Module):
+    """Switch Transformer's feed-forward (Fedus et al. 2021): a learnt router picks one of ``experts`` MLPs
+    per token (top-1, argmax of its logits; the expert's output scaled by the router's probability), one
+    module per expert, between a token embedding and a pooled head. Which experts run is decided by the
+    router on the data, so it changes with the batch and differs across ranks; with 16 experts and 16 tokens
+    a rank (:func:`_switch_tokens`), about two experts a step are used by no rank."""
+
+    def __init__(self, experts: int = 16) -> None:
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.router = nn.Linear(DIM, experts, bias=False)
+        self.experts = nn.ModuleList(
+            nn.Sequential(nn.Linear(DIM, 2 * DIM), nn.ReLU(), nn.Linear(2 * DIM, DIM)) for _ in range(experts)
+        )
+        self.head = nn.Linear(DIM, 4)
+
+    def forward(self, idx: torch.Tensor) -> torch.Tensor:
+        h = self.embed(idx).flatten(0, 1)
+        prob = self.router(h).softmax(-1)
+        top, pick = prob.max(-1)
+        y = torch.zeros_like(h)
+        for e, expert in enumerate(self.experts):
+            rows = (pick == e).nonzero().flatten()
+            if rows.numel():
+                y = y.index_add(0, rows, expert(h[rows]) * top[rows].unsqueeze(1))
+        return self.head((h + y).view(*idx.shape, DIM).mean(dim=1))
+
+
 class TaskHeads(nn.Module):
     """Multi-task: a shared trunk and a ``ModuleDict`` of heads; the batch's first token names its task (a
     task prefix, as T5's), so a rank whose data is one task trains only that task's head."""
@@ -388,6 +416,12 @@ def _tokens(classes: int | None) -> Callable[[int], tuple[torch.Tensor, torch.Te
     return batch
 
 
+def _switch_tokens(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two rows of tokens, a class each (16 tokens: few enough that some experts go unpicked)."""
+    x, y = _tokens(4)(seed)
+    return x[:2], y[:2]
+
+
 def _vectors(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(6, DIM, generator=g), torch.randint(0, 4, (6,), generator=g)
@@ -424,6 +458,7 @@ CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dic
     "moe-top1": (HashMoE, _domain_tokens, (UNUSED,)),
     "moe-top2": (lambda: HashMoE(k=2, experts=4), _domain_tokens, (UNUSED,)),
     "tasks": (TaskHeads, _domain_tokens, (UNUSED,)),
+    "switch": (SwitchMoE, _switch_tokens, (UNUSED,)),
     "shared-4": (SharedBlocks, _tokens(4), (DEFAULT,)),
     "checkpoint": (Checkpointed, _vectors, (DEFAULT,)),
     "counter": (Counting, _vectors, (DEFAULT,)),

@@ -10,6 +10,7 @@ training, read as unit indices) beside the plan, and what was said (warnings, ``
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import gc
 import traceback
@@ -61,9 +62,11 @@ def _same_on_all_ranks(values: Any) -> bool:
 
 
 def _train(model: nn.Module, batch: Any, extra: str | None) -> tuple[list[float], dict[str, torch.Tensor]]:
-    """``STEPS`` SGD steps on this rank's batch; the losses and the last step's gradients by name."""
+    """``STEPS`` SGD steps on this rank's batch; the losses and the last step's gradients by name.
+    ``extra="momentum"``: SGD with momentum 0.9, and token batches shifted each step (a router sends them
+    to other experts: some expert goes unused on every rank in some step)."""
     x, y = batch
-    opt = torch.optim.SGD(model.parameters(), lr=LR)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9 if extra == "momentum" else 0.0)
     if extra == "accum":  # param groups: the later half of the parameters slower, with momentum
         ps = list(model.parameters())
         half = len(ps) // 2
@@ -72,7 +75,10 @@ def _train(model: nn.Module, batch: Any, extra: str | None) -> tuple[list[float]
         )
     losses = []
     grads: dict[str, torch.Tensor] = {}
-    for _ in range(STEPS):
+    batch0 = x
+    for step in range(STEPS):
+        if extra == "momentum" and not x.is_floating_point():  # a fresh batch each step: tokens shifted
+            x = (batch0 + 5 * step) % (int(batch0.max()) + 1)
         opt.zero_grad(set_to_none=True)
         if extra in ("no_sync", "accum"):  # gradient accumulation over two halves, DDP's way
             h = x.shape[0] // 2
@@ -164,6 +170,50 @@ def _recorded_buckets(
     return log
 
 
+@contextlib.contextmanager
+def _counting_ddps(seen: list[int]) -> Any:
+    """Every DDP ``wrap`` builds (its trial's candidates, then the user's) appends to ``seen`` how many
+    DDPs it built before were still alive (plain torch cannot run several around one module with unused
+    parameters: issue 54, finding 1)."""
+    import weakref
+
+    import dpcomm.ddp.wrap as module
+
+    real, built = module.build_ddp, []
+
+    def build(*args: Any, **kwargs: Any) -> Any:
+        seen.append(sum(r() is not None for r in built))
+        ddp = real(*args, **kwargs)
+        built.append(weakref.ref(ddp))
+        return ddp
+
+    module.build_ddp = build
+    try:
+        yield
+    finally:
+        module.build_ddp = real
+
+
+@contextlib.contextmanager
+def _three_candidates(on: Any) -> Any:
+    """``wrap``'s trial times three candidates or more, the planned plan, ``single``, ``wfbp`` (a bucket per
+    unit) and ``bucket:16KB``, whatever DDP's default buckets are (on a model under 1 MiB they are
+    ``single``'s one bucket; the trial times each distinct plan once)."""
+    if not on:
+        yield
+        return
+    from dpcomm.planner import autoplan, make_plan
+
+    real = autoplan.candidates
+    autoplan.candidates = lambda plan, trace, cost, nodes: [plan] + [
+        make_plan(s, trace, cost, nodes) for s in ("single", "wfbp", "bucket:16KB")
+    ]  # fmt: skip
+    try:
+        yield
+    finally:
+        autoplan.candidates = real
+
+
 def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per case ``{model, planner, ddp: kwargs, extra}``: ``wrap`` against plain DDP with the same buckets."""
     from dpcomm.ddp import wrap
@@ -181,13 +231,19 @@ def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         before = _rng()
         r: dict[str, Any] = {}
         try:
-            with warnings.catch_warnings(record=True) as caught:
+            alive: list[int] = []
+            with (
+                warnings.catch_warnings(record=True) as caught,
+                _three_candidates(case.get("candidates")),
+                _counting_ddps(alive),
+            ):
                 warnings.simplefilter("always")
                 ddp = wrap(
                     model, case["planner"], example=batch[0], loss_fn=None, profile_iters=1,
                     verify_iters=case.get("verify_iters", 1), **kwargs,
                 )  # fmt: skip
             r["rng_same"] = bool(torch.equal(before, _rng()))
+            r["ddps_alive"], r["ddps_built"] = max(alive, default=0), len(alive)
             r["warnings"] = [str(m.message) for m in caught if "dpcomm" in str(m.message)]
             w = ddp.dpcomm
             r["text"] = str(w)
@@ -320,6 +376,10 @@ def _bad_shard(kind: str, rank: int) -> None:
         mixed[0].bfloat16(), mixed[2].bfloat16()
         x = torch.randn(6, 16, dtype=torch.bfloat16)
         dpcomm.fsdp.shard(mixed, "optimal", example=x, loss_fn=lambda out: out.float().pow(2).mean())
+    elif kind == "sparse":  # FSDP2 cannot reduce-scatter a sparse gradient: one line, not its traceback
+        torch.manual_seed(0)
+        sparse = nn.Sequential(nn.Embedding(32, 16, sparse=True), nn.Linear(16, 4))
+        dpcomm.fsdp.shard(sparse, "optimal", example=torch.randint(0, 32, (4, 8)))
     elif kind == "frozen-budget":  # the frozen backbone is gathered whole: 1,000 bytes cannot hold it
         build, batch_of, _ = CORPUS["frozen"]
         dpcomm.fsdp.shard(build(), "optimal", example=batch_of(rank)[0], memory=1000)
@@ -413,14 +473,15 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
                 model = dpcomm.fsdp.shard(model, case["planner"], example=batch[0], memory=memory,
-                                          profile_iters=1, verify_iters=1, mesh=case.get("mesh"))  # fmt: skip
+                                          profile_iters=1, verify_iters=case.get("verify_iters", 1),
+                                          mesh=case.get("mesh"))  # fmt: skip
                 r["rng_same"] = bool(torch.equal(before, _rng()))
                 r["lingering"] = _lingering_fsdp(model, alive)
                 if case.get("meta"):  # materialise and initialise after sharding, torchtitan's way
                     model.to_empty(device="cpu")
                     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True))
                     torch.set_rng_state(before)
-                losses, grads = _train(model, batch, None)
+                losses, grads = _train(model, batch, case.get("extra"))
             r["view_warnings"] = _view_warnings(caught, model)
             r["text"] = str(model.dpcomm)
             r["units"] = len(model.dpcomm.plan.units)
@@ -435,7 +496,7 @@ def shard_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
             torch.set_rng_state(before)
             kw = {} if modes[0] == {} else {"find_unused_parameters": True}
             ref = DistributedDataParallel(plain, **kw)
-            ref_losses, ref_grads = _train(ref, batch, None)
+            ref_losses, ref_grads = _train(ref, batch, case.get("extra"))
             r.update(
                 losses=losses,
                 ref_losses=ref_losses,

@@ -28,8 +28,9 @@ def _mode_name(kw: dict) -> str:
 
 NEW = {"moe-top1": PLANNERS, "moe-top2": ("optimal",), "tasks": ("wfbp", "optimal"), "frozen": ("optimal",),
        "hf-kw": ("optimal",), "shared-4": ("optimal",), "checkpoint": ("optimal",),
-       "counter": ("optimal",), "mixed": ("wfbp", "optimal")}  # fmt: skip
-"""Issue 46's models, each with the planners its finding needs (every planner builds from one analysis)."""
+       "counter": ("optimal",), "mixed": ("wfbp", "optimal"), "switch": ()}  # fmt: skip
+"""Issue 46's models, each with the planners its finding needs (every planner builds from one analysis);
+issue 54's Switch-style experts run in :data:`EXTRA_CASES` and :data:`SHARD_CASES` only."""
 
 
 def _planners(model: str, i: int, j: int) -> tuple[str, ...]:
@@ -54,6 +55,13 @@ EXTRA_CASES = [  # the rest of what users pass, on two models, with a timed plan
     {"model": "sdpa-gpt", "planner": "optimal", "ddp": UNUSED, "extra": "autocast"},
     {"model": "nested", "planner": "wfbp", "ddp": {}, "extra": "compile"},  # issue 46, finding 4
     {"model": "lora", "planner": "optimal", "ddp": {}, "extra": "accum"},  # no_sync, param groups, a hook
+    {
+        "model": "switch",
+        "planner": "optimal",
+        "ddp": UNUSED,
+        "extra": "momentum",
+        "candidates": 3,
+    },  # issue 54
 ]
 BAD = ("planner", "shape", "shape-on-rank-1", "no-params", "weights", "unused", "wrap-layout")
 BAD_SHARD = (
@@ -65,6 +73,7 @@ BAD_SHARD = (
     "shard-layout",
     "shard-mixed-dtypes",
     "shard-frozen-budget",
+    "shard-sparse",
 )
 """``*-layout``: rank 1's analysis forced to differ from rank 0's; the layout check refuses it (issue 46)."""
 PER_RANK = ("moe-top1", "moe-top2", "tasks")
@@ -91,6 +100,9 @@ SHARD_CASES = [
     {"model": "sdpa-gpt", "planner": "per-block", "memory": 0.6, "meta": True},
     {"model": "encoder", "planner": "per-layer", "memory": None},  # finding 2: out_proj a unit of its own
     {"model": "gpt2-tiny", "planner": "optimal", "memory_bytes": 1 << 20},  # finding 4
+] + [  # issue 54: routed experts, some unused on every rank in a step, SGD with momentum; trial on and off
+    {"model": "switch", "planner": p, "memory": None, "extra": "momentum", "verify_iters": v}
+    for p, v in (("optimal", 1), ("optimal", 0), ("per-layer", 0))
 ]  # fmt: skip
 """``per-block`` under a budget only (the same units as without one, the budget checked besides; without
 one on the issue-46 models). On ``meta``: two models with ``optimal`` (attention's ``out_proj`` and
@@ -159,6 +171,21 @@ def test_wrap_with_the_other_ddp_options_trains_like_plain_ddp(runs, index):
 
 
 @pytest.mark.slow
+def test_the_trial_builds_one_ddp_at_a_time(runs):
+    """Issue 54, finding 1: plain torch cannot run several DDPs around one module whose parameters go
+    unused; ``wrap``'s trial builds each candidate after the previous one is gone (the Switch-style experts
+    with three candidates forced; every case: no DDP is built while another ``wrap`` built is alive)."""
+    i = len(WRAP_CASES) + EXTRA_CASES.index(next(c for c in EXTRA_CASES if c["model"] == "switch"))
+    for r in runs[0][i]:
+        assert "error" not in r, r.get("trace")
+        assert r["ddps_built"] >= 4 and r["text"].count(" ms |") >= 3, r[
+            "text"
+        ]  # 3 candidates and the user's
+    for case in runs[0].values():
+        assert all(r.get("ddps_alive", 0) == 0 for r in case), [r.get("ddps_alive") for r in case]
+
+
+@pytest.mark.slow
 def test_static_graph_keeps_every_cut_of_a_plan_over_a_model_with_unused_parameters(runs):
     """Finding 1 and 6 of issue 36 on the decoder with an unused head registered first: every wfbp cut is
     DDP's bucket under find_unused_parameters (DDP never rebuilds; wrap assigns the buckets) and under
@@ -208,7 +235,8 @@ def test_bad_input_to_wrap_and_shard_is_one_line_on_every_rank(runs, kind):
 
 def _shard_id(c: dict) -> str:
     mem = c.get("memory") or c.get("memory_bytes")
-    return f"{c['model']}-{c['planner']}-{'budget' if mem else 'any'}{'-meta' if c.get('meta') else ''}"
+    tail = ("-meta" if c.get("meta") else "") + ("-untimed" if c.get("verify_iters") == 0 else "")
+    return f"{c['model']}-{c['planner']}-{'budget' if mem else 'any'}{tail}"
 
 
 @pytest.mark.slow

@@ -14,8 +14,9 @@ Alg. 1 lines 1-7, "benchmarks in the first several iterations"), but before DDP 
 3. rank 0 plans and broadcasts the plan; every rank checks its hash;
 4. for ``mgwfbp`` and ``optimal``, the model is not trusted where it may be wrong (on CPU workers that also
    do the reductions, each message also takes CPU time from backward): DDP is built with the planned plan,
-   ``single`` and DDP's default buckets, the three are timed round-robin on the example batch
-   (``verify_iters`` forward/backward passes each, no optimizer step; buffers restored) and the fastest,
+   ``single`` and DDP's default buckets in turn, one at a time (each torn down before the next is built),
+   and each is timed on the example batch (``verify_iters`` forward/backward passes after two untimed
+   ones, no optimizer step; buffers restored) and the fastest,
    as the slowest rank saw it, is kept, as ``dpcomm.DataParallel`` does
    (:class:`dpcomm.planner.autoplan.Trial`); of those within 2% of the fastest, DDP's default buckets if
    they are one (what the user had is kept unless a plan is measurably faster), else the fewest buckets.
@@ -319,17 +320,21 @@ def _walk_kwargs(ddp_kwargs: dict[str, Any]) -> dict[str, bool]:
 def _trial_kwargs(ddp_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The candidates' DDP options: the user's, except that ``static_graph`` (whose bookkeeping assumes
     one DDP per backward) becomes ``find_unused_parameters=True`` (the same parameters may go unused),
-    under which every candidate is built with its plan's buckets (walk ``assigned``)."""
+    under which every candidate is built with its plan's buckets (walk ``assigned``), and that no candidate
+    broadcasts the parameters at construction (``init_sync=False``: they were checked equal on every rank,
+    and each candidate would send the whole model once more)."""
     out = {k: v for k, v in ddp_kwargs.items() if k != "static_graph"}
     if ddp_kwargs.get("static_graph"):
         out["find_unused_parameters"] = True
-    return out
+    return out | {"init_sync": False}
 
 
 def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs, analysis):
-    """Time the planned plan, ``single`` and DDP's default buckets as real DDP modules, round-robin; return
-    the kept plan's caps (for the user's DDP options), each candidate's median (see step 4) and the cost
-    model's price of each. The candidates' DDPs are gone when it returns, and their hooks with them."""
+    """Time the planned plan, ``single`` and DDP's default buckets as real DDP modules, one after the other
+    (each built, timed and torn down before the next is built: plain torch cannot run several DDPs around
+    one module whose parameters go unused, issue 54); return the kept plan's caps (for the user's DDP
+    options), each candidate's median (see step 4) and the cost model's price of each. The candidates' DDPs
+    are gone when it returns, and their hooks with them."""
     import gc
 
     from dpcomm.planner.autoplan import Trial, candidates, ddp_default_plan
@@ -345,29 +350,29 @@ def _trial(model, caps, trace, cost, example, loss_fn, iters, group, ddp_kwargs,
         for p in plans
     ]  # fmt: skip
     device = first_param(model, "dpcomm.ddp.wrap").device
-    ddps = [build_ddp(model, c, group, **kwargs) for c in options]
     trial = Trial([c.plan for c in options], iters)
     params = [p for p in model.parameters() if p.requires_grad]
-    try:
-        for step in range(2 * len(ddps) + len(ddps) * iters):  # two untimed passes each: DDP rebuilds buckets
-            k = step % len(ddps)
-            for p in params:
-                p.grad = None
-            t0 = now(device)
-            out = call(ddps[k], example)
-            (loss_fn or default_loss)(out).backward()
-            t1 = now(device)  # CUDA runs kernels after the calls return: read the clock once they ran
-            if step >= 2 * len(ddps):
-                trial.record(t1 - t0)
-            del out
-        # DDP's own buckets are what the user had: kept unless a plan is measurably (> 2%) faster
-        default = ddp_default_plan(trace, cost, world).groups
-        best, medians = trial.choose(group, prefer=next(
-            (i for i, c in enumerate(options) if c.plan.groups == default), None
-        ))  # fmt: skip
-    finally:
-        del ddps
-        gc.collect()  # the candidates' reducers, and their gradient hooks, go now
+    for k, c in enumerate(options):  # one DDP at a time: reducers sharing a module's hooks can fail
+        ddp = build_ddp(model, c, group, **kwargs)
+        try:
+            for step in range(2 + iters):  # two untimed passes: DDP rebuilds its buckets after the first
+                for p in params:
+                    p.grad = None
+                t0 = now(device)
+                out = call(ddp, example)
+                (loss_fn or default_loss)(out).backward()
+                t1 = now(device)  # CUDA runs kernels after the calls return: read the clock once they ran
+                if step >= 2:
+                    trial.times[k].append(t1 - t0)
+                del out
+        finally:
+            del ddp
+            gc.collect()  # this candidate's reducer, and its gradient hooks, go before the next is built
+    # DDP's own buckets are what the user had: kept unless a plan is measurably (> 2%) faster
+    default = ddp_default_plan(trace, cost, world).groups
+    best, medians = trial.choose(group, prefer=next(
+        (i for i, c in enumerate(options) if c.plan.groups == default), None
+    ))  # fmt: skip
     kept = options[[c.plan for c in options].index(best)]
     predicted = {c.plan.schedule: simulate(trace, c.plan, cost, world).t_iter_s for c in options}
     if kept.plan.groups != caps.plan.groups:  # the winner's caps for the user's own DDP options

@@ -1,7 +1,17 @@
 """What :func:`dpcomm.fsdp.shard` builds from the one analysis every rank agreed on
 (:func:`dpcomm.trace.units.agree`): the layers' parameters, the modules that may be units on every rank's
-example, and the groups that reduce-scatter zeros for parameters some rank's data leaves without a
-gradient (a mixture's experts, a task's head), as DDP's ``find_unused_parameters`` sums them.
+example, and the parameters whose units reduce-scatter zeros where a rank's data leaves them without a
+gradient (a mixture's experts, a task's head: :mod:`dpcomm.fsdp.unused`).
+
+A module the data routes to is never a unit of its own, even where every rank's example ran it: whether
+it runs in a later step is the data's choice (a Switch Transformer's expert that no token of a rank's batch
+picks), and a unit one rank gathers and reduce-scatters while another does not breaks the collectives. The
+sign of routing that one example per rank shows: the module's inputs differ in shape across the ranks while
+the model's own inputs do not (an expert takes the rows its router gave it; issue 54, findings 1-2), and its
+siblings in a ``ModuleList`` or ``ModuleDict`` (the experts no example picked). Such a module, and
+everything under it, goes to an ancestor every rank runs, whose unit reduce-scatters zeros
+for the parameters a rank leaves unused. A routing that happens to give every rank's example the same
+shapes is not seen; the docs say so.
 """
 
 from __future__ import annotations
@@ -13,11 +23,11 @@ from torch import nn
 
 from dpcomm.compat import fsdp_reduces_unused
 from dpcomm.errors import UserError
-from dpcomm.fsdp.groups import shardable_modules
+from dpcomm.fsdp.groups import ROOT, shardable_modules
 from dpcomm.fsdp.planning import on_model_device
 from dpcomm.utils.user_run import on_every_rank
 
-__all__ = ["agreed_shardable", "layer_params_of", "zeros_for_uneven"]
+__all__ = ["agreed_shardable", "input_shapes", "layer_params_of"]
 
 
 def layer_params_of(model: nn.Module, analysis: Any) -> tuple[tuple[str, ...], ...]:
@@ -29,44 +39,94 @@ def layer_params_of(model: nn.Module, analysis: Any) -> tuple[tuple[str, ...], .
     return tuple(u.param_names for u in units)
 
 
-def agreed_shardable(model: nn.Module, example: Any, analysis: Any, group: Any) -> frozenset[str]:
-    """The modules shardable on every rank's example (:func:`shardable_modules`), less those holding a
-    parameter some rank's example leaves without a gradient (a unit of its own would gather on the ranks
-    that run it and not on the others: its parameters go to an ancestor every rank runs), plus those whose
-    parameters no rank's example uses (a unit no rank gathers, whose gradients stay None as under DDP).
-    Where this torch's FSDP2 cannot reduce zeros for them (:func:`dpcomm.compat.fsdp_reduces_unused`), a
-    model with such parameters is one :class:`UserError` on every rank (``analysis.uneven`` is agreed)."""
-    if analysis is not None and analysis.uneven and not fsdp_reduces_unused():
-        shown = ", ".join(analysis.uneven[:4]) + (", ..." if len(analysis.uneven) > 4 else "")
+def input_shapes(model: nn.Module, example: Any) -> dict[str, list[tuple[int, ...]]]:
+    """Per module path, the shapes of the tensors its forward took on ``example`` (every call, in order);
+    one forward, no gradient. Run it under :func:`dpcomm.utils.user_run.untouched`."""
+    import torch
+
+    from dpcomm.utils.user_run import call
+
+    paths = {m: p for p, m in model.named_modules()}
+    seen: dict[str, list[tuple[int, ...]]] = {}
+
+    def hook(mod: nn.Module, args: Any, kwargs: Any) -> None:
+        stack = [*args, *kwargs.values()]
+        while stack:
+            o = stack.pop()
+            if isinstance(o, torch.Tensor):
+                seen.setdefault(paths[mod], []).append(tuple(o.shape))
+            elif isinstance(o, tuple | list):
+                stack.extend(o)
+            elif isinstance(o, dict):
+                stack.extend(o.values())
+
+    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules()]
+    try:
+        with torch.no_grad():
+            call(model, example)
+    finally:
+        for h in handles:
+            h.remove()
+    return seen
+
+
+def _routed(model: nn.Module, every: list[dict[str, list[tuple[int, ...]]]]) -> set[str]:
+    """Modules (and all under them) whose input shapes differ across the ranks' examples while the model's
+    own do not (module docstring)."""
+    if any(e.get(ROOT) != every[0].get(ROOT) for e in every):
+        return set()  # the ranks' inputs differ in shape: no module's difference is the router's
+    routed = {p for p in set().union(*every) if any(e.get(p) != every[0].get(p) for e in every)}
+    mods = dict(model.named_modules())
+    for p in list(routed):  # an expert no rank's example picked is still an expert: its siblings' lot
+        parent = p.rpartition(".")[0]
+        if p and isinstance(mods[parent], nn.ModuleList | nn.ModuleDict):
+            routed |= {f"{parent}.{k}" if parent else k for k in mods[parent]._modules}
+    return {p for p in mods if any(p == r or p.startswith(f"{r}.") for r in routed)}
+
+
+def _need_zeros(names: Any) -> None:
+    """One :class:`UserError` where this torch's FSDP2 cannot reduce zeros for ``names``."""
+    if not fsdp_reduces_unused():
+        shown = ", ".join(names[:4]) + (", ..." if len(names) > 4 else "")
         raise UserError(
             f"dpcomm.fsdp.shard: {shown} get gradients on some ranks' examples and not on others'; this "
             "torch's FSDP2 has no set_reduce_scatter_unused_params to reduce them (newer torch has it)"
         )
+
+
+def agreed_shardable(
+    model: nn.Module, example: Any, analysis: Any, group: Any
+) -> tuple[frozenset[str], tuple[str, ...]]:
+    """The modules that may be units: those shardable on every rank's example (:func:`shardable_modules`),
+    less those holding a parameter some rank's example leaves without a gradient (a unit of its own would
+    gather on the ranks that run it and not on the others: its parameters go to an ancestor every rank
+    runs) and those the data routes to (module docstring), plus those whose parameters no rank's example
+    uses (a unit no rank gathers, whose gradients stay None as under DDP). And the parameters whose units
+    reduce-scatter zeros (:func:`dpcomm.fsdp.unused.reduce_zeros`): the uneven ones and the routed
+    modules'. Where this torch's FSDP2 cannot reduce zeros (:func:`dpcomm.compat.fsdp_reduces_unused`), a
+    model with such parameters is one :class:`UserError` on every rank (what is gathered is agreed)."""
+    if analysis is not None and analysis.uneven:
+        _need_zeros(analysis.uneven)
     mine = on_every_rank(
-        lambda: shardable_modules(model, on_model_device(model, example)), group,
-        "dpcomm.fsdp.shard: running the model on the example",
+        lambda: (sorted(shardable_modules(model, on_model_device(model, example))),
+                 input_shapes(model, on_model_device(model, example))),
+        group, "dpcomm.fsdp.shard: running the model on the example",
     )  # fmt: skip
     every: list[Any] = [None] * dist.get_world_size(group)
-    dist.all_gather_object(every, sorted(mine), group=group)
+    dist.all_gather_object(every, mine, group=group)
+    routed = _routed(model, [e[1] for e in every])
     params = dict(model.named_parameters())
-    uneven = {id(params[n]) for n in analysis.uneven}
+    zeros = set(analysis.uneven)
+    zeros |= {f"{p}.{n}" if p else n for p, m in model.named_modules() if p in routed
+              for n, q in m.named_parameters(recurse=False) if q.requires_grad}  # fmt: skip
+    zeros = tuple(n for n in params if n in zeros)  # registration order (a tied one by its first name)
+    if zeros:
+        _need_zeros(zeros)
+    uneven = {id(params[n]) for n in zeros}
     idle = {id(params[n]) for u in analysis.units if u.unused for n in u.param_names} - uneven
-    held, unused = set(), set()
+    held, unused = set(routed), set()
     for path, m in model.named_modules():
         mine = [id(p) for p in m.parameters(recurse=False) if p.requires_grad]
         held |= {path} if any(i in uneven for i in mine) else set()
         unused |= {path} if mine and all(i in idle for i in mine) else set()
-    return frozenset((set.intersection(*(set(e) for e in every)) | unused) - held)
-
-
-def zeros_for_uneven(model: nn.Module, analysis: Any) -> None:
-    """FSDP2 reduce-scatters zeros for the parameters of a group some rank left without a gradient (set on
-    the groups holding ``analysis.uneven``), as DDP's ``find_unused_parameters`` sums them."""
-    from torch.distributed.fsdp import FSDPModule
-
-    mods = dict(model.named_modules())
-    for name in analysis.uneven:
-        path = name.rpartition(".")[0]
-        while not isinstance(mods[path], FSDPModule):
-            path = path.rpartition(".")[0]
-        mods[path].set_reduce_scatter_unused_params(True, recurse=False)
+    return frozenset((set.intersection(*(set(e[0]) for e in every)) | unused) - held), zeros

@@ -6,6 +6,9 @@
   type, an offload that pins memory where no accelerator is, or ``ignored_params`` that are not the model's
   own parameters is one :class:`UserError` before anything is profiled or sharded (FSDP2 itself would raise
   a traceback from the middle of sharding, after the planning).
+- :func:`check_dense`: a module with ``sparse=True`` (``nn.Embedding``, ``nn.EmbeddingBag``) and a trainable
+  weight gives a sparse gradient, which FSDP2 cannot reduce-scatter (its ``chunk_cat`` has no sparse
+  kernel: a multi-line ``NotImplementedError`` from the first backward): one :class:`UserError` first.
 - :func:`check_unit_s`: ``shard``'s own ``unit_s`` (FSDP2's fixed cost of a unit per pass, the planner's
   ``c``), checked the same way.
 - :func:`planned_without`: the ignored parameters held out of planning (FSDP2 neither shards, gathers nor
@@ -30,10 +33,24 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.utils.user_run import map_tensors
 
-__all__ = ["as_fsdp2_computes", "check_fsdp_keywords", "check_unit_s", "planned_without"]
+__all__ = ["as_fsdp2_computes", "check_dense", "check_fsdp_keywords", "check_unit_s", "planned_without"]
 
 OWN = {"reshard_after_forward": "the plan's choice, not a keyword (an FsdpPlan given to shard fixes it)"}
 """``fully_shard`` keywords that are ``shard``'s to decide, and why (``mesh`` is ``shard``'s own argument)."""
+
+
+def check_dense(model: nn.Module) -> None:
+    """One :class:`UserError` naming the modules whose trainable weights get sparse gradients."""
+    sparse = [
+        f"{path or '(root)'} ({type(m).__name__}(sparse=True))"
+        for path, m in model.named_modules()
+        if getattr(m, "sparse", False) is True and any(p.requires_grad for p in m.parameters(recurse=False))
+    ]
+    if sparse:
+        raise UserError(
+            f"dpcomm.fsdp.shard: {', '.join(sparse[:3])}{' ...' if len(sparse) > 3 else ''} gives sparse "
+            "gradients, which FSDP2 cannot reduce-scatter; build it with sparse=False"
+        )
 
 
 def check_fsdp_keywords(model: nn.Module, fsdp_kw: dict[str, Any]) -> None:

@@ -56,10 +56,10 @@ from torch import nn
 
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
-from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of, zeros_for_uneven
+from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of
 from dpcomm.fsdp.bound import as_run, per_block_within, within_bound
 from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups
-from dpcomm.fsdp.keywords import check_fsdp_keywords, check_unit_s, planned_without
+from dpcomm.fsdp.keywords import check_dense, check_fsdp_keywords, check_unit_s, planned_without
 from dpcomm.fsdp.mesh import given_on, meshes
 from dpcomm.fsdp.planning import (
     budget_bytes,
@@ -71,6 +71,7 @@ from dpcomm.fsdp.planning import (
     target_device,
     unit_s_of,
 )
+from dpcomm.fsdp.unused import reduce_zeros
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.planner.fsdp_precision import Precision
@@ -153,8 +154,13 @@ class Sharded:
         return "\n".join(lines)
 
 
-def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any, **fsdp_kw: Any) -> nn.Module:
-    """Step 5: ``fully_shard`` per unit in ``groups.order``, the root last; prefetch and reshard set.
+def apply_plan(
+    model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any, *, zeros: tuple[str, ...] = (),
+    process_group: Any = None, **fsdp_kw: Any,
+) -> nn.Module:  # fmt: skip
+    """Step 5: ``fully_shard`` per unit in ``groups.order``, the root last; prefetch and reshard set; the
+    units holding parameters ``zeros`` reduce-scatter zeros where a rank leaves them unused, and a parameter
+    no rank of ``process_group`` used keeps ``.grad`` as DDP would (:mod:`dpcomm.fsdp.unused`).
     ``fsdp_kw``: FSDP2's other keywords (``mp_policy``, ``offload_policy``, ...), given to every call."""
     from torch.distributed.fsdp import fully_shard
 
@@ -193,15 +199,18 @@ def apply_plan(model: nn.Module, plan: FsdpPlan, groups: ShardGroups, mesh: Any,
                 handles[k].set_modules_to_forward_prefetch(fwd)
             if bwd:
                 handles[k].set_modules_to_backward_prefetch(bwd)
+    reduce_zeros(model, zeros, process_group)
     return model
 
 
 def _sharded_copy(
-    model: nn.Module, plan: FsdpPlan, layer_params: Any, shardable: Any, mesh: Any, **fsdp_kw: Any
+    model: nn.Module, plan: FsdpPlan, layer_params: Any, shardable: Any, mesh: Any, **apply_kw: Any
 ) -> nn.Module:
     """A copy of ``model`` sharded by ``plan`` that never holds the whole model: the modules copied with
-    their parameters and buffers on ``meta``, sharded, given shards' storage (``to_empty``), then filled
-    from the model's own tensors (each rank keeps its shard; buffers copied whole)."""
+    their parameters and buffers on ``meta``, sharded as the model will be (``apply_kw``: what
+    :func:`apply_plan` is given for it, the zeros and FSDP2's keywords), given shards' storage
+    (``to_empty``), then filled from the model's own tensors (each rank keeps its shard; buffers copied
+    whole)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 
     memo: dict[int, Any] = {}
@@ -210,9 +219,9 @@ def _sharded_copy(
     for b in model.buffers():
         memo[id(b)] = torch.empty_like(b, device="meta")
     shadow = copy.deepcopy(model, memo)  # the modules, no tensor data (tied parameters stay tied)
-    if fsdp_kw.get("ignored_params"):  # the user's parameters, as the copy's
-        fsdp_kw = {**fsdp_kw, "ignored_params": {memo[id(p)] for p in fsdp_kw["ignored_params"]}}
-    apply_plan(shadow, plan, shard_groups(shadow, plan, layer_params, shardable), mesh, **fsdp_kw)
+    if apply_kw.get("ignored_params"):  # the user's parameters, as the copy's
+        apply_kw = {**apply_kw, "ignored_params": {memo[id(p)] for p in apply_kw["ignored_params"]}}
+    apply_plan(shadow, plan, shard_groups(shadow, plan, layer_params, shardable), mesh, **apply_kw)
     shadow.to_empty(device=target_device(model))
     params = {n: p.detach() for n, p in model.named_parameters()}
     set_model_state_dict(shadow, params, options=StateDictOptions(full_state_dict=True, strict=False))
@@ -222,12 +231,13 @@ def _sharded_copy(
     return shadow
 
 
-def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh, group, fsdp_kw):
-    """Step 4: each plan applied to a copy of ``model``, timed round-robin; the kept index and medians."""
+def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh, group, apply_kw):
+    """Step 4: each plan applied to a copy of ``model`` as it will be applied to the model (``apply_kw``),
+    timed round-robin; the kept index and medians."""
     from dpcomm.timing import now, slowest
     from dpcomm.trace.profiler import default_loss
 
-    copies = [_sharded_copy(model, p, layer_params, shardable, mesh, **fsdp_kw) for p in plans]
+    copies = [_sharded_copy(model, p, layer_params, shardable, mesh, **apply_kw) for p in plans]
     device = target_device(model)
     times: list[list[float]] = [[] for _ in plans]
     for step in range(len(plans) * (1 + iters)):  # one untimed pass each: FSDP2's lazy init
@@ -296,6 +306,7 @@ def shard(
             "dpcomm.fsdp.shard needs torch.distributed initialised (dist.init_process_group(...))"
         )
     first_param(model, "dpcomm.fsdp.shard")
+    check_dense(model)
     check_fsdp_keywords(model, fsdp_kw)
     c = unit_s_of(model) if unit_s is None else check_unit_s(unit_s, plan)  # the planner's cost per unit
     budget = budget_bytes(memory)
@@ -305,11 +316,13 @@ def shard(
     with untouched(model), planned_without(fsdp_kw):  # ignored_params: in no unit, as FSDP2 leaves them
         candidates = meshes(model, mesh, process_group)
         shardable = analysis = None  # one analysis of the model, rank 0's (trace/units.agree)
+        zeros: tuple[str, ...] = ()  # parameters some rank may leave unused (fsdp/agreed, fsdp/unused)
         if example is not None:
             analysis = agree(
                 model, on_model_device(model, example), loss_fn, process_group, "dpcomm.fsdp.shard"
             )
-            shardable = agreed_shardable(model, example, analysis, process_group)
+            shardable, zeros = agreed_shardable(model, example, analysis, process_group)
+        apply_kw = {"zeros": zeros, "process_group": process_group, **fsdp_kw}  # the model's and the copies'
         if isinstance(plan, str):
             requested, trace, ag, rs, ar = plan_on_workers(
                 model, plan, example=example, loss_fn=loss_fn, memory=budget, profile_iters=profile_iters,
@@ -350,7 +363,7 @@ def shard(
                                      c)  # fmt: skip
             if block is not None and _shape(block) != _shape(requested):
                 best, medians = _trial(model, [requested, block], layer_params, shardable, example, loss_fn,
-                                       verify_iters, on, process_group, fsdp_kw)  # fmt: skip
+                                       verify_iters, on, process_group, apply_kw)  # fmt: skip
                 kept = [requested, block][best]
                 trial = {"optimal": medians[0], "per-block": medians[1]}
                 why = "fastest in the timed trial" if best == 0 else (
@@ -366,9 +379,7 @@ def shard(
     layout = [(*groups.modules[k], "|", *(n for ns in layer_params[a : z + 1] for n in ns))
               for k in groups.order for a, z in [groups.units[k]]]  # fmt: skip
     check_same_layout(model, [*layout, (str(_shape(run)),)], process_group, "dpcomm.fsdp.shard", "units")
-    apply_plan(model, run, groups, on, **fsdp_kw)
-    if analysis is not None:
-        zeros_for_uneven(model, analysis)
+    apply_plan(model, run, groups, on, **apply_kw)
     model.dpcomm = Sharded(
         plan=run, requested=requested, groups=groups, layer_params=layer_params, peak_bound_bytes=bound,
         trace=trace, ag_cost=ag, rs_cost=rs, ar_cost=ar, trial=trial, overlap=overlap_of(model),
