@@ -152,3 +152,51 @@ def test_a_trace_of_another_model_is_refused(hand):
     )  # fmt: skip
     with pytest.raises(UserError, match="units do not match"):
         bucket_caps(Plan.from_sizes("x", [1], 1), model, trace=other)
+
+
+def _counting_derivations(monkeypatch) -> dict[str, int]:
+    """Count every local pass that finds the gradient-ready order (``ready_sequence``) and every list of
+    units made from the model (``units_from_ready``, ``layer_units``), wherever dpcomm imported them."""
+    import sys
+
+    import dpcomm.trace.units as U
+
+    counts = {"ready_sequence": 0, "units_from_ready": 0, "layer_units": 0}
+    for name in counts:
+        real = getattr(U, name)
+
+        def spy(*a, _real=real, _name=name, **k):
+            counts[_name] += 1
+            return _real(*a, **k)
+
+        for module in [m for k, m in sys.modules.items() if k.startswith("dpcomm")]:
+            for attr, value in list(vars(module).items()):
+                if value is real:
+                    monkeypatch.setattr(module, attr, spy)
+    return counts
+
+
+def test_one_wrap_and_one_shard_derive_the_models_units_once(one_rank, monkeypatch):
+    """Issue 54, finding 8: the units are made once per ``wrap`` (three candidates timed) and once per
+    ``shard``, by the one analysis every rank agrees on; profiling, every candidate's buckets, the trial
+    and construction read it (before, the profiler ran its own pass and made its own units)."""
+    import dpcomm.fsdp
+    from dpcomm.ddp import wrap
+    from tests._corpus import CORPUS
+    from tests._user_workers import _three_candidates
+
+    build, batch_of, _ = CORPUS["sdpa-gpt"]
+    for door in ("wrap", "shard"):
+        torch.manual_seed(0)
+        model, x = build(), batch_of(0)[0]
+        with monkeypatch.context() as m:
+            counts = _counting_derivations(m)
+            if door == "wrap":
+                with _three_candidates(True):
+                    ddp = wrap(model, "optimal", example=x, profile_iters=1, verify_iters=1,
+                               find_unused_parameters=True)  # fmt: skip
+                assert ddp.dpcomm.trial and len(ddp.dpcomm.trial) >= 3, ddp.dpcomm.trial
+                del ddp
+            else:
+                dpcomm.fsdp.shard(model, "optimal", example=x, profile_iters=1, verify_iters=1)
+        assert counts == {"ready_sequence": 1, "units_from_ready": 1, "layer_units": 0}, (door, counts)

@@ -128,7 +128,8 @@ def plan_on_workers(
             analysis = agree(model, example, loss_fn, process_group, "dpcomm.ddp.wrap")
         device = first_param(model, "dpcomm.ddp.wrap").device
         local = on_every_rank(
-            lambda: profile(model, example, iters=profile_iters, warmup=1, device=device, loss_fn=loss_fn),
+            lambda: profile(model, example, iters=profile_iters, warmup=1, device=device, loss_fn=loss_fn,
+                            units=analysis.units),
             process_group, "dpcomm.ddp.wrap: profiling the model on the example",
         )  # fmt: skip
         trace = agreed_trace(model, local, analysis.units, process_group, "dpcomm.ddp.wrap")

@@ -53,7 +53,7 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -64,7 +64,7 @@ from dpcomm.models.layers import layer_params, learnable_layers
 from dpcomm.trace.analytic import layer_costs
 from dpcomm.trace.format import Layer, Trace
 from dpcomm.trace.shares import to_iteration
-from dpcomm.trace.units import gradient_units, unit_params
+from dpcomm.trace.units import Unit, gradient_units, unit_params
 
 __all__ = [
     "AUTOCAST",
@@ -274,6 +274,7 @@ def profile(
     timer: str = "wall",
     progress: Progress | None = None,
     autocast: str | torch.dtype | None = None,
+    units: Sequence[Unit] | None = None,
 ) -> Trace:
     """Measure every gradient unit's forward and backward time (medians of ``iters`` after ``warmup``).
 
@@ -283,7 +284,9 @@ def profile(
     forward order (for a CNN, :func:`dpcomm.models.learnable_layers`). ``timer`` is one of :data:`TIMERS`.
     ``autocast``: a key of :data:`AUTOCAST` (or a dtype) to run the forward under ``torch.autocast``; None:
     the caller's autocast, if any. The units' times add up to the hookless iteration
-    (:func:`dpcomm.trace.shares.to_iteration`).
+    (:func:`dpcomm.trace.shares.to_iteration`). ``units``: the units to time, already made (the ones every
+    rank agreed on, :func:`dpcomm.trace.units.agree`: a gradient arriving out of their order is timed
+    to its own unit); default: this example's own, from one more forward and backward.
     """
     if iters < 1 or warmup < 0:
         raise UserError(f"iters must be >= 1 and warmup >= 0, got iters={iters}, warmup={warmup}")
@@ -301,7 +304,9 @@ def profile(
         with _amp(dev, amp):  # the passes that find the layers and units run as the measured ones
             layers = learnable_layers(module, example)
             flops = [c.fwd_flops for c in layer_costs(module, example)]
-            units = gradient_units(module, example, loss_fn) if layers else []
+            if units is None:
+                units = gradient_units(module, example, loss_fn) if layers else []
+            units = list(units)
     except (ValueError, RuntimeError) as exc:  # e.g. a shape mismatch or batch norm on a batch of 1
         raise UserError(f"model forward failed at batch size {batch_size}: {first_line(exc)}") from None
     if not layers:
