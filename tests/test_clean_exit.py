@@ -1,9 +1,11 @@
-"""A torchrun-style script that calls ``dpcomm.fsdp.shard`` ends with exit status 0 (issue 46, finding 3).
+"""A torchrun-style script that calls ``dpcomm.fsdp.shard`` ends with exit status 0 (issue 46, finding 3),
+after refusals too (issue 54, finding 5).
 
-The script is what a user writes: the model at module level, ``shard(model, "optimal", example=x)``, three
-SGD steps, ``destroy_process_group()``, then the interpreter's own exit, where jobs used to end in
-"terminate called without an active exception" (SIGABRT, about one run in eight): the trial's sharded
-copies (FSDP2 states in reference cycles) outlived ``shard`` and were torn down with the interpreter. Ten
+The script is what a user writes: three calls ``shard`` refuses in one line (caught), the model at module
+level, ``shard(model, "optimal", example=x)``, three SGD steps, ``destroy_process_group()``, then the
+interpreter's own exit, where jobs used to end in "terminate called without an active exception" (SIGABRT,
+about one run in eight): the trial's sharded copies (FSDP2 states in reference cycles) outlived ``shard``,
+and what a refused ``shard`` had built outlived the refusal, both torn down with the interpreter. Ten
 runs of two ranks, each rank a child forked from a helper that imported torch once (the cheapest start that
 still exits through the interpreter's teardown; ``OMP_NUM_THREADS=1``: no thread pool to fork); every child
 must exit 0. The symptom is a chance event, so this test can pass on a faulty build; that no copy outlives
@@ -26,11 +28,31 @@ RUNS = 10
 SCRIPT = """
 import torch
 import torch.distributed as dist
+from torch import nn
 from tests._corpus import CORPUS, loss_of
 import dpcomm.fsdp
+from dpcomm.errors import UserError
 
 dist.init_process_group("gloo")
-build, batch_of, _ = CORPUS["nested"]
+build, batch_of, _ = CORPUS["encoder"]
+torch.manual_seed(0)
+x = batch_of(10 + dist.get_rank())[0]
+mixed = nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Linear(16, 4))
+mixed[0].bfloat16(), mixed[2].bfloat16()
+refusals = [  # a budget no plan meets, sparse gradients, parameters of mixed dtypes
+    lambda: dpcomm.fsdp.shard(build(), "optimal", example=x, memory=64, profile_iters=1),
+    lambda: dpcomm.fsdp.shard(nn.Sequential(nn.Embedding(32, 16, sparse=True), nn.Linear(16, 4)),
+                              "optimal", example=x),
+    lambda: dpcomm.fsdp.shard(mixed, "optimal", example=torch.randn(6, 16, dtype=torch.bfloat16),
+                              loss_fn=lambda out: out.float().pow(2).mean(), profile_iters=1),
+]
+for refuse in refusals:
+    try:
+        refuse()
+        raise SystemExit(3)  # not refused: a test failure, not a clean exit
+    except UserError:
+        pass
+build, batch_of, _ = CORPUS["nested"]  # then a shard that is not refused, trained
 torch.manual_seed(0)
 model = build()
 x, y = batch_of(10 + dist.get_rank())
@@ -42,6 +64,7 @@ for _ in range(3):
     opt.step()
 dist.destroy_process_group()
 """
+
 
 HELPER = """
 import json, os, runpy, sys
@@ -72,9 +95,9 @@ def _free_ports(n: int) -> list[int]:
     return ports
 
 
-@pytest.mark.slow
-def test_a_shard_script_exits_cleanly_ten_times(tmp_path: Path) -> None:
-    (tmp_path / "train.py").write_text(SCRIPT)
+def _ten_runs(tmp_path: Path, script: str) -> list[list[int]]:
+    """Each rank's exit codes over :data:`RUNS` runs of ``script`` (two ranks a run)."""
+    (tmp_path / "train.py").write_text(script)
     (tmp_path / "helper.py").write_text(HELPER)
     root = str(Path(__file__).resolve().parents[1])
     ports = json.dumps(_free_ports(RUNS))
@@ -91,4 +114,14 @@ def test_a_shard_script_exits_cleanly_ten_times(tmp_path: Path) -> None:
         out, err = h.communicate(timeout=400)
         assert h.returncode == 0, err[-600:]
         codes.append(json.loads(out.strip().splitlines()[-1]))
-    assert codes == [[0] * RUNS] * 2, f"exit codes per rank (-6: SIGABRT): {codes}"
+    return codes
+
+
+@pytest.mark.slow
+def test_a_shard_script_exits_cleanly_ten_times(tmp_path: Path) -> None:
+    """Three refusals a run (a budget, sparse gradients, mixed dtypes), each one line the script catches,
+    then a ``shard`` that is not refused and three steps, ``destroy_process_group()`` and the interpreter's
+    exit: neither what ``shard`` built before refusing (``dpcomm.utils.user_run.nothing_left``) nor the
+    trial's copies outlive it, so every run exits 0 (3: a refusal did not come)."""
+    codes = _ten_runs(tmp_path, SCRIPT)
+    assert codes == [[0] * RUNS] * 2, f"exit codes per rank (-6: SIGABRT, 3: not refused): {codes}"

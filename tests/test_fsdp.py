@@ -205,7 +205,7 @@ def test_the_trials_copy_is_built_from_shards_and_computes_as_the_model(one_rank
     """The trial's candidates are sharded copies made on ``meta`` (never a whole second model) and filled
     from the model's tensors: the same output and gradients' shapes, the model itself untouched."""
     from dpcomm.fsdp.mesh import meshes
-    from dpcomm.fsdp.shard import _sharded_copy
+    from dpcomm.fsdp.trial import sharded_copy as _sharded_copy
 
     model, layers, names = _gpt_tiny()
     before = {n: p.detach().clone() for n, p in model.named_parameters()}

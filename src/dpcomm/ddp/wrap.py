@@ -65,6 +65,7 @@ from dpcomm.utils.user_run import (
     check_same_layout,
     check_same_weights,
     first_param,
+    nothing_left,
     on_every_rank,
     untouched,
 )
@@ -147,6 +148,7 @@ class Wrapped:
     """The model's trainable parameter names (registration order), to name groups."""
 
 
+@nothing_left()
 def wrap(
     model: nn.Module,
     plan: Plan | str,

@@ -36,21 +36,18 @@ What was decided is ``model.dpcomm`` (:class:`Sharded`). A plan whose peak (the 
 units FSDP2 keeps unsharded longer, a tied weight's: :attr:`Sharded.peak_bound_bytes`) exceeds ``memory``
 is planned again under a budget lowered by the excess (a planner name), else refused before sharding.
 
-Kept as one module (under 400 lines): the numbered steps of ``shard`` read in order; the agreed analysis
-is :mod:`dpcomm.fsdp.agreed`, planning :mod:`dpcomm.fsdp.planning`, the peak bound :mod:`dpcomm.fsdp.bound`,
-meshes :mod:`dpcomm.fsdp.mesh`.
+The numbered steps of ``shard`` read in order here; the agreed analysis is :mod:`dpcomm.fsdp.agreed`,
+planning :mod:`dpcomm.fsdp.planning`, the peak bound :mod:`dpcomm.fsdp.bound`, meshes
+:mod:`dpcomm.fsdp.mesh`, the timed trial :mod:`dpcomm.fsdp.trial`, unused parameters
+:mod:`dpcomm.fsdp.unused`.
 """
 
 from __future__ import annotations
 
-import copy
-import gc
 import logging
-import statistics
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 from torch import nn
 
@@ -63,27 +60,30 @@ from dpcomm.fsdp.keywords import check_dense, check_fsdp_keywords, check_unit_s,
 from dpcomm.fsdp.mesh import given_on, meshes
 from dpcomm.fsdp.planning import (
     budget_bytes,
-    call_model,
     is_meta,
     on_model_device,
     overlap_of,
     plan_on_workers,
-    target_device,
     unit_s_of,
 )
+from dpcomm.fsdp.trial import timed_trial
 from dpcomm.fsdp.unused import reduce_zeros
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.planner.fsdp_precision import Precision
 from dpcomm.trace.format import Trace
 from dpcomm.trace.units import agree
-from dpcomm.utils.user_run import check_same_layout, check_same_weights, first_param, untouched
+from dpcomm.utils.user_run import (
+    check_same_layout,
+    check_same_weights,
+    first_param,
+    nothing_left,
+    untouched,
+)
 
 _log = logging.getLogger("dpcomm.fsdp")
 
 __all__ = ["Sharded", "apply_plan", "overlap_of", "plan_on_workers", "shard"]
-
-_PREFER_WITHIN = 0.02  # per-block is kept unless the plan is measurably (> 2%) faster, as ddp.wrap does
 
 
 @dataclass(slots=True, kw_only=True)
@@ -203,65 +203,11 @@ def apply_plan(
     return model
 
 
-def _sharded_copy(
-    model: nn.Module, plan: FsdpPlan, layer_params: Any, shardable: Any, mesh: Any, **apply_kw: Any
-) -> nn.Module:
-    """A copy of ``model`` sharded by ``plan`` that never holds the whole model: the modules copied with
-    their parameters and buffers on ``meta``, sharded as the model will be (``apply_kw``: what
-    :func:`apply_plan` is given for it, the zeros and FSDP2's keywords), given shards' storage
-    (``to_empty``), then filled from the model's own tensors (each rank keeps its shard; buffers copied
-    whole)."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-
-    memo: dict[int, Any] = {}
-    for p in model.parameters():
-        memo[id(p)] = nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
-    for b in model.buffers():
-        memo[id(b)] = torch.empty_like(b, device="meta")
-    shadow = copy.deepcopy(model, memo)  # the modules, no tensor data (tied parameters stay tied)
-    if apply_kw.get("ignored_params"):  # the user's parameters, as the copy's
-        apply_kw = {**apply_kw, "ignored_params": {memo[id(p)] for p in apply_kw["ignored_params"]}}
-    apply_plan(shadow, plan, shard_groups(shadow, plan, layer_params, shardable), mesh, **apply_kw)
-    shadow.to_empty(device=target_device(model))
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    set_model_state_dict(shadow, params, options=StateDictOptions(full_state_dict=True, strict=False))
-    with torch.no_grad():
-        for (_, b), (_, src) in zip(shadow.named_buffers(), model.named_buffers(), strict=True):
-            b.copy_(src)
-    return shadow
-
-
-def _trial(model, plans, layer_params, shardable, example, loss_fn, iters, mesh, group, apply_kw):
-    """Step 4: each plan applied to a copy of ``model`` as it will be applied to the model (``apply_kw``),
-    timed round-robin; the kept index and medians."""
-    from dpcomm.timing import now, slowest
-    from dpcomm.trace.profiler import default_loss
-
-    copies = [_sharded_copy(model, p, layer_params, shardable, mesh, **apply_kw) for p in plans]
-    device = target_device(model)
-    times: list[list[float]] = [[] for _ in plans]
-    for step in range(len(plans) * (1 + iters)):  # one untimed pass each: FSDP2's lazy init
-        k = step % len(plans)
-        for p in copies[k].parameters():
-            p.grad = None
-        t0 = now(device)
-        (loss_fn or default_loss)(call_model(copies[k], example)).backward()
-        t1 = now(device)  # CUDA runs kernels after the calls return: read the clock once they ran
-        if step >= len(plans):
-            times[k].append(t1 - t0)
-    del copies
-    gc.collect()  # the copies' FSDP2 states (cycles) go now, not in the interpreter's teardown (SIGABRT)
-    medians = slowest([statistics.median(t) for t in times], group)
-    best = min(range(len(plans)), key=medians.__getitem__)
-    if medians[-1] <= medians[best] * (1 + _PREFER_WITHIN):
-        best = len(plans) - 1  # the last candidate is per-block
-    return best, medians
-
-
 def _shape(p: FsdpPlan) -> tuple[Any, ...]:
     return (p.units, p.depth, p.reshard_after_forward)
 
 
+@nothing_left()
 def shard(
     model: nn.Module,
     plan: FsdpPlan | str,
@@ -362,8 +308,8 @@ def shard(
                                      layer_params, shardable, said, kept.shard_group, precision,
                                      c)  # fmt: skip
             if block is not None and _shape(block) != _shape(requested):
-                best, medians = _trial(model, [requested, block], layer_params, shardable, example, loss_fn,
-                                       verify_iters, on, process_group, apply_kw)  # fmt: skip
+                best, medians = timed_trial(model, [requested, block], layer_params, shardable, example,
+                                            loss_fn, verify_iters, on, process_group, apply_kw)  # fmt: skip
                 kept = [requested, block][best]
                 trial = {"optimal": medians[0], "per-block": medians[1]}
                 why = "fastest in the timed trial" if best == 0 else (

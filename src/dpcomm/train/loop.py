@@ -36,6 +36,7 @@ others' timeouts end the run). The tests use them to check that the others fail 
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import os
 import re
@@ -155,6 +156,7 @@ def _worker(cfg: TrainConfig, schedules: list[tuple[str, Any]], servers: int = 0
         who = f"{_role(rank, world - servers)} rank {rank} of {world}"
         raise RuntimeError(f"{who} stopped{at}: {first_line(exc, with_type=True)}") from None
     finally:
+        gc.collect()  # FSDP2's states (cycles) go before the group, not at teardown (docs/fsdp.md)
         if dist.is_initialized():
             dist.destroy_process_group()
 

@@ -7,6 +7,10 @@ gradients, buffers, training flags and random state (docs/ddp.md, "What wrap lea
 - :func:`untouched`: a context that snapshots the random state (CPU, and every CUDA device already
   initialised), every module's ``training`` flag, every parameter's ``.grad`` (the tensor itself) and every
   buffer (a copy), and puts them all back on the way out, error or not.
+- :func:`nothing_left`: a context for ``wrap`` and ``shard`` themselves: when they refuse (a
+  :class:`~dpcomm.errors.UserError`), what they built on the way (a trial's FSDP2 copies and DDPs, in
+  reference cycles) goes before the error reaches the user, not at the interpreter's teardown, where
+  FSDP2 on gloo ends the job with SIGABRT (issue 54, finding 5; pytorch/pytorch#179291).
 - :func:`on_every_rank`: runs a local step and makes its failure everyone's: the ranks exchange their
   one-line errors, and each rank raises the same :class:`~dpcomm.errors.UserError` naming the first rank
   that failed, instead of leaving the others to hang in the next collective.
@@ -40,6 +44,7 @@ __all__ = [
     "check_same_layout",
     "check_same_weights",
     "first_param",
+    "nothing_left",
     "on_every_rank",
     "rank0_log",
     "untouched",
@@ -122,6 +127,25 @@ def untouched(model: nn.Module) -> Iterator[None]:
                     b.copy_(saved)
             for m, training in modes:
                 m.training = training
+
+
+@contextlib.contextmanager
+def nothing_left() -> Iterator[None]:
+    """On a :class:`UserError` (a refusal: one line, no traceback shown), drop the tracebacks of it and of the
+    exceptions it was raised from (their frames hold what the refused call built) and collect the cycles
+    now; then re-raise. Other exceptions pass as they are, tracebacks and all."""
+    import gc
+
+    try:
+        yield
+    except UserError as exc:
+        seen: Any = exc
+        while seen is not None:
+            seen.__traceback__ = None
+            seen = seen.__cause__ or seen.__context__
+        del seen, exc
+        gc.collect()
+        raise
 
 
 def on_every_rank(step: Callable[[], T], group: Any, what: str) -> T:
