@@ -25,7 +25,7 @@ from tests._corpus import CORPUS, ZOO, loss_of
 
 MODELS = {**CORPUS, **ZOO}
 PLANNERS = ("per-block", "whole", "per-layer", "size:1KB", "optimal")
-SPLIT_BY_LAYERS = {"encoder", "decoder", "sdpa-gpt", "moe-top2", "tasks", "shared-4", "gpt2-tiny"}
+SPLIT_BY_LAYERS = {"encoder", "decoder", "sdpa-gpt", "moe-top2", "tasks", "shared-4", "gpt2-tiny", "switch"}
 """Models whose per-layer plan over the layers splits a module (measured: the library merged them)."""
 
 

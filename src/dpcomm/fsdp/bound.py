@@ -1,8 +1,9 @@
 """The plan's peak as FSDP2 runs it, and planning again under it, for :func:`dpcomm.fsdp.shard`:
 :func:`as_run` (the model's peak plus what FSDP2 keeps unsharded longer: a tied weight's unit, frozen
-parameters under a unit's modules), :func:`within_bound` (a planner's plan again under a budget lowered by
-the excess) and :func:`per_block_within` (the timed trial's comparison plan, ``per-block`` within the
-budget as FSDP2 runs it). Planning itself is :mod:`dpcomm.fsdp.planning`'s.
+parameters under a unit's modules, a unit of frozen layers gathered in backward by a prefetch:
+:func:`peak_as_run`), :func:`within_bound` (a planner's plan again under a budget lowered by the excess)
+and :func:`per_block_within` (the timed trial's comparison plan, ``per-block`` within the budget as FSDP2
+runs it). Planning itself is :mod:`dpcomm.fsdp.planning`'s.
 """
 
 from __future__ import annotations
@@ -17,12 +18,11 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.fsdp.groups import ShardGroups, call_params, layer_atoms, shard_groups
 from dpcomm.fsdp.planning import overlap_of, plan_on_root, unit_s_of
-from dpcomm.planner.fsdp import peak_memory
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.planner.fsdp_precision import Precision
 from dpcomm.trace.format import Trace
 
-__all__ = ["REPLANS", "as_run", "per_block_within", "within_bound"]
+__all__ = ["REPLANS", "as_run", "peak_as_run", "per_block_within", "within_bound"]
 
 
 def as_run(
@@ -37,10 +37,10 @@ def as_run(
     precision: Precision | None = None,
 ) -> tuple[FsdpPlan, int]:  # fmt: skip
     """The plan FSDP2 runs (``plan`` itself: every unit is one ``fully_shard`` call, point 2 of
-    :mod:`dpcomm.fsdp.groups`) and the peak bound: the model's peak plus the spanning units' bytes (bytes
-    from the model's own parameters, in ``precision``'s ``param_dtype``: FSDP2 gathers and holds them cast;
-    frozen parameters under a unit's modules included). ``trace``, ``ag``, ``rs`` and ``ar`` are unused
-    (kept for callers)."""
+    :mod:`dpcomm.fsdp.groups`) and the peak bound: the model's peak (:func:`peak_as_run`: units of frozen
+    layers in backward as FSDP2 runs them, from ``trace``) plus the spanning units' bytes (bytes from the
+    model's own parameters, in ``precision``'s ``param_dtype``: FSDP2 gathers and holds them cast; frozen
+    parameters under a unit's modules included). ``ag``, ``rs`` and ``ar`` are unused (kept for callers)."""
     if groups.units != tuple(plan.units):  # the planners plan over atoms: nothing is ever merged
         raise RuntimeError(f"dpcomm internal error: FSDP units {groups.units} differ from the plan's")
     p = precision or Precision()
@@ -50,9 +50,63 @@ def as_run(
     per_unit, always = _untrained_bytes(model, groups, layer_params, p)
     for (a, _), extra in zip(groups.units, per_unit, strict=True):
         held[a] += extra
-    peak = peak_memory(list(plan.units), held, depth=plan.depth, reshard=plan.reshard_after_forward) + always
+    silent, kept = _frozen_backward(plan, groups, trace)
+    peak = peak_as_run(list(plan.units), held, depth=plan.depth, reshard=plan.reshard_after_forward,
+                       silent=silent, kept=kept) + always  # fmt: skip
     spans = sum(int(held[a : z + 1].sum()) for k, (a, z) in enumerate(plan.units) if k in groups.spanning)
     return plan, int(peak) + spans
+
+
+def _frozen_backward(plan: FsdpPlan, groups: ShardGroups, trace: Trace | None) -> tuple[set[int], set[int]]:
+    """The units of frozen layers only (``trace``'s, :func:`dpcomm.fsdp.planning.with_frozen`) whose backward
+    FSDP2 runs otherwise: ``silent`` where no output of their modules needs a gradient (FSDP2 registers no
+    backward hook on them), ``kept`` where that is so or unknown (see :func:`peak_as_run`)."""
+    silent: set[int] = set()
+    kept: set[int] = set()
+    if trace is None or trace.num_layers != plan.num_modules:
+        return silent, kept
+    needs = trace.extra.get("frozen_needs_grad", {})
+    for k, (a, z) in enumerate(plan.units):
+        if all(x.extra.get("frozen") for x in trace.layers[a : z + 1]):
+            outs = {needs.get(m) for m in groups.modules[k]}
+            kept |= {k} if outs != {True} else set()  # True: its backward runs as the others'
+            silent |= {k} if outs == {False} else set()
+    return silent, kept
+
+
+def peak_as_run(units: list[tuple[int, int]], held: Any, *, depth: int, reshard: bool, silent: Any = (),
+                kept: Any = ()) -> int:  # fmt: skip
+    """:func:`dpcomm.planner.fsdp.peak_memory`'s sweep (the same without ``silent`` and ``kept`` units), with
+    FSDP2's backward of units of frozen layers: a ``silent`` one runs no backward hook (gathers nothing at
+    its turn, prefetches nothing); a ``kept`` one, once gathered in backward (by the unit after it, FSDP2's
+    default prefetch at depth 0, or a later unit's explicit prefetch), stays unsharded until backward ends
+    (FSDP2's last callback reshards it)."""
+    B = [int(np.sum(held[a : z + 1])) for a, z in units]
+    d, K = int(depth), len(units)
+    alive: set[int] = set()
+    peak = 0
+
+    def gather(k: int) -> None:
+        nonlocal peak
+        alive.add(k)
+        peak = max(peak, sum(B[j] for j in alive))
+
+    for k in range(K):  # forward: unit k and the d after it issued, k resharded after (not the last)
+        for j in range(k, min(k + d, K - 1) + 1):
+            gather(j)
+        if reshard and k < K - 1:
+            alive.discard(k)
+    for p in range(K):  # backward: unit u = K-1-p's hook gathers it and the d before it
+        u = K - 1 - p
+        if u in silent:
+            continue
+        for q in range(p, min(p + d, K - 1) + 1):
+            gather(K - 1 - q)
+        if d == 0 and u > 0 and u - 1 in kept:
+            gather(u - 1)
+        if u not in kept:
+            alive.discard(u)
+    return int(peak)
 
 
 def _untrained_bytes(
@@ -86,26 +140,27 @@ def within_bound(
     precision: Precision | None = None, unit_s: float | None = None,
 ) -> FsdpPlan:  # fmt: skip
     """``plan`` (planner ``method``'s), or ``method``'s plan under a budget lowered by what FSDP2 keeps
-    unsharded beyond the model's peak (a tied weight's unit, kept to its last module's forward:
-    :attr:`Sharded.peak_bound_bytes`) until that bound fits ``budget`` (at most :data:`REPLANS` times; every
-    rank alike, the bound is a function of the plan). A plan that still does not fit is returned, and
-    ``shard`` refuses it in one line."""
+    unsharded beyond the model's peak (a tied weight's unit, kept to its last module's forward; a unit of
+    frozen layers a backward prefetch gathers, kept to the end: :attr:`Sharded.peak_bound_bytes`) until that
+    bound fits ``budget``; where nothing fits the lowered budget, halfway between it and the last budget
+    planned under (at most :data:`REPLANS` plans; every rank alike, the bound is a function of the plan). A
+    plan that still does not fit is returned, and ``shard`` refuses it in one line."""
     if budget is None:
         return plan
-    lowered = budget
+    lowered, floor = budget, -1  # the budget ``plan`` was made under; the highest one nothing fitted
     for _ in range(REPLANS):
         groups = shard_groups(model, plan, layer_params, shardable)
-        over = as_run(model, plan, groups, layer_params, precision=precision)[1] - budget
-        if over <= 0 or lowered - over < 0:
+        over = as_run(model, plan, groups, layer_params, trace, precision=precision)[1] - budget
+        target = lowered - over if lowered - over > floor else (floor + lowered) // 2
+        if over <= 0 or not floor < target < lowered:
             return plan
-        lowered -= over
         try:
-            again = plan_on_root(method, trace, ag, rs, lowered, max_depth, group, overlap_of(model), ar=ar,
+            again = plan_on_root(method, trace, ag, rs, target, max_depth, group, overlap_of(model), ar=ar,
                                  precision=precision, unit_s=unit_s_of(model) if unit_s is None else unit_s,
                                  atoms=layer_atoms(model, layer_params, shardable))  # fmt: skip
-            plan = replace(again, shard_group=plan.shard_group)
-        except UserError:  # nothing fits the lowered budget
-            return plan
+            plan, lowered = replace(again, shard_group=plan.shard_group), target
+        except UserError:  # nothing fits the lowered budget: halfway up, next
+            floor = target
     return plan
 
 

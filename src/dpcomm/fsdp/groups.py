@@ -28,7 +28,9 @@ before their parents and the root (``fully_shard(model)``) last, taking whatever
    where they are read (:func:`shardable_modules`; without an example, every module that has a forward);
 5. calls are ordered children first (a module holding parameters of unit ``j`` whose submodules hold
    those of unit ``k`` is sharded after ``k``); a unit holding the root's own parameters is the root call,
-   made last. Parameters in no layer (frozen ones) stay with the root.
+   made last. Parameters in no layer stay with the call of a module above them, else the root's;
+6. a module holding frozen parameters only, under no module holding trainable ones (a frozen stem, backbone
+   or tower), is a layer of its own, planned and gathered as the others (:func:`frozen_holders`).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ from dpcomm.planner.fsdp_model import FsdpPlan
 __all__ = [
     "ShardGroups",
     "call_params",
+    "frozen_holders",
     "layer_atoms",
     "layer_holders",
     "merge_units",
@@ -57,6 +60,10 @@ __all__ = [
 
 ROOT = ""
 """The root module's path (``model.named_modules()`` names it ``""``)."""
+
+HELD_OUT: set[int] = set()
+"""``id`` of the parameters in FSDP2's ``ignored_params`` while ``shard`` plans (frozen for the while by
+:func:`dpcomm.fsdp.keywords.planned_without`): whole on every rank, in no layer (point 6)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -220,6 +227,20 @@ def _holders(model: nn.Module, shardable: Collection[str] | None = None) -> dict
             holder = holder.rpartition(".")[0]
         direct.setdefault(holder, []).extend(n for n in names if n not in direct.get(holder, []))
     return direct
+
+
+def frozen_holders(model: nn.Module, shardable: Collection[str] | None = None) -> list[tuple[list, list]]:
+    """The frozen layers of point 6: ``(module paths, parameter names)`` each, the modules sharing a (tied)
+    parameter together; none holds an ignored parameter (:data:`HELD_OUT`)."""
+    live = {p for p, m in model.named_modules()
+            if any(q.requires_grad or id(q) in HELD_OUT for q in m.parameters())}  # fmt: skip
+    direct, out = _holders(model, shardable), []
+    for path, names in direct.items():  # below no holder of trainable (or ignored) parameters but the root
+        if path and path not in live and not any(path.startswith(t + ".") for t in direct if t and t in live):
+            hit = [x for x in out if set(x[1]) & set(names)]
+            paths, held = [q for x in hit for q in x[0]] + [path], [n for x in hit for n in x[1]] + names
+            out = [x for x in out if x not in hit] + [(paths, list(dict.fromkeys(held)))]
+    return out
 
 
 def shard_groups(

@@ -108,13 +108,17 @@ def _accelerator() -> bool:
 def planned_without(fsdp_kw: dict[str, Any]) -> Iterator[None]:
     """The ignored parameters frozen (``requires_grad=False``) while the block plans: no gradient unit
     holds them, so no unit gathers or reduces them; their flags restored after."""
+    from dpcomm.fsdp.groups import HELD_OUT
+
     ignored = list(fsdp_kw.get("ignored_params") or ())
     flags = [p.requires_grad for p in ignored]
     try:
         for p in ignored:
             p.requires_grad_(False)
+        HELD_OUT.update(id(p) for p in ignored)  # frozen for planning, but no frozen unit may take them
         yield
     finally:
+        HELD_OUT.difference_update(id(p) for p in ignored)
         for p, flag in zip(ignored, flags, strict=True):
             p.requires_grad_(flag)
 

@@ -1,8 +1,9 @@
 """Steps 1-3 of :func:`dpcomm.fsdp.shard` on the workers: profile the units, fit the two collectives, plan
 on rank 0 over the model's atoms (:func:`dpcomm.fsdp.groups.layer_atoms`: every unit one ``fully_shard``
 call) with FSDP2's fixed cost per unit (:mod:`dpcomm.planner.fsdp_unit`) and check the plan's hash on every
-rank. The plan's peak as FSDP2 runs it, and planning again under it, is :mod:`dpcomm.fsdp.bound`; applying
-a plan and the timed trial are :mod:`dpcomm.fsdp.shard`'s.
+rank. Modules holding only frozen parameters are layers too (:func:`with_frozen`: no gradient unit holds
+them), each placed where its forward runs. The plan's peak as FSDP2 runs it, and planning again under it,
+is :mod:`dpcomm.fsdp.bound`; applying a plan and the timed trial are :mod:`dpcomm.fsdp.shard`'s.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ __all__ = [
     "plan_on_root",
     "plan_on_workers",
     "unit_s_of",
+    "with_frozen",
 ]
 
 
@@ -203,12 +205,12 @@ def _forward_ticks(model: nn.Module, example: Any) -> tuple[dict[str, int], dict
 
 def with_frozen(model: nn.Module, trace: Trace, example: Any, shardable: Any, group: Any) -> Trace:
     """``trace`` with a layer for each module holding only frozen parameters
-    (:func:`dpcomm.fsdp.groups.frozen_holders`), each placed before the first layer none of whose modules
-    ran before it (rank 0's forward of ``example``; without one, registration order): a unit like the others,
-    gathered when its forward runs. Its times are 0 (the profiled units' add up to the iteration, its forward
-    included). ``extra["frozen"]``: ``True``; the trace's ``extra["frozen_needs_grad"]``: per module of a
-    frozen subtree, whether its output needs a gradient (absent: unknown), what FSDP2's backward hooks of a
-    unit of frozen layers depend on (:func:`dpcomm.fsdp.bound.as_run`)."""
+    (:func:`dpcomm.fsdp.groups.frozen_holders`), each placed before the first layer whose parameters' modules
+    all first run after it (rank 0's forward of ``example``; without one, registration order): planned as the
+    others, gathered when its forward runs. Its times are 0 (the profiled units' add up to the iteration,
+    its forward included). ``extra["frozen"]``: ``True``; the trace's ``extra["frozen_needs_grad"]``: per
+    module of a frozen subtree, whether its output needs a gradient (absent: unknown), what FSDP2's backward
+    hooks of a unit of frozen layers depend on (:func:`dpcomm.fsdp.bound.as_run`)."""
     frozen = frozen_holders(model, shardable)
     if not frozen:
         return trace
