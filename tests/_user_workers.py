@@ -175,10 +175,10 @@ def _counting_ddps(seen: list[int]) -> Any:
     """Every DDP ``wrap`` builds (its trial's candidates, then the user's) appends to ``seen`` how many
     DDPs it built before were still alive (plain torch cannot run several around one module with unused
     parameters: issue 54, finding 1)."""
+    import importlib
     import weakref
 
-    import dpcomm.ddp.wrap as module
-
+    module = importlib.import_module("dpcomm.ddp.wrap")  # the module: dpcomm.ddp.wrap is also the function
     real, built = module.build_ddp, []
 
     def build(*args: Any, **kwargs: Any) -> Any:

@@ -60,6 +60,17 @@ def reduce_zeros(model: nn.Module, names: Collection[str], group: Any = None) ->
     _Record(model, mods, tracked, [mods[u] for u in sorted(units)], group)
 
 
+def _mark(used: torch.Tensor, k: int) -> Any:
+    """The hook that records parameter ``k``'s gradient. It holds the record's tensor, not the record:
+    autograd keeps hooks from C++, where the collector sees no cycle back to the model (the trial's copies
+    would outlive ``shard``)."""
+
+    def hook(_p: torch.Tensor) -> None:
+        used[k] = 1
+
+    return hook
+
+
 class _Record:
     """The per-backward record of step 2 and the callback of step 3 (kept alive by the hooks it installs)."""
 
@@ -86,8 +97,11 @@ class _Record:
                 p = mods[owner]._parameters.get(attr)
                 if p is None or id(p) in self.hooked or not p.requires_grad:
                     continue
-                k = self.index[name]
-                handle = p.register_post_accumulate_grad_hook(lambda _p, k=k: self.used.__setitem__(k, 1))
+                k, used = self.index[name], self.used  # the hook holds the record's tensor, not the record:
+                # autograd keeps it from C++, where the collector cannot see a cycle back to the model
+                handle = p.register_post_accumulate_grad_hook(
+                    lambda _p, k=k, used=used: used.__setitem__(k, 1)
+                )
                 self.hooked[id(p)] = (p, handle)
 
         return pre_forward
@@ -132,7 +146,7 @@ class _Record:
         for k, (name, none) in enumerate(zip(self.names, self.was_none or [], strict=True)):
             if none and not used[k]:
                 params[name].grad = None  # no rank used it: as DDP leaves it
-        self.used.zero_()
+        self.used.zero_()  # in place: the hooks hold this tensor
         self.was_none = None
 
     def _synced(self) -> bool:
