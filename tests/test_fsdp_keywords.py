@@ -130,3 +130,61 @@ def test_a_profile_under_a_policy_runs_as_fsdp2_and_leaves_the_model_as_it_was()
     assert m[3](torch.ones(2, 4)).dtype == torch.float32  # the hooks gone
     with K.as_fsdp2_computes(m, example, None) as same:
         assert same is example and {p.dtype for p in m.parameters()} == {torch.float32}
+
+
+class _SelfCasting(nn.Module):
+    """A router that casts its classifier in its own forward, as Hugging Face's Switch and NLLB-MoE routers
+    do (``self.classifier = self.classifier.to(router_dtype)``), beside a float32 layer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inp, self.classifier = nn.Linear(4, 4), nn.Linear(4, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.classifier = self.classifier.to(torch.bfloat16)
+        return self.classifier(torch.relu(self.inp(x)).bfloat16()).float()
+
+
+def test_a_model_that_casts_itself_in_forward_is_given_back_as_it_was(one_rank):
+    """``shard`` runs the model before sharding it; a module that casts its own parameters in forward must
+    not leave them cast (the user's model would change dtype, and a unit mix two: issue 54's tier), and
+    its sharded parameters are in the dtype the user built."""
+    import dpcomm.fsdp
+    from dpcomm.utils.user_run import untouched
+
+    torch.manual_seed(0)
+    m = _SelfCasting()
+    with untouched(m) as as_given:
+        m(torch.ones(2, 4))
+        assert m.classifier.weight.dtype == torch.bfloat16
+        as_given()
+        assert m.classifier.weight.dtype == torch.float32
+        m(torch.ones(2, 4))
+    assert {p.dtype for p in m.parameters()} == {torch.float32}
+    dpcomm.fsdp.shard(m, "per-layer", example=torch.ones(2, 4), profile_iters=1)
+    assert {p.dtype for p in m.parameters()} == {torch.float32}
+
+
+def test_a_plan_fsdp2_cannot_compute_under_the_policy_is_one_line(one_rank):
+    """Under ``mp_policy`` FSDP2 casts floating inputs only where a unit starts: a float32 buffer added to a
+    bf16 activation inside one unit, then a bf16 norm, fails there though every module ran in the profile
+    (where each module holding parameters was cast). ``shard`` runs the model as FSDP2 will and refuses in
+    one line; with a unit of its own the norm gets its input cast, and it passes."""
+    from dpcomm.fsdp.groups import ROOT
+
+    class Positions(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.embed, self.norm = nn.Embedding(8, 4), nn.LayerNorm(4)
+            self.register_buffer("pos", torch.arange(4.0))
+
+        def forward(self, idx: torch.Tensor) -> torch.Tensor:
+            return self.norm(self.embed(idx) + self.pos)
+
+    torch.manual_seed(0)
+    m, idx = Positions(), torch.tensor([[1, 2], [3, 4]])
+    with pytest.raises(UserError, match="its inputs cast only where a unit starts") as caught:
+        K.check_runs_as_planned(m, idx, torch.bfloat16, [[ROOT]], None, None)
+    assert "\n" not in str(caught.value)
+    K.check_runs_as_planned(m, idx, torch.bfloat16, [["norm"], [ROOT]], None, None)
+    assert {p.dtype for p in m.parameters()} == {torch.float32}

@@ -17,7 +17,8 @@
   its units are timed, as FSDP2 runs them (the parameters cast, the buffers not, the floating inputs of
   every module holding parameters cast, as FSDP2 casts a unit's: the units are not known yet, and any such
   module may be one), so a model FSDP2 cannot run under the policy fails here, in one line, and one it runs
-  is timed as it runs.
+  is timed as it runs. With ``units`` (the planned ``fully_shard`` calls' modules) only those cast, as
+  FSDP2 will: :func:`check_runs_as_planned` runs the model so before it is sharded.
 """
 
 from __future__ import annotations
@@ -33,7 +34,14 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.utils.user_run import map_tensors
 
-__all__ = ["as_fsdp2_computes", "check_dense", "check_fsdp_keywords", "check_unit_s", "planned_without"]
+__all__ = [
+    "as_fsdp2_computes",
+    "check_dense",
+    "check_runs_as_planned",
+    "check_fsdp_keywords",
+    "check_unit_s",
+    "planned_without",
+]
 
 OWN = {"reshard_after_forward": "the plan's choice, not a keyword (an FsdpPlan given to shard fixes it)"}
 """``fully_shard`` keywords that are ``shard``'s to decide, and why (``mesh`` is ``shard``'s own argument)."""
@@ -124,7 +132,9 @@ def planned_without(fsdp_kw: dict[str, Any]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def as_fsdp2_computes(model: nn.Module, example: Any, dtype: torch.dtype | None) -> Iterator[Any]:
+def as_fsdp2_computes(
+    model: nn.Module, example: Any, dtype: torch.dtype | None, units: Any = None
+) -> Iterator[Any]:
     """``example`` with its floating tensors in ``dtype``, the model's parameters cast to ``dtype`` (their
     data swapped; gradients cleared) and the floating inputs of every module holding parameters cast on
     the way in (a forward pre-hook) for the block, as FSDP2's ``MixedPrecisionPolicy(param_dtype=dtype)``
@@ -144,7 +154,10 @@ def as_fsdp2_computes(model: nn.Module, example: Any, dtype: torch.dtype | None)
     def inputs(_: nn.Module, args: Any, kwargs: Any) -> Any:  # FSDP2's cast_forward_inputs, per unit
         return cast(args), cast(kwargs)
 
+    mods = dict(model.named_modules())
     owners = [m for m in model.modules() if any(True for _ in m.parameters(recurse=False))]
+    if units is not None:  # the planned units' modules and the root: where FSDP2 itself casts
+        owners = [mods[p] for p in dict.fromkeys(["", *(p for ps in units for p in ps)])]
     hooks = []
     try:
         for p in params:
@@ -159,3 +172,27 @@ def as_fsdp2_computes(model: nn.Module, example: Any, dtype: torch.dtype | None)
         for p, (data, grad) in zip(params, saved, strict=True):
             p.data = data
             p.grad = grad
+
+
+def check_runs_as_planned(
+    model: nn.Module, example: Any, dtype: Any, units: Any, loss_fn: Any, group: Any
+) -> None:
+    """One forward and backward of ``example`` with the inputs cast to ``dtype`` only where a planned unit
+    (``units``: each ``fully_shard`` call's module paths) or the root starts, as FSDP2's mixed precision
+    casts them; one :class:`UserError` on every rank where the model cannot compute so (a float32 buffer
+    added to a half activation inside a unit, then a half norm: it ran in the profile, where every module
+    holding parameters was cast). The model is left as it was."""
+    from dpcomm.trace.profiler import default_loss
+    from dpcomm.utils.user_run import call, on_every_rank, untouched
+
+    def run() -> None:
+        with untouched(model), as_fsdp2_computes(model, example, dtype, units) as cast:
+            (loss_fn or default_loss)(call(model, cast)).backward()
+
+    shown = "; ".join(", ".join(p or "(root)" for p in ps) for ps in units[:4])
+    shown += "; ..." if len(units) > 4 else ""
+    what = (
+        "dpcomm.fsdp.shard: the model as FSDP2's mp_policy runs it, its inputs cast only where a unit starts "
+        f"(units [{shown}]; give the modules whose inputs mix dtypes units of their own),"
+    )
+    on_every_rank(run, group, what)

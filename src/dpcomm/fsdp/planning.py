@@ -30,6 +30,7 @@ from dpcomm.utils.user_run import batch_size, call, map_tensors, on_every_rank
 
 __all__ = [
     "budget_bytes",
+    "compute_dtype",
     "call_model",
     "overlap_of",
     "plan_on_root",
@@ -114,7 +115,7 @@ def _analytic_profile(model: nn.Module, example: Any, units: Any, group: Any, dt
     )  # fmt: skip
 
 
-def _compute_dtype(precision: Precision | None) -> torch.dtype | None:
+def compute_dtype(precision: Precision | None) -> torch.dtype | None:
     """The half dtype a policy's units compute in (``param_dtype`` bf16 or fp16), else None (as stored)."""
     name = precision.param_dtype if precision is not None else None
     return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(name or "")
@@ -327,7 +328,7 @@ def plan_on_workers(
     None: every module with a forward); the plan is made over the atoms they leave. ``unit_s``: FSDP2's
     fixed cost of a unit per pass (default: :func:`unit_s_of` the model)."""
     name = str(method).strip().lower()
-    dtype = _compute_dtype(precision)
+    dtype = compute_dtype(precision)
     if example is None and name == "optimal":
         raise UserError("FSDP planner 'optimal' needs the units' times: pass example=<one input batch>")
     if example is None:

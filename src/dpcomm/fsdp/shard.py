@@ -56,10 +56,17 @@ from dpcomm.errors import UserError
 from dpcomm.fsdp.agreed import agreed_shardable, layer_params_of
 from dpcomm.fsdp.bound import as_run, per_block_within, within_bound
 from dpcomm.fsdp.groups import ROOT, ShardGroups, mixed_dtypes, shard_groups
-from dpcomm.fsdp.keywords import check_dense, check_fsdp_keywords, check_unit_s, planned_without
+from dpcomm.fsdp.keywords import (
+    check_dense,
+    check_fsdp_keywords,
+    check_runs_as_planned,
+    check_unit_s,
+    planned_without,
+)
 from dpcomm.fsdp.mesh import given_on, meshes
 from dpcomm.fsdp.planning import (
     budget_bytes,
+    compute_dtype,
     is_meta,
     on_model_device,
     overlap_of,
@@ -259,7 +266,10 @@ def shard(
     check_same_weights(model, process_group, "dpcomm.fsdp.shard")
     trace = ag = rs = ar = trial = None
     precision, said = Precision.of(fsdp_kw.get("mp_policy")), []  # priced as FSDP2 will run it
-    with untouched(model), planned_without(fsdp_kw):  # ignored_params: in no unit, as FSDP2 leaves them
+    with (
+        untouched(model) as as_given,
+        planned_without(fsdp_kw),
+    ):  # ignored_params: in no unit, as FSDP2 leaves them
         candidates = meshes(model, mesh, process_group)
         shardable = analysis = None  # one analysis of the model, rank 0's (trace/units.agree)
         zeros: tuple[str, ...] = ()  # parameters some rank may leave unused (fsdp/agreed, fsdp/unused)
@@ -282,6 +292,7 @@ def shard(
                 layer_params = layer_params_of(model, analysis)
             layer_params = tuple(tuple(x) for x in layer_params)
         check_same_layout(model, layer_params, process_group, "dpcomm.fsdp.shard", "units")  # before mapping
+        as_given()  # parameters a forward cast (a router's) as the user gave them, before any copy
         if trace is not None:
             requested = within_bound(str(plan).strip().lower(), requested, model, layer_params, trace, ag,
                                       rs, budget, max_depth, process_group, shardable, ar, precision,
@@ -316,6 +327,10 @@ def shard(
                     "per-block: the plan was not measurably (> 2%) faster in the timed trial")  # fmt: skip
         groups = shard_groups(model, kept, layer_params, shardable)
         run, bound = as_run(model, kept, groups, layer_params, trace, ag, rs, ar, precision)
+        half = compute_dtype(precision)
+        if half is not None and example is not None and not is_meta(model):  # FSDP2 casts at units only
+            check_runs_as_planned(model, on_model_device(model, example), half, groups.modules, loss_fn,
+                                  process_group)  # fmt: skip
     if budget is not None and bound > budget:
         notes = f" ({'; '.join(groups.notes)})" if groups.notes else ""
         raise UserError(

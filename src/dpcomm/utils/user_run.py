@@ -109,17 +109,29 @@ def first_param(model: nn.Module, who: str) -> nn.Parameter:
 
 
 @contextlib.contextmanager
-def untouched(model: nn.Module) -> Iterator[None]:
-    """Run the block, then restore ``model``'s gradients, buffers, training flags and the random state."""
+def untouched(model: nn.Module) -> Iterator[Callable[[], None]]:
+    """Run the block, then restore ``model``'s gradients, buffers, training flags and the random state, and
+    any parameter's data a forward swapped (a module cast in its own forward: Hugging Face's Switch and
+    NLLB-MoE routers run ``self.classifier.to(router_dtype)``; left so, a ``fully_shard`` call would hold
+    two dtypes the user's model never had). It yields that last restoration, to call between steps (before
+    ``shard`` builds sharded copies from the parameters)."""
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     params = list(model.parameters())
     grads = [p.grad for p in params]
+    data = [p.data for p in params]  # aliases: the storage and dtype as they were, nothing copied
     buffers = [(b, b.detach().clone()) for b in model.buffers() if b.device.type != "meta"]
     modes = [(m, m.training) for m in model.modules()]
+
+    def as_given() -> None:
+        for p, d in zip(params, data, strict=True):
+            if p.dtype != d.dtype or p.data_ptr() != d.data_ptr() or p.shape != d.shape:
+                p.data = d
+
     with torch.random.fork_rng(devices=devices):
         try:
-            yield
+            yield as_given
         finally:
+            as_given()
             for p, g in zip(params, grads, strict=True):
                 p.grad = g
             with torch.no_grad():
