@@ -77,7 +77,7 @@ KEYWORDS = [
 """FSDP2's other keywords through ``shard``: ``offload_policy=CPUOffloadPolicy(pin_memory=False)`` (pinning
 needs an accelerator: refused in one line, tests/test_fsdp_keywords.py), ``ignored_params`` (the LoRA model's
 head; without the policy: FSDP2 leaves ignored parameters in fp32, and the head would take bf16 inputs)."""
-PER_RANK = ("moe-top1", "moe-top2", "tasks")
+PER_RANK = ("moe-top1", "moe-top2", "tasks", "switch")
 """Models whose ranks' batches use other parameters: ``shard`` has FSDP2 reduce-scatter zeros for them
 (``set_reduce_scatter_unused_params``, as DDP's ``find_unused_parameters`` sums), and the plain run too."""
 BAD_KEYWORDS = {
