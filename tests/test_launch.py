@@ -28,7 +28,9 @@ def test_launch_returns_results_by_rank():
 def test_worker_exception_becomes_one_line():
     with pytest.raises(WorkerFailure) as exc:
         launch(_workers.fail_on_rank, 2, 1)
-    assert exc.value.failures.keys() == {1}
+    # rank 1 failed; rank 0 may be reported too: the agent stops the survivors once one worker fails, and
+    # on a loaded machine that can come before rank 0 returns (seen once in a fresh-clone `make test`)
+    assert 1 in exc.value.failures
     assert "boom on rank 1" in str(exc.value) and "\n" not in str(exc.value)
 
 
