@@ -320,6 +320,20 @@ class FrozenBackbone(nn.Module):
         return self.head(torch.relu(self.backbone(x)))
 
 
+class StemBackboneHead(nn.Module):
+    """A frozen stem and backbone (``nn.Linear(64, 64)``: 16,640 bytes each) and a trained head (520 bytes):
+    with the frozen modules units of their own it fits 20,000 bytes unsharded (issue 54, item 6)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.stem = nn.Linear(64, 64).requires_grad_(False)
+        self.backbone = nn.Linear(64, 64).requires_grad_(False)
+        self.head = nn.Linear(64, 2)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(torch.relu(self.backbone(torch.relu(self.stem(x)))))
+
+
 class HashMoE(nn.Module):
     """Token embedding, then a mixture of ``experts`` MLPs with data-dependent top-``k`` routing: token ``t``
     goes to experts ``(t + j s) % experts`` for ``j < k``, ``s = experts // k`` (hash routing, Roller et al.
@@ -422,6 +436,11 @@ def _switch_tokens(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return x[:2], y[:2]
 
 
+def _wide(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(8, 64, generator=g), torch.randint(0, 2, (8,), generator=g)
+
+
 def _vectors(seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     g = torch.Generator().manual_seed(seed)
     return torch.randn(6, DIM, generator=g), torch.randint(0, 4, (6,), generator=g)
@@ -459,6 +478,7 @@ CORPUS: dict[str, tuple[Callable[[], nn.Module], Callable[[int], Any], tuple[dic
     "moe-top2": (lambda: HashMoE(k=2, experts=4), _domain_tokens, (UNUSED,)),
     "tasks": (TaskHeads, _domain_tokens, (UNUSED,)),
     "switch": (SwitchMoE, _switch_tokens, (UNUSED,)),
+    "frozen-stem": (StemBackboneHead, _wide, (DEFAULT,)),
     "shared-4": (SharedBlocks, _tokens(4), (DEFAULT,)),
     "checkpoint": (Checkpointed, _vectors, (DEFAULT,)),
     "counter": (Counting, _vectors, (DEFAULT,)),

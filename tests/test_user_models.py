@@ -28,9 +28,9 @@ def _mode_name(kw: dict) -> str:
 
 NEW = {"moe-top1": PLANNERS, "moe-top2": ("optimal",), "tasks": ("wfbp", "optimal"), "frozen": ("optimal",),
        "hf-kw": ("optimal",), "shared-4": ("optimal",), "checkpoint": ("optimal",),
-       "counter": ("optimal",), "mixed": ("wfbp", "optimal"), "switch": ()}  # fmt: skip
+       "counter": ("optimal",), "mixed": ("wfbp", "optimal"), "switch": (), "frozen-stem": ()}  # fmt: skip
 """Issue 46's models, each with the planners its finding needs (every planner builds from one analysis);
-issue 54's Switch-style experts run in :data:`EXTRA_CASES` and :data:`SHARD_CASES` only."""
+issue 54's Switch-style experts and frozen stem run in :data:`EXTRA_CASES` and :data:`SHARD_CASES` only."""
 
 
 def _planners(model: str, i: int, j: int) -> tuple[str, ...]:
@@ -102,6 +102,8 @@ SHARD_CASES = [
 ] + [  # issue 54: routed experts, some unused on every rank in a step, SGD with momentum; trial on and off
     {"model": "switch", "planner": p, "memory": None, "extra": "momentum", "verify_iters": v}
     for p, v in (("optimal", 1), ("optimal", 0), ("per-layer", 0))
+] + [  # issue 54, item 6: frozen modules are units, so 20,000 bytes hold what took 33,800 in the root
+    {"model": "frozen-stem", "planner": p, "memory_bytes": 20000} for p in ("optimal", "per-block")
 ]  # fmt: skip
 """``per-block`` under a budget only (the same units as without one, the budget checked besides; without
 one on the issue-46 models). On ``meta``: two models with ``optimal`` (attention's ``out_proj`` and

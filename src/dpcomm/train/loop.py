@@ -40,6 +40,7 @@ import gc
 import logging
 import os
 import re
+import sys
 import time
 from typing import Any
 
@@ -156,7 +157,8 @@ def _worker(cfg: TrainConfig, schedules: list[tuple[str, Any]], servers: int = 0
         who = f"{_role(rank, world - servers)} rank {rank} of {world}"
         raise RuntimeError(f"{who} stopped{at}: {first_line(exc, with_type=True)}") from None
     finally:
-        gc.collect()  # FSDP2's states (cycles) go before the group, not at teardown (docs/fsdp.md)
+        if "torch.distributed.fsdp" in sys.modules:  # FSDP2's states (cycles) go before the group, not at
+            gc.collect()  # the interpreter's teardown (docs/fsdp.md, "Ending the job")
         if dist.is_initialized():
             dist.destroy_process_group()
 
