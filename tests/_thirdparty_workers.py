@@ -16,7 +16,6 @@ import warnings
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -53,22 +52,6 @@ def _train(model: nn.Module, batch: Any) -> tuple[list[float], dict[str, torch.T
         opt.step()
         losses.append(float(loss.detach()))
     return losses, grads
-
-
-def _recorded_buckets(ddp: DistributedDataParallel, batch: Any, unit_of: dict[int, int]) -> list[Any]:
-    """The buckets DDP runs, ``[sorted unit indices, dtype]`` in communication order, read in one iteration
-    through a recording comm hook that all-reduces as DDP does."""
-    log: list[Any] = []
-
-    def hook(state, bucket):  # no annotations: DDP compares them with the classes, not with strings
-        log.append([sorted({unit_of[id(p)] for p in bucket.parameters()}), str(bucket.buffer().dtype)])
-        t = bucket.buffer().div_(dist.get_world_size())
-        return dist.all_reduce(t, async_op=True).get_future().then(lambda f: f.value()[0])
-
-    ddp.register_comm_hook(None, hook)
-    x, y = batch
-    loss_of(call(ddp, x), y).backward()
-    return log
 
 
 def _grad_diff(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
@@ -130,7 +113,7 @@ def wrap_cases(cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 ],
                 requested=[list(g) for g in caps.requested.groups],
                 dropped=list(caps.dropped),
-                seen=_recorded_buckets(ddp, batch, unit_of),
+                seen=W._recorded_buckets(ddp, batch, unit_of, dtypes=True, loss=loss_of),
             )
             del ddp, ref
         except Exception as exc:  # one case's failure is reported, the others still run

@@ -151,7 +151,12 @@ def _params(model: nn.Module) -> dict[str, torch.Tensor]:
 
 
 def _recorded_buckets(
-    ddp: DistributedDataParallel, batch: Any, unit_of: dict[int, int], *, dtypes: bool = False
+    ddp: DistributedDataParallel,
+    batch: Any,
+    unit_of: dict[int, int],
+    *,
+    dtypes: bool = False,
+    loss: Any = None,
 ) -> list[Any]:
     """The buckets DDP runs, as sorted unit indices per bucket in communication order (``dtypes``: as
     ``[sorted unit indices, dtype]``), read in one iteration through a recording comm hook that all-reduces
@@ -166,7 +171,7 @@ def _recorded_buckets(
 
     ddp.register_comm_hook(None, hook)
     x, y = batch
-    loss_of(call(ddp, x), y).backward()
+    (loss or loss_of)(call(ddp, x), y).backward()
     return log
 
 

@@ -18,7 +18,7 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.fsdp.groups import ShardGroups, call_params, layer_atoms, shard_groups
 from dpcomm.fsdp.planning import overlap_of, plan_on_root, unit_s_of
-from dpcomm.planner.fsdp_model import FsdpPlan
+from dpcomm.planner.fsdp_model import FsdpPlan, peak_memory
 from dpcomm.planner.fsdp_precision import Precision
 from dpcomm.trace.format import Trace
 
@@ -76,37 +76,9 @@ def _frozen_backward(plan: FsdpPlan, groups: ShardGroups, trace: Trace | None) -
 
 def peak_as_run(units: list[tuple[int, int]], held: Any, *, depth: int, reshard: bool, silent: Any = (),
                 kept: Any = ()) -> int:  # fmt: skip
-    """:func:`dpcomm.planner.fsdp.peak_memory`'s sweep (the same without ``silent`` and ``kept`` units), with
-    FSDP2's backward of units of frozen layers: a ``silent`` one runs no backward hook (gathers nothing at
-    its turn, prefetches nothing); a ``kept`` one, once gathered in backward (by the unit after it, FSDP2's
-    default prefetch at depth 0, or a later unit's explicit prefetch), stays unsharded until backward ends
-    (FSDP2's last callback reshards it)."""
-    B = [int(np.sum(held[a : z + 1])) for a, z in units]
-    d, K = int(depth), len(units)
-    alive: set[int] = set()
-    peak = 0
-
-    def gather(k: int) -> None:
-        nonlocal peak
-        alive.add(k)
-        peak = max(peak, sum(B[j] for j in alive))
-
-    for k in range(K):  # forward: unit k and the d after it issued, k resharded after (not the last)
-        for j in range(k, min(k + d, K - 1) + 1):
-            gather(j)
-        if reshard and k < K - 1:
-            alive.discard(k)
-    for p in range(K):  # backward: unit u = K-1-p's hook gathers it and the d before it
-        u = K - 1 - p
-        if u in silent:
-            continue
-        for q in range(p, min(p + d, K - 1) + 1):
-            gather(K - 1 - q)
-        if d == 0 and u > 0 and u - 1 in kept:
-            gather(u - 1)
-        if u not in kept:
-            alive.discard(u)
-    return int(peak)
+    """:func:`dpcomm.planner.fsdp.peak_memory` of ``held`` (bytes per layer), with the ``silent`` and
+    ``kept`` units of frozen layers as FSDP2 runs their backward (see there)."""
+    return int(peak_memory(units, held, depth=depth, reshard=reshard, silent=silent, kept=kept))
 
 
 def _untrained_bytes(

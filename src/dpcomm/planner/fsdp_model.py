@@ -297,10 +297,16 @@ def _blocking_backward(A, W, R, t0: float, d: int, reshard: bool, u: float, deta
     return t_iter
 
 
-def peak_memory(units: Sequence[tuple[int, int]], param_bytes, *, depth: int, reshard: bool) -> int:
+def peak_memory(
+    units: Sequence[tuple[int, int]], param_bytes, *, depth: int, reshard: bool, silent: Any = (),
+    kept: Any = (),
+) -> int:  # fmt: skip
     """The model's peak of unsharded parameter bytes (module docstring), by a sweep of the program order:
     each unit's forward (issue the all-gathers due, run, reshard) then each unit's backward (issue the
-    re-gathers due, run, reshard)."""
+    re-gathers due, run, reshard). FSDP2's backward of units of frozen layers (:mod:`dpcomm.fsdp.bound`):
+    a ``silent`` unit runs no backward hook (gathers nothing at its turn, prefetches nothing); a ``kept``
+    one, once gathered in backward (by the unit after it, FSDP2's default prefetch at depth 0, or a later
+    unit's explicit prefetch), stays unsharded until backward ends (FSDP2's last callback reshards it)."""
     m = np.asarray(param_bytes, dtype=float).ravel()
     check_units(units, m.size)
     d, K = int(depth), len(units)
@@ -319,9 +325,15 @@ def peak_memory(units: Sequence[tuple[int, int]], param_bytes, *, depth: int, re
                 gather(j)
         if reshard and k < K - 1:
             alive.discard(k)
-    for p in range(K):  # backward, position p (0-based): unit K-1-p and the d after it
+    for p in range(K):  # backward, position p (0-based): unit u = K-1-p and the d before it
+        u = K - 1 - p
+        if u in silent:
+            continue
         for q in range(p, min(p + d, K - 1) + 1):
             if K - 1 - q not in alive:
                 gather(K - 1 - q)
-        alive.discard(K - 1 - p)
+        if d == 0 and u > 0 and u - 1 in kept and u - 1 not in alive:
+            gather(u - 1)
+        if u not in kept:
+            alive.discard(u)
     return peak
