@@ -2,8 +2,8 @@
 
 A frozen stem and backbone (``nn.Linear(64, 64)``: 16,640 bytes each) beside a trained head (520 bytes) used
 to stay in the root call, whole on every rank (33,800 bytes unsharded): ``shard(..., memory=20000)``
-refused. Now each frozen-only module is a layer of its own (:func:`dpcomm.fsdp.groups.frozen_holders`,
-placed in forward order by :func:`dpcomm.fsdp.planning.with_frozen`), planned and sharded like the others,
+refused. Now each frozen-only module is a layer of its own (:func:`dpcomm.fsdp.frozen.frozen_holders`,
+placed in forward order by :func:`dpcomm.fsdp.frozen.with_frozen`), planned and sharded like the others,
 and the bound counts it as FSDP2 runs it: gathered in forward, and in backward only where a prefetch gathers
 it (its output needs no gradient: FSDP2 registers no backward hook for it), then kept until backward ends
 (:func:`dpcomm.fsdp.bound.peak_as_run`).
@@ -22,7 +22,7 @@ import random
 import torch
 from torch import nn
 
-from dpcomm.fsdp import groups as G
+from dpcomm.fsdp import frozen as G
 from dpcomm.fsdp.bound import peak_as_run
 from dpcomm.planner.fsdp import peak_memory
 from tests._corpus import StemBackboneHead

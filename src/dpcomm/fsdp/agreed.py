@@ -27,7 +27,7 @@ from dpcomm.fsdp.groups import ROOT, shardable_modules
 from dpcomm.fsdp.planning import on_model_device
 from dpcomm.utils.user_run import on_every_rank
 
-__all__ = ["agreed_shardable", "input_shapes", "layer_params_of"]
+__all__ = ["agreed_shardable", "layer_params_of"]
 
 
 def layer_params_of(model: nn.Module, analysis: Any) -> tuple[tuple[str, ...], ...]:
@@ -37,37 +37,6 @@ def layer_params_of(model: nn.Module, analysis: Any) -> tuple[tuple[str, ...], .
 
     units = analysis.units if analysis is not None else layer_units(model, learnable_layers(model))
     return tuple(u.param_names for u in units)
-
-
-def input_shapes(model: nn.Module, example: Any) -> dict[str, list[tuple[int, ...]]]:
-    """Per module path, the shapes of the tensors its forward took on ``example`` (every call, in order);
-    one forward, no gradient. Run it under :func:`dpcomm.utils.user_run.untouched`."""
-    import torch
-
-    from dpcomm.utils.user_run import call
-
-    paths = {m: p for p, m in model.named_modules()}
-    seen: dict[str, list[tuple[int, ...]]] = {}
-
-    def hook(mod: nn.Module, args: Any, kwargs: Any) -> None:
-        stack = [*args, *kwargs.values()]
-        while stack:
-            o = stack.pop()
-            if isinstance(o, torch.Tensor):
-                seen.setdefault(paths[mod], []).append(tuple(o.shape))
-            elif isinstance(o, tuple | list):
-                stack.extend(o)
-            elif isinstance(o, dict):
-                stack.extend(o.values())
-
-    handles = [m.register_forward_pre_hook(hook, with_kwargs=True) for m in model.modules()]
-    try:
-        with torch.no_grad():
-            call(model, example)
-    finally:
-        for h in handles:
-            h.remove()
-    return seen
 
 
 def _routed(model: nn.Module, every: list[dict[str, list[tuple[int, ...]]]]) -> set[str]:
@@ -107,11 +76,12 @@ def agreed_shardable(
     model with such parameters is one :class:`UserError` on every rank (what is gathered is agreed)."""
     if analysis is not None and analysis.uneven:
         _need_zeros(analysis.uneven)
-    mine = on_every_rank(
-        lambda: (sorted(shardable_modules(model, on_model_device(model, example))),
-                 input_shapes(model, on_model_device(model, example))),
-        group, "dpcomm.fsdp.shard: running the model on the example",
-    )  # fmt: skip
+
+    def local() -> tuple[list[str], dict[str, list[tuple[int, ...]]]]:
+        shapes: dict[str, list[tuple[int, ...]]] = {}
+        return sorted(shardable_modules(model, on_model_device(model, example), shapes)), shapes
+
+    mine = on_every_rank(local, group, "dpcomm.fsdp.shard: running the model on the example")
     every: list[Any] = [None] * dist.get_world_size(group)
     dist.all_gather_object(every, mine, group=group)
     routed = _routed(model, [e[1] for e in every])

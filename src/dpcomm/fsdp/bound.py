@@ -58,7 +58,7 @@ def as_run(
 
 
 def _frozen_backward(plan: FsdpPlan, groups: ShardGroups, trace: Trace | None) -> tuple[set[int], set[int]]:
-    """The units of frozen layers only (``trace``'s, :func:`dpcomm.fsdp.planning.with_frozen`) whose backward
+    """The units of frozen layers only (``trace``'s, :func:`dpcomm.fsdp.frozen.with_frozen`) whose backward
     FSDP2 runs otherwise: ``silent`` where no output of their modules needs a gradient (FSDP2 registers no
     backward hook on them), ``kept`` where that is so or unknown (see :func:`peak_as_run`)."""
     silent: set[int] = set()

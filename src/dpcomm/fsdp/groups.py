@@ -30,7 +30,7 @@ before their parents and the root (``fully_shard(model)``) last, taking whatever
    those of unit ``k`` is sharded after ``k``); a unit holding the root's own parameters is the root call,
    made last. Parameters in no layer stay with the call of a module above them, else the root's;
 6. a module holding frozen parameters only, under no module holding trainable ones (a frozen stem, backbone
-   or tower), is a layer of its own, planned and gathered as the others (:func:`frozen_holders`).
+   or tower), is a layer of its own, planned and gathered as the others (:mod:`dpcomm.fsdp.frozen`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,6 @@ from dpcomm.planner.fsdp_model import FsdpPlan
 __all__ = [
     "ShardGroups",
     "call_params",
-    "frozen_holders",
     "layer_atoms",
     "layer_holders",
     "merge_units",
@@ -60,10 +59,6 @@ __all__ = [
 
 ROOT = ""
 """The root module's path (``model.named_modules()`` names it ``""``)."""
-
-HELD_OUT: set[int] = set()
-"""``id`` of the parameters in FSDP2's ``ignored_params`` while ``shard`` plans (frozen for the while by
-:func:`dpcomm.fsdp.keywords.planned_without`): whole on every rank, in no layer (point 6)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,30 +130,29 @@ def mixed_dtypes(model: nn.Module, groups: ShardGroups) -> str | None:
     return None
 
 
-def shardable_modules(model: nn.Module, example: Any) -> frozenset[str]:
+def shardable_modules(
+    model: nn.Module, example: Any, shapes: dict[str, list[tuple[int, ...]]] | None = None
+) -> frozenset[str]:
     """Paths of the modules whose forward runs on ``example`` and returns no view that needs a gradient
-    (point 4); one forward, no backward. Run it under :func:`dpcomm.utils.user_run.untouched`."""
-    from dpcomm.utils.user_run import call
+    (point 4); one forward, no backward, under :func:`dpcomm.utils.user_run.untouched`. ``shapes``: filled
+    with each module's input shapes, every call (:mod:`dpcomm.fsdp.agreed` compares them across ranks)."""
+    from dpcomm.utils.user_run import call, tensors_in
 
     paths = {m: p for p, m in model.named_modules()}
     ran: set[str] = {ROOT}
     views: set[str] = set()
 
+    def inputs(mod: nn.Module, args: Any, kwargs: Any) -> None:  # None: the inputs go on as they are
+        shapes.setdefault(paths[mod], []).extend(tuple(t.shape) for t in tensors_in((args, kwargs)))  # type: ignore[union-attr]
+
     def hook(mod: nn.Module, _inputs: Any, output: Any) -> None:
         ran.add(paths[mod])
-        stack, seen = [output], 0
-        while stack and seen < 64:  # outputs are a tensor, or a few nested in tuples, lists and dicts
-            o = stack.pop()
-            seen += 1
-            if isinstance(o, torch.Tensor):
-                if o.requires_grad and o._base is not None:
-                    views.add(paths[mod])
-            elif isinstance(o, tuple | list):
-                stack.extend(o)
-            elif isinstance(o, dict):
-                stack.extend(o.values())
+        if any(t.requires_grad and t._base is not None for t in tensors_in(output, most=64)):
+            views.add(paths[mod])
 
     handles = [m.register_forward_hook(hook) for m in model.modules()]
+    if shapes is not None:
+        handles += [m.register_forward_pre_hook(inputs, with_kwargs=True) for m in model.modules()]
     try:
         with torch.enable_grad():
             call(model, example)
@@ -227,20 +221,6 @@ def _holders(model: nn.Module, shardable: Collection[str] | None = None) -> dict
             holder = holder.rpartition(".")[0]
         direct.setdefault(holder, []).extend(n for n in names if n not in direct.get(holder, []))
     return direct
-
-
-def frozen_holders(model: nn.Module, shardable: Collection[str] | None = None) -> list[tuple[list, list]]:
-    """The frozen layers of point 6: ``(module paths, parameter names)`` each, the modules sharing a (tied)
-    parameter together; none holds an ignored parameter (:data:`HELD_OUT`)."""
-    live = {p for p, m in model.named_modules()
-            if any(q.requires_grad or id(q) in HELD_OUT for q in m.parameters())}  # fmt: skip
-    direct, out = _holders(model, shardable), []
-    for path, names in direct.items():  # below no holder of trainable (or ignored) parameters but the root
-        if path and path not in live and not any(path.startswith(t + ".") for t in direct if t and t in live):
-            hit = [x for x in out if set(x[1]) & set(names)]
-            paths, held = [q for x in hit for q in x[0]] + [path], [n for x in hit for n in x[1]] + names
-            out = [x for x in out if x not in hit] + [(paths, list(dict.fromkeys(held)))]
-    return out
 
 
 def shard_groups(

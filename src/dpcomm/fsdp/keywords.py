@@ -116,7 +116,7 @@ def _accelerator() -> bool:
 def planned_without(fsdp_kw: dict[str, Any]) -> Iterator[None]:
     """The ignored parameters frozen (``requires_grad=False``) while the block plans: no gradient unit
     holds them, so no unit gathers or reduces them; their flags restored after."""
-    from dpcomm.fsdp.groups import HELD_OUT
+    from dpcomm.fsdp.frozen import HELD_OUT
 
     ignored = list(fsdp_kw.get("ignored_params") or ())
     flags = [p.requires_grad for p in ignored]

@@ -1,14 +1,14 @@
 """Steps 1-3 of :func:`dpcomm.fsdp.shard` on the workers: profile the units, fit the two collectives, plan
 on rank 0 over the model's atoms (:func:`dpcomm.fsdp.groups.layer_atoms`: every unit one ``fully_shard``
 call) with FSDP2's fixed cost per unit (:mod:`dpcomm.planner.fsdp_unit`) and check the plan's hash on every
-rank. Modules holding only frozen parameters are layers too (:func:`with_frozen`: no gradient unit holds
-them), each placed where its forward runs. The plan's peak as FSDP2 runs it, and planning again under it,
-is :mod:`dpcomm.fsdp.bound`; applying a plan and the timed trial are :mod:`dpcomm.fsdp.shard`'s.
+rank. Modules holding only frozen parameters are layers too (:mod:`dpcomm.fsdp.frozen`: no gradient unit
+holds them), each placed where its forward runs. The plan's peak as FSDP2 runs it, and planning again under
+it, is :mod:`dpcomm.fsdp.bound`; applying a plan is :mod:`dpcomm.fsdp.shard`'s, the trial
+:mod:`dpcomm.fsdp.trial`'s.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -19,7 +19,7 @@ from torch import nn
 from dpcomm.costmodel.base import CommCost
 from dpcomm.errors import UserError
 from dpcomm.fsdp.costs import fsdp_costs
-from dpcomm.fsdp.groups import frozen_holders, layer_atoms
+from dpcomm.fsdp.groups import layer_atoms
 from dpcomm.planner.fsdp import FSDP_MAX_DEPTH, plan_fsdp
 from dpcomm.planner.fsdp_model import FsdpPlan
 from dpcomm.planner.fsdp_precision import Precision
@@ -36,7 +36,6 @@ __all__ = [
     "plan_on_root",
     "plan_on_workers",
     "unit_s_of",
-    "with_frozen",
 ]
 
 
@@ -168,87 +167,6 @@ def _sizes_trace(model: nn.Module) -> Trace:
     )
 
 
-def _forward_ticks(model: nn.Module, example: Any) -> tuple[dict[str, int], dict[str, bool | None]]:
-    """One forward of ``example`` (the model left as it was): each module's first call, in order, and for
-    those whose parameters are all frozen, whether an output needs a gradient (None: an output it cannot
-    read): FSDP2 runs backward hooks for a unit only then."""
-    from torch.utils._pytree import tree_leaves
-
-    from dpcomm.utils.user_run import untouched
-
-    paths = {m: p for p, m in model.named_modules()}
-    frozen = {m for m in paths if not any(q.requires_grad for q in m.parameters())}
-    tick: dict[str, int] = {}
-    needs: dict[str, bool | None] = {}
-
-    def enter(mod: nn.Module, _: Any) -> None:
-        tick.setdefault(paths[mod], len(tick))
-
-    def leave(mod: nn.Module, _: Any, out: Any) -> None:
-        leaves = tree_leaves(out)
-        grad = any(isinstance(t, torch.Tensor) and t.requires_grad for t in leaves)
-        odd = not grad and any(
-            not isinstance(t, torch.Tensor | int | float | bool | str | None) for t in leaves
-        )
-        was = needs.get(paths[mod], False)
-        needs[paths[mod]] = None if odd or was is None else (was or grad)
-
-    handles = [m.register_forward_pre_hook(enter) for m in paths]
-    handles += [m.register_forward_hook(leave) for m in frozen if next(m.parameters(), None) is not None]
-    try:
-        with untouched(model), torch.enable_grad():
-            call(model, example)
-    finally:
-        for h in handles:
-            h.remove()
-    return tick, needs
-
-
-def with_frozen(model: nn.Module, trace: Trace, example: Any, shardable: Any, group: Any) -> Trace:
-    """``trace`` with a layer for each module holding only frozen parameters
-    (:func:`dpcomm.fsdp.groups.frozen_holders`), each placed before the first layer whose parameters' modules
-    all first run after it (rank 0's forward of ``example``; without one, registration order): planned as the
-    others, gathered when its forward runs. Its times are 0 (the profiled units' add up to the iteration,
-    its forward included). ``extra["frozen"]``: ``True``; the trace's ``extra["frozen_needs_grad"]``: per
-    module of a frozen subtree, whether its output needs a gradient (absent: unknown), what FSDP2's backward
-    hooks of a unit of frozen layers depend on (:func:`dpcomm.fsdp.bound.as_run`)."""
-    frozen = frozen_holders(model, shardable)
-    if not frozen:
-        return trace
-    tick: dict[str, int] = {p: i for i, (p, _) in enumerate(model.named_modules())}
-    needs: dict[str, Any] = {}
-    if example is not None:
-        box = [on_every_rank(lambda: _forward_ticks(model, example), group,
-                             "dpcomm.fsdp.shard: running the model on the example")]  # fmt: skip
-        dist.broadcast_object_list(
-            box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group
-        )
-        tick, needs = box[0]
-    mods = dict(model.named_modules())
-
-    def at(path: str) -> float:  # a module's first call; one that never ran: its nearest ancestor's that did
-        while path and path not in tick:
-            path = path.rpartition(".")[0]
-        return tick.get(path, 0)
-
-    where = {}
-    for path, mod in mods.items():
-        for p in mod.parameters(recurse=False):
-            where[id(p)] = min(where.get(id(p), math.inf), at(path))
-    named = dict(model.named_parameters())
-    ticks = [min((where[id(named[n])] for n in x.param_names), default=math.inf) for x in trace.layers]
-    rows = list(trace.layers)
-    for paths, names in sorted(frozen, key=lambda f: min(at(p) for p in f[0]), reverse=True):
-        t = min(at(p) for p in paths)
-        k = next((i for i, u in enumerate(ticks) if u > t), len(rows))
-        n = sum(named[q].numel() for q in names)
-        rows.insert(k, Layer(name="+".join(paths), params=n, forward_s=0.0, backward_s=0.0,
-                             param_names=tuple(names), extra={"frozen": True}))  # fmt: skip
-        ticks.insert(k, t)
-    grads = {p: needs[p] for p in needs if needs[p] is not None}
-    return replace(trace, layers=tuple(rows), extra={**trace.extra, "frozen_needs_grad": grads})
-
-
 def plan_on_root(method: str, trace: Trace, ag: CommCost, rs: CommCost, memory: int | None, max_depth: int,
                  group: Any, overlap: str, ar: CommCost | None = None,
                  choices: dict[int, Any] | None = None,
@@ -354,6 +272,8 @@ def plan_on_workers(
             trace = agreed_trace(model, local, analysis.units, process_group, "dpcomm.fsdp.shard")
         if dtype is not None:  # what the units' times were measured computing in
             trace = replace(trace, extra={**trace.extra, "computed_in": str(dtype).removeprefix("torch.")})
+    from dpcomm.fsdp.frozen import with_frozen  # it plans with this module's helpers
+
     trace = with_frozen(model, trace, example, shardable, process_group)  # frozen-only modules: units too
     total = sum(trace.layer_bytes(i) for i in range(trace.num_layers))
     basis = {"precision": precision, "unit_s": unit_s_of(model) if unit_s is None else unit_s,

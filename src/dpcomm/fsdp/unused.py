@@ -33,6 +33,7 @@ import torch.distributed as dist
 from torch import nn
 
 from dpcomm.timing import group_device
+from dpcomm.utils.user_run import tensors_in
 
 __all__ = ["reduce_zeros"]
 
@@ -110,16 +111,9 @@ class _Record:
         """At the root's forward exit: the first gradient into any output starts this backward's record."""
         if not torch.is_grad_enabled():
             return
-        stack = [output]
-        while stack:
-            o = stack.pop()
-            if isinstance(o, torch.Tensor):
-                if o.requires_grad:
-                    o.register_hook(self._on_backward_start)
-            elif isinstance(o, tuple | list):
-                stack.extend(o)
-            elif isinstance(o, dict):
-                stack.extend(o.values())
+        for t in tensors_in(output):
+            if t.requires_grad:
+                t.register_hook(self._on_backward_start)
 
     def _on_backward_start(self, grad: torch.Tensor) -> None:
         if self.queued:

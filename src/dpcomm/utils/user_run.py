@@ -47,6 +47,7 @@ __all__ = [
     "nothing_left",
     "on_every_rank",
     "rank0_log",
+    "tensors_in",
     "untouched",
 ]
 
@@ -91,6 +92,21 @@ def map_tensors(example: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
     if isinstance(example, dict):
         return {k: map_tensors(v, fn) for k, v in example.items()}
     return example
+
+
+def tensors_in(x: Any, most: int | None = None) -> Iterator[torch.Tensor]:
+    """The tensors in ``x``, a tensor or tensors nested in tuples, lists and dicts (a Hugging Face
+    ``ModelOutput`` is one), depth first; ``most``: look at that many objects at most."""
+    stack, looked = [x], 0
+    while stack and (most is None or looked < most):
+        o = stack.pop()
+        looked += 1
+        if isinstance(o, torch.Tensor):
+            yield o
+        elif isinstance(o, tuple | list):
+            stack.extend(o)
+        elif isinstance(o, dict):
+            stack.extend(o.values())
 
 
 def batch_size(example: Any) -> int:
