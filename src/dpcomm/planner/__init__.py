@@ -34,6 +34,7 @@ from dpcomm.planner.bucket import (
     plan_bucket,
     plan_ddp,
 )
+from dpcomm.planner.bucket_auto import plan_bucket_auto
 from dpcomm.planner.mgwfbp import plan_mgwfbp
 from dpcomm.planner.optimal import optimal_partition, plan_optimal
 from dpcomm.planner.pull import PULL_METHODS, PullPlan, plan_pulls
@@ -54,6 +55,7 @@ __all__ = [
     "parse_schedules",
     "parse_bucket_size",
     "plan_bucket",
+    "plan_bucket_auto",
     "plan_ddp",
     "plan_mgwfbp",
     "plan_optimal",
@@ -67,19 +69,20 @@ Planner = Callable[..., Plan]
 SCHEDULES: dict[str, Planner] = {
     "wfbp": plan_wfbp,
     "single": plan_single,
-    "bucket": plan_bucket,  # needs a size: bucket:25MB
+    "bucket": plan_bucket,  # needs a size: bucket:25MB, or bucket:auto (the best single size)
     "ddp": plan_ddp,
     "mgwfbp": plan_mgwfbp,
     "optimal": plan_optimal,
 }
-"""Planner per schedule name; ``bucket`` is written ``bucket:SIZE``."""
+"""Planner per schedule name; ``bucket`` is written ``bucket:SIZE`` or ``bucket:auto``
+(:mod:`dpcomm.planner.bucket_auto`)."""
 
 
 def _split(schedule: str) -> tuple[str, str | None]:
     name, sep, arg = str(schedule).strip().partition(":")
     name = name.strip().lower()
     if name not in SCHEDULES:
-        known = ", ".join(f"{k}:SIZE" if k == "bucket" else k for k in SCHEDULES)
+        known = ", ".join(f"{k}:SIZE, {k}:auto" if k == "bucket" else k for k in SCHEDULES)
         raise UserError(f"unknown schedule {schedule!r}: use one of {known}")
     if name == "bucket" and not sep:
         raise UserError("schedule 'bucket' needs a size, e.g. bucket:25MB (DDP) or bucket:128MB (Horovod)")
@@ -95,7 +98,7 @@ def parse_schedules(text: str) -> list[str]:
         raise UserError("no schedule given: use e.g. wfbp,single,mgwfbp,optimal")
     for s in names:
         name, arg = _split(s)
-        if arg is not None:
+        if arg is not None and arg.lower() != "auto":
             parse_bucket_size(arg)
     return names
 
@@ -104,6 +107,8 @@ def make_plan(schedule: str, trace: Trace, cost: CommCost, nodes: int) -> Plan:
     """Plan ``trace`` with a schedule name: wfbp, single, bucket:25MB, mgwfbp or optimal."""
     check_nodes(nodes)
     name, arg = _split(schedule)
+    if name == "bucket" and str(arg).lower() == "auto":
+        return plan_bucket_auto(trace, cost, nodes)
     if name == "bucket":
         return plan_bucket(trace, cost, nodes, size_bytes=parse_bucket_size(arg), name=f"bucket:{arg}")
     return SCHEDULES[name](trace, cost, nodes)
