@@ -183,8 +183,8 @@ def _counting_ddps(seen: list[int]) -> Any:
     import importlib
     import weakref
 
-    module = importlib.import_module("dpcomm.ddp.wrap")  # the module: dpcomm.ddp.wrap is also the function
-    real, built = module.build_ddp, []
+    modules = [importlib.import_module(m) for m in ("dpcomm.ddp.wrap", "dpcomm.ddp.trial")]  # the modules:
+    real, built = modules[0].build_ddp, []  # dpcomm.ddp.wrap is also the function
 
     def build(*args: Any, **kwargs: Any) -> Any:
         seen.append(sum(r() is not None for r in built))
@@ -192,11 +192,13 @@ def _counting_ddps(seen: list[int]) -> Any:
         built.append(weakref.ref(ddp))
         return ddp
 
-    module.build_ddp = build
+    for module in modules:
+        module.build_ddp = build
     try:
         yield
     finally:
-        module.build_ddp = real
+        for module in modules:
+            module.build_ddp = real
 
 
 @contextlib.contextmanager

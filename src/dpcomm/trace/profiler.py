@@ -2,8 +2,9 @@
 
 The trace's layers are *gradient units* (:mod:`dpcomm.trace.units`): the parameters whose gradients become
 ready together, in forward order (unit ``L-1`` ready first), each with its parameters' names, unused ones
-marked; the trace is a ``dpcomm-trace/2``. In a CNN a unit is a learnable layer. The units come from one
-extra local forward/backward before the warm-up (gradients and buffers restored).
+marked; the trace is a ``dpcomm-trace/2``. In a CNN a unit is a learnable layer. The units are given
+(``units=``: the ones every rank agreed on, as ``wrap`` and ``shard`` pass them) or come from one extra
+local forward/backward before the warm-up (gradients and buffers restored).
 
 The papers' traces (MG-WFBP Table I: t_f^(l), t_b^(l); section V-C replays "the measured layer-wise backward
 propagation time") list only learnable layers, yet the whole iteration has to add up: t_f = sum_l t_f^(l) and
