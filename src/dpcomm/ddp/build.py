@@ -15,10 +15,20 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from dpcomm.errors import UserError
+
 if TYPE_CHECKING:
     from dpcomm.ddp.buckets import BucketCaps
 
-__all__ = ["PlannedDDP", "build_ddp"]
+__all__ = ["DOUBLE_WRAPPED", "PlannedDDP", "build_ddp"]
+
+DOUBLE_WRAPPED = (
+    "dpcomm: this model is already DistributedDataParallel (dpcomm.ddp.wrap); a second DDP around it would "
+    "all-reduce every gradient twice: hand the bare model to dpcomm.integrations.accelerate.prepare "
+    "(Accelerate), dpcomm.integrations.hf.Trainer (Trainer) or dpcomm.integrations.lightning.DDPStrategy "
+    "(Lightning) instead (docs/frameworks/)"
+)
+"""What a second DDP around a dpcomm one stops with."""
 
 
 @contextlib.contextmanager
@@ -75,6 +85,14 @@ class PlannedDDP(DistributedDataParallel):
     @bucket_bytes_cap.setter
     def bucket_bytes_cap(self, value: int) -> None:
         self.__dict__["_dpcomm_cap"] = value
+
+    @property
+    def _ddp_params_and_buffers_to_ignore(self) -> list[str]:
+        """A second ``DistributedDataParallel`` around this one reads this first (torch 2.4-2.13,
+        ``DistributedDataParallel.__init__``): it would all-reduce every gradient again after this DDP's
+        buckets, twice the traffic, silently (``Accelerator.prepare``, ``Trainer(model=...)``). It stops
+        there, in one line naming the integration that prepares the model as one DDP."""
+        raise UserError(DOUBLE_WRAPPED)
 
 
 def build_ddp(
