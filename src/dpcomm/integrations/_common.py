@@ -23,7 +23,7 @@ from torch import nn
 from dpcomm.errors import UserError
 from dpcomm.utils.user_run import map_tensors
 
-__all__ = ["first_batch", "planned_ddp", "step_loss", "to_device"]
+__all__ = ["first_batch", "kept_random", "planned_ddp", "step_loss", "to_device"]
 
 
 @contextlib.contextmanager
@@ -59,14 +59,11 @@ def _generators(obj: Any, depth: int = 0) -> Iterator[torch.Generator]:
             yield from _generators(inner, depth + 1)
 
 
-def first_batch(loader: Any) -> Any:
-    """The first batch ``loader`` yields on this rank, with every random state it draws from restored after
-    (torch's, CUDA's, Python's, NumPy's, its samplers' generators), so the epoch it then runs is the one it
-    would have run. Accelerate's wrapped loaders are read through their base loader (their own iteration
-    synchronises generators across ranks and registers with the gradient state)."""
-    base = getattr(loader, "base_dataloader", loader)
-    gens = list({id(g): g for g in _generators(loader)}.values())
-    saved = [g.get_state() for g in gens]
+@contextlib.contextmanager
+def kept_random(*generators: torch.Generator) -> Iterator[None]:
+    """Run the block, then put back every random state it may have drawn from: torch's (CPU and CUDA),
+    Python's, NumPy's and ``generators``'."""
+    saved = [g.get_state() for g in generators]
     py = random.getstate()
     try:
         import numpy as np
@@ -77,20 +74,29 @@ def first_batch(loader: Any) -> Any:
     devices = list(range(torch.cuda.device_count())) if torch.cuda.is_initialized() else []
     with torch.random.fork_rng(devices=devices):
         try:
-            it = iter(base)
-            try:
-                batch = next(it)
-            except StopIteration:
-                raise UserError("dpcomm: the training data loader yields no batch to plan on") from None
-            finally:
-                del it  # its worker processes, if any, end here
+            yield
         finally:
-            for g, s in zip(gens, saved, strict=True):
+            for g, s in zip(generators, saved, strict=True):
                 g.set_state(s)
             random.setstate(py)
             if np is not None:
                 np.random.set_state(npy)
-    return batch
+
+
+def first_batch(loader: Any) -> Any:
+    """The first batch ``loader`` yields on this rank, every random state it draws from restored after
+    (:func:`kept_random`, with its samplers' generators), so the epoch it then runs is the one it would have
+    run. Accelerate's wrapped loaders are read through their base loader (their own iteration synchronises
+    generators across ranks and registers with the gradient state)."""
+    base = getattr(loader, "base_dataloader", loader)
+    with kept_random(*{id(g): g for g in _generators(loader)}.values()):
+        it = iter(base)
+        try:
+            return next(it)
+        except StopIteration:
+            raise UserError("dpcomm: the training data loader yields no batch to plan on") from None
+        finally:
+            del it  # its worker processes, if any, end here
 
 
 def to_device(example: Any, module: nn.Module) -> Any:
