@@ -22,6 +22,7 @@ from dpcomm.cli._costargs import (
     load_trace_arg,
     parse_nodes,
 )
+from dpcomm.cli.plan_export import add_export_arguments, check_export_arguments, print_export
 from dpcomm.cli.plan_fsdp import add_plan_fsdp_arguments, run_fsdp
 from dpcomm.errors import UserError
 
@@ -35,9 +36,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--schedule",
-        default="mgwfbp",
+        default=None,
         metavar="S",
-        help="wfbp, single, bucket:SIZE, bucket:auto (the best single size), mgwfbp or optimal",
+        help="wfbp, single, bucket:SIZE, bucket:auto (the best single size), mgwfbp (default) or optimal",
     )
     parser.add_argument(
         "--pull", metavar="METHOD", help="plan parameter-server pulls instead: all, layer, ibatch or optimal"
@@ -61,9 +62,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_topology_arguments(parser)
     add_plan_fsdp_arguments(parser)
     add_fsdp_arguments(parser)
+    add_export_arguments(parser)
 
 
 def run(args: argparse.Namespace) -> int:
+    check_export_arguments(args)
     if args.fsdp is not None or args.hsdp is not None or args.plot is not None:
         return run_fsdp(args)
     if args.memory is not None or args.state_bytes != "0":
@@ -78,8 +81,16 @@ def run(args: argparse.Namespace) -> int:
     update_s = check_update(args.update_s)
     trace = load_trace_arg(args.trace)
     cost = costs_of(args, nodes)[0](nodes)
-    plan = make_plan(args.schedule, trace, cost, nodes)
+    schedule = args.schedule or ("bucket:auto" if args.export else "mgwfbp")
+    plan = make_plan(schedule, trace, cost, nodes)
     res = simulate(trace, plan, cost, nodes, update_s=update_s)
+    if args.export:
+        from dpcomm.integrations.export import export_ddp
+
+        vs = _against(trace, cost, nodes, update_s)
+        times = (f"bucket:auto's size: t_iter {res.t_iter_s * 1e3:.2f} ms in the model, DDP's default "
+                 f"{vs['ddp'] * 1e3:.2f} ms, the per-bucket optimum {vs['optimal'] * 1e3:.2f} ms")  # fmt: skip
+        return print_export(export_ddp(args.export, plan, trace, zero_stage=args.zero_stage), times)
     if args.json:
         out = {
             "schedule": plan.schedule,

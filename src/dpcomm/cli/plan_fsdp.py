@@ -28,6 +28,7 @@ from dataclasses import replace
 
 from dpcomm.cli._costargs import costs_of, fsdp_costs_of, fsdp_options, load_trace_arg, parse_nodes, priced_by
 from dpcomm.cli._fsdp_atoms import holders, planned_on
+from dpcomm.cli.plan_export import export_fsdp_plan
 from dpcomm.errors import UserError
 from dpcomm.trace.format import Trace
 
@@ -200,6 +201,8 @@ def run_fsdp(args: argparse.Namespace) -> int:
     ag, rs, ar = costs(G)
     mods, k = Modules.from_trace(trace).under(opts["precision"])
     rs, ar = scaled_bytes(rs, k), scaled_bytes(ar, k)  # the reductions in reduce_dtype bytes
+    if getattr(args, "export", None):  # dpcomm plan --export deepspeed|torchtitan (cli/plan_export)
+        return export_fsdp_plan(args, plan, trace, world, row.t_iter_s)
     paths = module_paths(trace, plan.units)
     written = None
     if args.plot:

@@ -35,7 +35,11 @@ def planned_ddp(build: Callable[..., nn.Module]) -> Iterator[None]:
 
     class _Door(stock):  # type: ignore[misc,valid-type]
         def __new__(cls, module: nn.Module, *args: Any, **kwargs: Any) -> Any:  # noqa: D102
-            return build(module, *args, **kwargs)  # not a _Door: Python skips __init__
+            parallel.DistributedDataParallel = stock  # closed while dpcomm builds (and imports) its own
+            try:
+                return build(module, *args, **kwargs)  # not a _Door: Python skips __init__
+            finally:
+                parallel.DistributedDataParallel = cls
 
     parallel.DistributedDataParallel = _Door
     try:

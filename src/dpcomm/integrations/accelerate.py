@@ -24,6 +24,7 @@ from typing import Any
 
 from torch import nn
 
+from dpcomm.ddp import wrap
 from dpcomm.errors import UserError
 from dpcomm.integrations._common import first_batch, planned_ddp, step_loss, to_device
 
@@ -65,8 +66,6 @@ def planning(
     stock = accelerator.prepare_model
 
     def build(module: nn.Module, *args: Any, **ddp_kwargs: Any) -> nn.Module:
-        from dpcomm.ddp import wrap
-
         batch = example
         if batch is None and example_of is not None:
             batch = example_of()

@@ -7,15 +7,16 @@
 FSDP2, with Lightning's ``ModelParallelStrategy``, in the module's ``configure_model``::
 
     def configure_model(self):
-        dpcomm.integrations.lightning.shard(self, plan="optimal")
+        dpcomm.integrations.lightning.shard(self, plan="optimal")   # shards self.model, its one child
 
 ``DDPStrategy`` is Lightning's, its DDP built by :func:`dpcomm.ddp.wrap` (the strategy's DDP keywords;
 ``bucket_cap_mb`` is refused, the plan sets the buckets). ``shard`` runs :func:`dpcomm.fsdp.shard` on the
-module (or on ``model=``, a submodule) over the strategy's data-parallel mesh. Both plan on the first batch
-of the module's own training data (``train_dataloader()`` of the module or its datamodule, read with every
-random state put back) unless ``example=`` is given, and run the module as Lightning runs it in training:
-its ``training_step(batch, 0)`` as the forward, its loss as the loss (``self.log`` says nothing while the
-plan is made). Manual optimisation is refused in one line (its step calls the optimizers).
+submodule ``training_step`` calls over the strategy's data-parallel mesh. Both plan on the first batch of
+the module's own training data (``train_dataloader()`` of the module or its datamodule, read with every
+random state put back) unless ``example=`` is given. ``DDPStrategy`` runs the module as Lightning's DDP
+does: its ``training_step(batch, 0)`` as the forward, its loss as the loss (``self.log`` says nothing while
+the plan is made); ``shard`` the submodule on the batch (a dict as keywords), its output's ``loss``. Manual
+optimisation is refused in one line (its step calls the optimizers).
 """
 
 from __future__ import annotations
@@ -76,14 +77,15 @@ def shard(
     example: Any = None,
     **shard_options: Any,
 ) -> nn.Module:
-    """In ``configure_model``: ``dpcomm.fsdp.shard`` on ``model`` (default: the whole ``module``) over the
+    """In ``configure_model``: ``dpcomm.fsdp.shard`` on ``model``, the submodule ``training_step`` calls
+    (default: the module's one child holding every trainable parameter, as ``self.model``), over the
     strategy's data-parallel mesh (``ModelParallelStrategy``'s ``device_mesh["data_parallel"]``), planned on
-    ``example`` (default: the first training batch). With the whole module the forward timed is its
-    ``training_step``; with a submodule, the submodule called on the batch (a dict as keywords). Returns
-    the sharded model (the same object)."""
+    ``example`` (default: the first training batch, a dict as keywords). Lightning calls
+    ``training_step`` itself, not the module's forward, so FSDP2's root must be a module whose forward runs:
+    the submodule is the root. Returns it, sharded (the same object)."""
     from dpcomm.fsdp import shard as fsdp_shard
 
-    target = module if model is None else model
+    target = _trained_child(module) if model is None else model
     mesh = getattr(module, "_device_mesh", None)
     if mesh is not None and "process_group" not in shard_options and "mesh" not in shard_options:
         dims = mesh.mesh_dim_names or ()
@@ -91,11 +93,20 @@ def shard(
             raise UserError("dpcomm.integrations.lightning.shard plans data parallelism: tensor_parallel_size 1")
         dp = mesh["data_parallel"] if "data_parallel" in dims else mesh
         shard_options["process_group"] = dp.get_group()
-    batch = _example(module, example, wrapped=model is None)
-    if model is None:
-        with _training_step_as_forward(module):
-            return fsdp_shard(module, plan, example=batch, loss_fn=step_loss, **shard_options)
-    return fsdp_shard(model, plan, example=batch, loss_fn=step_loss, **shard_options)
+    batch = _example(module, example, wrapped=False)
+    return fsdp_shard(target, plan, example=batch, loss_fn=step_loss, **shard_options)
+
+
+def _trained_child(module: nn.Module) -> nn.Module:
+    """The one direct child of ``module`` holding all its trainable parameters, or a one-line error."""
+    trainable = {id(p) for p in module.parameters() if p.requires_grad}
+    for child in module.children():
+        if trainable and trainable <= {id(p) for p in child.parameters()}:
+            return child
+    raise UserError(
+        "dpcomm.integrations.lightning.shard: pass model=, the submodule training_step calls (no one child of "
+        "the LightningModule holds every trainable parameter)"
+    )
 
 
 def _example(module: nn.Module, example: Any, wrapped: bool = True) -> Any:
