@@ -94,8 +94,33 @@ $(THIRDPARTY_STAMP): $(STAMP) pyproject.toml
 test-thirdparty: $(THIRDPARTY_STAMP)
 	DPCOMM_THIRDPARTY=1 HF_HUB_OFFLINE=1 $(BIN)/python -m pytest -m thirdparty tests/test_thirdparty.py
 
+# The frameworks tier (issue 55): dpcomm.integrations (Accelerate, the Trainer, Lightning DDP and FSDP2)
+# trained against the same frameworks without dpcomm, the naive routes, and `dpcomm plan --export` read by
+# DeepSpeed's, Megatron-Core's, the Trainer's, Accelerate's, Lightning's and torchtitan's own config classes
+# (tests/test_frameworks.py, tests/test_export_frameworks.py). Its own virtual environment: the
+# `frameworks` extra (pinned in pyproject.toml) with torch named in the same install, so pip keeps the
+# 2.13.0 CPU wheel (about 70 s to build on the 2-core VM; the tests about 25 s). DPCOMM_FRAMEWORKS=1
+# un-skips the two modules, which `make test` skips at collection.
+FRAMEWORKS_VENV  := .venv-frameworks
+FRAMEWORKS_STAMP := $(FRAMEWORKS_VENV)/.dpcomm-installed
+
+.PHONY: test-frameworks
+
+$(FRAMEWORKS_VENV)/bin/python:
+	$(PY) -m venv $(FRAMEWORKS_VENV)
+
+$(FRAMEWORKS_STAMP): $(FRAMEWORKS_VENV)/bin/python pyproject.toml
+	$(FRAMEWORKS_VENV)/bin/pip install -q --upgrade pip
+	$(FRAMEWORKS_VENV)/bin/pip install -q torch==2.13.0
+	$(FRAMEWORKS_VENV)/bin/pip install -q -e '.[dev,frameworks]' torch==2.13.0
+	touch $(FRAMEWORKS_STAMP)
+
+test-frameworks: $(FRAMEWORKS_STAMP)
+	DPCOMM_FRAMEWORKS=1 HF_HUB_OFFLINE=1 $(FRAMEWORKS_VENV)/bin/python -m pytest -m frameworks -p no:warnings \
+		tests/test_frameworks.py tests/test_export_frameworks.py
+
 lint: $(STAMP)
 	$(BIN)/ruff check . && $(BIN)/ruff format --check .
 
 clean:
-	rm -rf $(VENV) $(COMPAT_VENV) build src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(COMPAT_VENV) $(FRAMEWORKS_VENV) build src/*.egg-info .pytest_cache

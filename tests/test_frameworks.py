@@ -48,7 +48,9 @@ CASES = [c | {"dpcomm": d} for c in PAIRED for d in (True, False)] + NAIVE
 
 
 def _id(c: dict[str, Any]) -> str:
-    return "-".join(str(c[k]) for k in ("run", "model", "plan", "mp") if k in c) + ("-fsdp" if c.get("fsdp") else "")
+    return "-".join(str(c[k]) for k in ("run", "model", "plan", "mp") if k in c) + (
+        "-fsdp" if c.get("fsdp") else ""
+    )
 
 
 @pytest.fixture(scope="module")

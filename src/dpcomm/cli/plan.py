@@ -89,7 +89,8 @@ def run(args: argparse.Namespace) -> int:
 
         vs = _against(trace, cost, nodes, update_s)
         times = (f"bucket:auto's size: t_iter {res.t_iter_s * 1e3:.2f} ms in the model, DDP's default "
-                 f"{vs['ddp'] * 1e3:.2f} ms, the per-bucket optimum {vs['optimal'] * 1e3:.2f} ms")  # fmt: skip
+                 f"{vs['ddp'] * 1e3:.2f} ms, the per-bucket optimum "
+                 f"{vs['optimal'] * 1e3:.2f} ms")  # fmt: skip
         return print_export(export_ddp(args.export, plan, trace, zero_stage=args.zero_stage), times)
     if args.json:
         out = {

@@ -38,7 +38,8 @@ def check_export_arguments(args: argparse.Namespace) -> None:
     args.export = framework
     if args.fsdp is None and args.schedule not in (None, "bucket:auto"):
         raise UserError(
-            f"--export {framework} takes one bucket size: --schedule bucket:auto (the default with --export); "
+            f"--export {framework} takes one bucket size: --schedule bucket:auto (the default with "
+            "--export); "
             f"'{args.schedule}' plans a bucket per group, which dpcomm.integrations runs instead"
         )
 

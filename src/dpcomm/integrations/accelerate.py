@@ -1,4 +1,5 @@
-"""dpcomm in Hugging Face Accelerate: one call in place of ``accelerator.prepare`` (docs/frameworks/accelerate.md)::
+"""dpcomm in Hugging Face Accelerate: one call in place of ``accelerator.prepare``
+(docs/frameworks/accelerate.md)::
 
     from dpcomm.integrations import accelerate as dpa
 
@@ -98,7 +99,8 @@ def _check_kind(accelerator: Any) -> None:
     kind = str(getattr(accelerator, "distributed_type", "")).rsplit(".", 1)[-1].upper()
     if kind in ("FSDP", "DEEPSPEED", "MEGATRON_LM"):
         raise UserError(
-            f"dpcomm.integrations.accelerate plans DDP's buckets; this Accelerator runs {kind}: for FSDP2 shard "
+            f"dpcomm.integrations.accelerate plans DDP's buckets; this Accelerator runs {kind}: for FSDP2 "
+            "shard "
             "the model with dpcomm.fsdp.shard first, for DeepSpeed use `dpcomm plan --export deepspeed` "
             "(docs/frameworks/)"
         )

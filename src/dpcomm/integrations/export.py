@@ -113,7 +113,9 @@ def export_ddp(framework: str, plan: Plan, trace: Trace, *, zero_stage: int | No
         ])  # fmt: skip
     if framework in ("accelerate", "lightning"):
         where = "DistributedDataParallelKwargs" if framework == "accelerate" else "DDPStrategy"
-        return Export(framework, {where: {"bucket_cap_mb": mb}}, [f"{where}(bucket_cap_mb={mb:.9g}): {groups}"])
+        return Export(
+            framework, {where: {"bucket_cap_mb": mb}}, [f"{where}(bucket_cap_mb={mb:.9g}): {groups}"]
+        )
     if framework == "megatron":
         return Export(framework, {"bucket_size": elements, "overlap_grad_reduce": True}, [
             f"DistributedDataParallelConfig: {groups} of {trace.dtype_bytes}-byte gradients; Megatron-Core "
@@ -136,7 +138,8 @@ def export_fsdp(
     units = [sum(trace.layers[i].params for i in range(a, b + 1)) for a, b in plan.units]
     total = sum(units)
     lost = (
-        f"the plan's {len(units)} units (modules {', '.join(f'{a}-{b}' for a, b in plan.units)}) and prefetch "
+        f"the plan's {len(units)} units (modules {', '.join(f'{a}-{b}' for a, b in plan.units)}) and "
+        "prefetch "
         f"depth {plan.depth}"
     )
     if framework == "torchtitan":
@@ -164,5 +167,7 @@ def export_fsdp(
     }
     notes = [f"ZeRO-3 gathers by module, with no key to group modules: {lost} cannot be expressed"]
     if plan.shard_group is not None and plan.shard_group < world:
-        notes.append(f"HSDP's shard group of {plan.shard_group} is ZeRO++'s zero_hpz_partition_size, not set here")
+        notes.append(
+            f"HSDP's shard group of {plan.shard_group} is ZeRO++'s zero_hpz_partition_size, not set here"
+        )
     return Export(framework, {"zero_optimization": zero}, notes)

@@ -1,4 +1,5 @@
-"""dpcomm in the Hugging Face Trainer: a ``Trainer`` whose DDP runs a dpcomm plan (docs/frameworks/trainer.md)::
+"""dpcomm in the Hugging Face Trainer: a ``Trainer`` whose DDP runs a dpcomm plan
+(docs/frameworks/trainer.md)::
 
     from dpcomm.integrations.hf import Trainer
 

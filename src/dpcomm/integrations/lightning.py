@@ -90,7 +90,9 @@ def shard(
     if mesh is not None and "process_group" not in shard_options and "mesh" not in shard_options:
         dims = mesh.mesh_dim_names or ()
         if "tensor_parallel" in dims and mesh["tensor_parallel"].size() > 1:
-            raise UserError("dpcomm.integrations.lightning.shard plans data parallelism: tensor_parallel_size 1")
+            raise UserError(
+                "dpcomm.integrations.lightning.shard plans data parallelism: tensor_parallel_size 1"
+            )
         dp = mesh["data_parallel"] if "data_parallel" in dims else mesh
         shard_options["process_group"] = dp.get_group()
     batch = _example(module, example, wrapped=False)
@@ -104,7 +106,8 @@ def _trained_child(module: nn.Module) -> nn.Module:
         if trainable and trainable <= {id(p) for p in child.parameters()}:
             return child
     raise UserError(
-        "dpcomm.integrations.lightning.shard: pass model=, the submodule training_step calls (no one child of "
+        "dpcomm.integrations.lightning.shard: pass model=, the submodule training_step calls (no one "
+        "child of "
         "the LightningModule holds every trainable parameter)"
     )
 
@@ -131,7 +134,9 @@ def _first_training_batch(module: nn.Module) -> Any:
         loaders = trainer.fit_loop._data_source.dataloader()  # the module's or datamodule's hook
     loader = _first_loader(loaders)
     if loader is None:
-        raise UserError("dpcomm.integrations.lightning: the module has no training data loader; pass example=")
+        raise UserError(
+            "dpcomm.integrations.lightning: the module has no training data loader; pass example="
+        )
     return first_batch(loader)
 
 
