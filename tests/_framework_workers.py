@@ -104,10 +104,17 @@ def _result(model: nn.Module, losses: list[float], rec: Recorder | None, info: A
     }
 
 
-def _fsdp_units(model: nn.Module) -> list[str]:
+def _fsdp_units(model: nn.Module) -> list[list[str]]:
+    """FSDP2's units as its state holds them: the ``fully_shard``-ed modules grouped by the parameter group
+    they share (one ``fully_shard`` call each), a module with none its own; sorted."""
     from torch.distributed.fsdp import FSDPModule
 
-    return sorted(n for n, m in model.named_modules() if isinstance(m, FSDPModule))
+    units: dict[int, list[str]] = {}
+    for name, m in model.named_modules():
+        if isinstance(m, FSDPModule):
+            group = m._get_fsdp_state()._fsdp_param_group
+            units.setdefault(id(m) if group is None else id(group), []).append(name)
+    return sorted(sorted(u) for u in units.values())
 
 
 def _groups(model: Any) -> list[Any] | None:
@@ -118,7 +125,7 @@ def _groups(model: Any) -> list[Any] | None:
         return None
     if hasattr(w, "caps"):
         return [sorted(g) for g in w.caps.param_groups]
-    return sorted(p for paths in w.groups.modules for p in paths)
+    return sorted(sorted(paths) for paths in w.groups.modules)
 
 
 def _fresh_accelerate_state() -> None:
@@ -321,12 +328,105 @@ def _blocks(model: nn.Module) -> list[nn.Module]:
     return []
 
 
+# --- torchtitan -----------------------------------------------------------------------------------------
+
+
+class _CausalSDPA(nn.Module):
+    """In place of torchtitan's flex attention, which has no backward on the CPU ("FlexAttention does not
+    support backward on CPU"; its SDPA backend is refused for language models, varlen needs CUDA): causal
+    scaled dot-product attention, in the ``(B, L, N, H)`` layout torchtitan's attention module passes."""
+
+    def forward(self, q, k, v, attention_masks=None, scale=None, enable_gqa=False):
+        f = nn.functional.scaled_dot_product_attention
+        out = f(*(t.transpose(1, 2) for t in (q, k, v)), is_causal=True, scale=scale, enable_gqa=enable_gqa)
+        return out.transpose(1, 2)
+
+
+def _titan_llama() -> nn.Module:
+    """torchtitan's Llama 3 (its own modules and init), a small config, built on ``meta`` as torchtitan
+    builds it; its attention kernel causal SDPA (:class:`_CausalSDPA`), so that it trains on the CPU."""
+    from torchtitan.models.common import Embedding, Linear, RMSNorm
+    from torchtitan.models.common.rope import ComplexRoPE
+    from torchtitan.models.llama3 import (
+        _EMBEDDING_INIT,
+        _NORM_INIT,
+        _build_llama3_layers,
+        _output_linear_init,
+    )
+    from torchtitan.models.llama3.model import Llama3Model
+
+    dim, vocab = 32, 128
+    cfg = Llama3Model.Config(
+        dim=dim, vocab_size=vocab,
+        tok_embeddings=Embedding.Config(num_embeddings=vocab, embedding_dim=dim, param_init=_EMBEDDING_INIT),
+        norm=RMSNorm.Config(normalized_shape=dim, param_init=_NORM_INIT),
+        lm_head=Linear.Config(in_features=dim, out_features=vocab, param_init=_output_linear_init(dim)),
+        layers=_build_llama3_layers(
+            n_layers=2, dim=dim, n_heads=2, hidden_dim=64, attn_backend="flex",
+            rope=ComplexRoPE.Config(dim=dim // 2, max_seq_len=64, theta=10000, scaling="none"),
+        ),
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = cfg.build()
+    for block in model.layers.values():
+        block.attention.inner_attention = _CausalSDPA()
+    return model
+
+
+def titan_run(case: dict[str, Any]) -> dict[str, Any]:
+    """torchtitan's ``parallelize_llama`` (FSDP2 on 2 CPU ranks, float32) or dpcomm's ``planned`` around it,
+    then the model materialised and initialised as torchtitan does, and 3 SGD steps on each rank's tokens."""
+    import torchtitan.distributed.parallel_dims as pd
+    from torchtitan.config import CompileConfig, ParallelismConfig, TrainingConfig
+    from torchtitan.models.llama3.parallelize import parallelize_llama
+
+    from dpcomm.integrations.torchtitan import planned
+
+    pd.device_type = "cpu"  # torchtitan takes "cuda" where no accelerator is found
+    parallelism = ParallelismConfig(spmd_backend="partial_dtensor")  # the plain data-parallel mesh
+    dims = pd.ParallelDims.from_config(parallelism, 2)  # dp_shard -1: every rank
+    dims.build_mesh()
+    training = TrainingConfig(local_batch_size=2, seq_len=16, mixed_precision_param="float32")
+    fn = (
+        planned(parallelize_llama, case["plan"], verify_iters=1, profile_iters=1)
+        if case["dpcomm"]
+        else (parallelize_llama)
+    )
+    model = _titan_llama()
+    fn(model, parallel_dims=dims, training=training, parallelism=parallelism,
+       compile_config=CompileConfig(), ac_config=None, dump_folder="")  # fmt: skip
+    from torch.distributed.fsdp import FSDPModule
+
+    for m in model.modules():  # gloo has no PREMUL_SUM: sum, then FSDP2's divide factor (1: torchtitan's)
+        if isinstance(m, FSDPModule):
+            m.set_force_sum_reduction_for_comms(True)
+    model.to_empty(device="cpu")
+    torch.manual_seed(0)
+    with torch.no_grad():
+        model.init_states(buffer_device=None)
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=0.9)
+    g = torch.Generator().manual_seed(10 + dist.get_rank())  # each rank its own tokens
+    losses = []
+    for _ in range(STEPS):
+        tokens = torch.randint(0, 128, (2, 17), generator=g)
+        logits = model(tokens[:, :-1])
+        loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, 1:].flatten())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(float(loss.detach()))
+    r = _result(model, losses, None, _groups(model))
+    r["text"] = str(getattr(model, "dpcomm", ""))
+    return r
+
+
 RUNS = {
     "accelerate": accelerate_run,
     "accelerate-naive": accelerate_naive,
     "trainer": trainer_run,
     "trainer-naive": trainer_naive,
     "lightning": lightning_run,
+    "torchtitan": titan_run,
 }
 
 
