@@ -27,11 +27,11 @@ from typing import Any
 
 import pytest
 
-from dpcomm.launch import launch
-from tests import _framework_workers as F
-
 if os.environ.get("DPCOMM_FRAMEWORKS") != "1":  # not `make test`'s: see the module docstring
     pytest.skip("the frameworks tier: run it with `make test-frameworks`", allow_module_level=True)
+
+from dpcomm.launch import launch  # noqa: E402  (after the skip: `make test` imports nothing of the tier)
+from tests import _framework_workers as F  # noqa: E402
 
 pytestmark = [pytest.mark.frameworks, pytest.mark.slow]
 
