@@ -42,16 +42,15 @@ test-fast: $(STAMP)
 	$(BIN)/python -m pytest -m "$(FAST)" -n auto --maxprocesses 4 --dist loadfile
 
 # The slow tier in two parts: files whose tests compare results only (no timeouts, signals, timings,
-# namespaces) three at a time, a file per pytest-xdist worker (their launches leave part of the 2 cores
-# idle: 238 s one at a time, 182 s two at a time on the 2-core VM; as the suite grew, 248-262 s two at a
-# time and 230 s three at a time, 2026-12-07); then every other file one test at a time, as before. The
-# two parts split the slow tier: nothing runs twice.
+# namespaces) two at a time, a file per pytest-xdist worker (their launches leave about a quarter of the
+# 2 cores idle one at a time: 238 s one at a time, 182 s two at a time on the 2-core VM); then every other
+# file one test at a time, as before. The two parts split the slow tier: nothing runs twice.
 SLOW_PAIRED := $(addprefix tests/test_,compile.py user_models.py fsdp.py hsdp.py train_hsdp.py ddp.py \
 	ddp_hooks.py ddp_train.py ps_replica.py replan.py transformer_train.py fsdp_atoms.py \
 	netsim_schedules.py netsim_multigpu.py cuda.py compat.py runtime.py clean_exit.py launch.py)
 
 test-slow: $(STAMP)
-	$(BIN)/python -m pytest -m "not ($(FAST))" -n 3 --dist loadfile $(SLOW_PAIRED)
+	$(BIN)/python -m pytest -m "not ($(FAST))" -n 2 --dist loadfile $(SLOW_PAIRED)
 	$(BIN)/python -m pytest -m "not ($(FAST))" $(addprefix --ignore=,$(SLOW_PAIRED))
 
 # The compatibility tier: the oldest torch dpcomm supports (dpcomm.compat.MIN_TORCH and pyproject's torch>=
