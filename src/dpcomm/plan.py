@@ -3,7 +3,8 @@
 A plan partitions the learnable layers ``0..L-1`` (forward order) into groups that are contiguous in layer
 order. ``groups`` is in *communication order*: the group holding layer ``L-1`` (ready first in backward)
 comes first, and the layers inside a group are listed in ascending order. Each group is one all-reduce of
-the concatenated gradients of its layers (MG-WFBP: a "merged-gradient" group).
+the concatenated gradients of its layers (MG-WFBP: a "merged-gradient" group), or, for a ``dear`` plan, one
+reduce-scatter in backward and one all-gather of its parameters in the next forward.
 """
 
 from __future__ import annotations
@@ -13,7 +14,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["Plan"]
+__all__ = ["Plan", "SHARDED_SCHEDULES"]
+
+SHARDED_SCHEDULES = frozenset({"dear"})
+"""Plans whose groups are reduce-scattered in backward and all-gathered in the next forward (DeAR,
+:mod:`dpcomm.planner.dear`) instead of all-reduced."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -42,6 +47,11 @@ class Plan:
             expect = g[0] - 1
         if expect != -1:
             raise ValueError(f"plan groups must cover all {self.num_layers} layers")
+
+    @property
+    def sharded(self) -> bool:
+        """Whether the groups are reduce-scattered and all-gathered (:data:`SHARDED_SCHEDULES`)."""
+        return self.schedule in SHARDED_SCHEDULES
 
     def to_dict(self) -> dict[str, Any]:
         groups = [list(g) for g in self.groups]

@@ -7,6 +7,15 @@ Extra memory per call: whatever the backend allocates (gloo: up to one message-s
 1. ``allreduce``: ``dist.all_reduce(tensor, SUM)``.
 2. ``broadcast``: ``dist.broadcast(tensor, src=root)``.
 3. ``reduce``: ``dist.reduce(tensor, dst=root, SUM)``.
+4. ``reduce_scatter`` / ``allgather`` (group rank ``r`` owns chunk ``r`` of
+   :func:`~dpcomm.collectives._p2p.chunk_bounds`, as :class:`~dpcomm.collectives.ring.Ring`'s): on an NCCL
+   group ``dist.reduce_scatter_tensor`` / ``dist.all_gather_into_tensor`` on ``P`` equal chunks of
+   ``ceil(N / P)`` elements. Where ``P`` does not divide ``N`` the chunks are laid out padded in a temporary
+   buffer (chunk ``j`` at ``j ceil(N / P)``, zeros after it) and the result copied back, so the layout stays
+   ``chunk_bounds(N, P)``; extra memory ``S + S/P`` (padded) or ``S/P`` (the received or own chunk). On any
+   other backend ``Ring``'s point-to-point schedule runs instead (its messages are counted, errors name
+   ``native``): gloo's reduce-scatter is an all-reduce followed by a slice, so it would move an all-reduce's
+   bytes where the ring moves ``(P-1)/P S``.
 
 One call, as dpcomm sees it: a single step handed to the backend, which runs its own schedule inside::
 
@@ -33,8 +42,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from dpcomm.collectives._p2p import CollectiveError, global_rank
+from dpcomm.collectives._p2p import CollectiveError, chunk_bounds, flat_view, global_rank
 from dpcomm.collectives.base import register
+from dpcomm.collectives.ring import Ring
 from dpcomm.errors import first_line
 
 __all__ = ["Native"]
@@ -43,7 +53,8 @@ __all__ = ["Native"]
 @register("native")
 @dataclass(slots=True, kw_only=True)
 class Native:
-    """torch.distributed's collectives on the given group."""
+    """torch.distributed's collectives on the given group (``reduce_scatter``/``allgather``: NCCL's, else
+    ``Ring``'s; see the module docstring)."""
 
     name: str = "native"
 
@@ -70,3 +81,74 @@ class Native:
     def reduce(self, tensor: torch.Tensor, *, root: int = 0, group: Any = None) -> None:
         dst = global_rank(group, root)
         self._run("reduce", lambda: dist.reduce(tensor, dst=dst, op=dist.ReduceOp.SUM, group=group))
+
+    def reduce_scatter(self, tensor: torch.Tensor, *, group: Any = None) -> None:
+        """In place: group rank ``r``'s chunk ``chunk_bounds(N, P)[r]`` ends as the sum over the group; the
+        other chunks are left as they were (NCCL) or as partial sums (ring)."""
+        if dist.get_backend(group) != "nccl":
+            Ring(name=self.name).reduce_scatter(tensor, group=group)
+            return
+        flat = flat_view(tensor, self.name)
+        self._run("reduce_scatter", lambda: _reduce_scatter_equal(flat, group))
+
+    def allgather(self, tensor: torch.Tensor, *, group: Any = None) -> None:
+        """In place: group rank ``r``'s chunk ``chunk_bounds(N, P)[r]`` is copied to every rank."""
+        if dist.get_backend(group) != "nccl":
+            Ring(name=self.name).allgather(tensor, group=group)
+            return
+        flat = flat_view(tensor, self.name)
+        self._run("allgather", lambda: _allgather_equal(flat, group))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# NCCL's reduce-scatter and all-gather take P equal chunks; chunk_bounds' first N mod P chunks are one
+# element longer than the rest. Both functions only call torch.distributed, so they run on gloo too (the
+# tests check them there).
+
+
+def _padded(flat: torch.Tensor, p: int) -> torch.Tensor:
+    """``flat``'s ``chunk_bounds`` chunks, chunk ``j`` at ``j * ceil(N / P)`` and zeros after it (a copy)."""
+    q, rem = divmod(flat.numel(), p)  # rem chunks of q + 1 elements, then p - rem of q
+    out = torch.empty(p, q + (rem > 0), dtype=flat.dtype, device=flat.device)
+    if rem:
+        out[:rem].copy_(flat[: rem * (q + 1)].view(rem, q + 1))
+    out[rem:, :q].copy_(flat[rem * (q + 1) :].view(p - rem, q))
+    out[rem:, q:].zero_()
+    return out.view(-1)
+
+
+def _unpad(padded: torch.Tensor, flat: torch.Tensor, p: int) -> None:
+    """Copy :func:`_padded`'s layout back into ``flat`` (the inverse)."""
+    q, rem = divmod(flat.numel(), p)
+    rows = padded.view(p, q + (rem > 0))
+    if rem:
+        flat[: rem * (q + 1)].view(rem, q + 1).copy_(rows[:rem])
+    flat[rem * (q + 1) :].view(p - rem, q).copy_(rows[rem:, :q])
+
+
+def _reduce_scatter_equal(flat: torch.Tensor, group: Any) -> None:
+    p, rank, n = dist.get_world_size(group), dist.get_rank(group), flat.numel()
+    if p == 1 or n == 0:
+        return
+    c = -(-n // p)
+    a, b = chunk_bounds(n, p)[rank]
+    out = torch.empty(c, dtype=flat.dtype, device=flat.device)
+    src = flat if n % p == 0 else _padded(flat, p)
+    dist.reduce_scatter_tensor(out, src, op=dist.ReduceOp.SUM, group=group)
+    flat[a:b].copy_(out[: b - a])
+
+
+def _allgather_equal(flat: torch.Tensor, group: Any) -> None:
+    p, rank, n = dist.get_world_size(group), dist.get_rank(group), flat.numel()
+    if p == 1 or n == 0:
+        return
+    c = -(-n // p)
+    a, b = chunk_bounds(n, p)[rank]
+    own = torch.zeros(c, dtype=flat.dtype, device=flat.device)  # a copy: the output must not alias it
+    own[: b - a].copy_(flat[a:b])
+    if n % p == 0:
+        dist.all_gather_into_tensor(flat, own, group=group)
+        return
+    out = torch.empty(p * c, dtype=flat.dtype, device=flat.device)
+    dist.all_gather_into_tensor(out, own, group=group)
+    _unpad(out, flat, p)

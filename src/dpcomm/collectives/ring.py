@@ -22,6 +22,16 @@ reduce (ring reduce-scatter + gather at the root):
     2. gather: every ``v != 0`` sends its chunk ``v + 1`` to the root (received in place).
     Per rank: root ``P - 1`` messages, ``e (N - n_1)`` bytes; others ``P`` messages, ``e N`` bytes.
     ``T = 2(P-1) alpha + 2(P-1)/P beta S + (P-1)/P gamma S``. Non-root tensors end as scratch.
+reduce_scatter (allreduce's phase 1 alone, for DeAR's backward; ``root = 1``, so ``v = r - 1`` and group rank
+``r`` ends with the sum of chunk ``r``):
+    steps ``s = 0..P-2``: send chunk ``r - 1 - s`` to ``r + 1``, receive chunk ``r - 2 - s`` from ``r - 1``
+    into a scratch buffer and add it in. Per rank: ``P - 1`` messages, ``e (N - n_r)`` bytes (every chunk
+    but its own; ``(P-1)/P S`` when ``P | N``). ``T = (P-1) alpha + (P-1)/P beta S + (P-1)/P gamma S``.
+    The other chunks end as partial sums (scratch).
+allgather (allreduce's phase 2 alone, for DeAR's next forward; rank ``r`` starts with chunk ``r``):
+    steps ``s = 0..P-2``: send chunk ``r - s`` to ``r + 1``, receive chunk ``r - s - 1`` from ``r - 1`` in
+    place. Per rank: ``P - 1`` messages, ``e (N - n_{r+1})`` bytes (every chunk but ``r + 1``; ``(P-1)/P S``
+    when ``P | N``). ``T = (P-1) alpha + (P-1)/P beta S``. Chunks other than ``r`` may hold anything before.
 
 One reduce-scatter step (``s = 0``, ``P = 4``; ``cK`` is chunk ``K``, ``+=`` adds into the own copy)::
 
@@ -32,8 +42,9 @@ Schedule as data: :func:`steps` (allreduce; the messages the code above posts, s
 
 Option ``segment_bytes`` (default None): the reduce-scatter sends chunk ``j`` as ``ceil(n_j e / g)``
 segments of ``g = segment_bytes`` bytes (whole elements, capped at the largest chunk; at least one) and adds
-segment ``k`` while ``k + 1`` arrives; the allreduce and reduce message counts grow by that (the
-``P - 1`` reduce-scatter messages become ``sum_s ceil(n_{v-s} e / g)``), the bytes do not.
+segment ``k`` while ``k + 1`` arrives; the allreduce, reduce and reduce_scatter message counts grow by that
+(the ``P - 1`` reduce-scatter messages become ``sum_s ceil(n_{v-s} e / g)``, an empty chunk one message), the
+bytes do not; the allgather is not segmented.
 
 Extra memory per call: one receive buffer of ``ceil(N / P)`` elements (reduce-scatter; two
 segments with ``segment_bytes``; the thread's reused :func:`~dpcomm.collectives._p2p.scratch`); the allgather,
@@ -129,7 +140,8 @@ def ring_allgather(
 @dataclass(slots=True, kw_only=True)
 class Ring:
     """Ring allreduce (reduce-scatter + allgather); broadcast = scatter + ring allgather; reduce = ring
-    reduce-scatter + gather. See the module docstring for steps and bytes."""
+    reduce-scatter + gather; ``reduce_scatter`` and ``allgather`` alone (group rank ``r`` owns chunk ``r`` of
+    :func:`~dpcomm.collectives._p2p.chunk_bounds`). See the module docstring for steps and bytes."""
 
     segment_bytes: int | None = None
     """Reduce-scatter messages are cut into segments of this many bytes so the sum of one overlaps the
@@ -179,3 +191,24 @@ class Ring:
         else:
             a, b = bounds[(v + 1) % p]
             comm.send(flat[a:b], root, "gather")
+
+    def reduce_scatter(self, tensor: torch.Tensor, *, group: Any = None) -> None:
+        """In place: group rank ``r``'s chunk ``chunk_bounds(N, P)[r]`` ends as the sum over the group of
+        that chunk; the other chunks end as partial sums (scratch)."""
+        call = begin(self.name, "reduce_scatter", tensor, group)
+        if call is None:
+            return
+        comm, flat = call
+        bounds = chunk_bounds(flat.numel(), comm.size)
+        # relative rank v = rank - root owns chunk v + 1 at the end: root 1 makes that chunk `rank`
+        ring_reduce_scatter(comm, flat, bounds, 1 % comm.size, self.segment_bytes)
+
+    def allgather(self, tensor: torch.Tensor, *, group: Any = None) -> None:
+        """In place: group rank ``r``'s chunk ``chunk_bounds(N, P)[r]`` is copied to every rank, so every
+        rank ends with every chunk (what the other chunks held before does not matter)."""
+        call = begin(self.name, "allgather", tensor, group)
+        if call is None:
+            return
+        comm, flat = call
+        bounds = chunk_bounds(flat.numel(), comm.size)
+        ring_allgather(comm, flat, bounds, root=0, own=0, first_step=0)

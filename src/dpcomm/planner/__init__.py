@@ -10,6 +10,7 @@ contiguous layer groups in communication order); :func:`make_plan` picks one by 
 ``ddp``        PyTorch DDP's default buckets: 1 MiB first, then 25 MiB, backward order
 ``mgwfbp``     MG-WFBP Algorithm 1 (Shi & Chu, sec. IV), the paper's greedy merge test
 ``optimal``    the exact minimum of t_iter over all contiguous partitions (dynamic program)
+``dear``       DeAR: groups reduce-scattered in backward, all-gathered in the next forward (exact program)
 =============  ==========================================================================================
 
 Pull plans for a parameter server (which layers' parameters are pulled together before forward; the
@@ -35,6 +36,7 @@ from dpcomm.planner.bucket import (
     plan_ddp,
 )
 from dpcomm.planner.bucket_auto import plan_bucket_auto
+from dpcomm.planner.dear import plan_dear
 from dpcomm.planner.mgwfbp import plan_mgwfbp
 from dpcomm.planner.optimal import optimal_partition, plan_optimal
 from dpcomm.planner.pull import PULL_METHODS, PullPlan, plan_pulls
@@ -56,6 +58,7 @@ __all__ = [
     "parse_bucket_size",
     "plan_bucket",
     "plan_bucket_auto",
+    "plan_dear",
     "plan_ddp",
     "plan_mgwfbp",
     "plan_optimal",
@@ -73,6 +76,7 @@ SCHEDULES: dict[str, Planner] = {
     "ddp": plan_ddp,
     "mgwfbp": plan_mgwfbp,
     "optimal": plan_optimal,
+    "dear": plan_dear,
 }
 """Planner per schedule name; ``bucket`` is written ``bucket:SIZE`` or ``bucket:auto``
 (:mod:`dpcomm.planner.bucket_auto`)."""

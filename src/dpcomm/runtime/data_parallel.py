@@ -55,7 +55,9 @@ from dpcomm.errors import UserError
 from dpcomm.plan import Plan
 from dpcomm.runtime import bsp
 from dpcomm.runtime.broadcast import StateBroadcast
-from dpcomm.runtime.dp_hooks import DataParallelHooks
+from dpcomm.runtime.dear import Gathers
+from dpcomm.runtime.dp_grads import GradientMethods
+from dpcomm.runtime.dp_hooks import DataParallelHooks, output_tensors
 from dpcomm.runtime.driver import PlanDriver
 from dpcomm.runtime.grad_sync import GradSync
 from dpcomm.runtime.layer_order import LayerOrder
@@ -71,18 +73,7 @@ _ACTIVE: weakref.WeakKeyDictionary[nn.Module, weakref.ref[DataParallel]] = weakr
 """Module -> the open wrapper whose hooks are on it (two open wrappers would both communicate)."""
 
 
-def _tensors(out: Any) -> Iterator[torch.Tensor]:
-    if isinstance(out, torch.Tensor):
-        yield out
-    elif isinstance(out, list | tuple):
-        for o in out:
-            yield from _tensors(o)
-    elif isinstance(out, dict):
-        for o in out.values():
-            yield from _tensors(o)
-
-
-class DataParallel(DataParallelHooks):
+class DataParallel(DataParallelHooks, GradientMethods):
     """Data-parallel wrapper running a :class:`Plan` (or a driver's plans) with a registered collective.
 
     Args:
@@ -183,7 +174,8 @@ class DataParallel(DataParallelHooks):
         self._pending = False  # a synchronous backward happened and step() has not consumed it
         self._synced = False  # synchronize() ran for this iteration, step() has not yet
         self._stale = False  # lp-alg1: non-root parameters lag the root's until the next forward
-        self._prefetch: bsp.LayerwiseBroadcast | None = None
+        self._prefetch: bsp.LayerwiseBroadcast | Gathers | None = None
+        self._gather_due = False  # dear: the last step's parameters are to be all-gathered (next forward)
         self._steps = 0
         self._it = IterTimes()
         self._broadcast = StateBroadcast(module, self._coll, process_group, self.rank, self.world_size, root)
@@ -218,6 +210,11 @@ class DataParallel(DataParallelHooks):
                 it.exposed_s += self._broadcast(params=False)
             if self._stale:  # lp-alg1: fetch the root's new parameters layer by layer during this forward
                 self._prefetch = self._sync_grads.prefetch()
+        if self._gather_due:  # dear: the gathers start now, each layer waits for its group's
+            self._prefetch, self._gather_due = (
+                self._sync_grads.shards.start_gathers(self._sync_grads.comm),
+                False,
+            )
         try:
             out = self.module(*args, **kwargs)
         finally:
@@ -229,7 +226,7 @@ class DataParallel(DataParallelHooks):
             self._adopt_layer_order()
             self._drop_pre_hooks_if_unused()
         if torch.is_grad_enabled():
-            for t in _tensors(out):
+            for t in output_tensors(out):
                 if t.requires_grad:
                     t.register_hook(self._on_backward_start)
         it.fwd_end = self._timeline.now(sync=self._profiling)
@@ -265,14 +262,20 @@ class DataParallel(DataParallelHooks):
         self._synced = True
         self._it.exposed_s += time.perf_counter() - t0
 
-    def step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Synchronize, ``optimizer.step()`` (root only in ``lp-alg1``/``lp-alg2``), then the mode's
-        parameter broadcast (every step in ``lp-alg2``, every ``broadcast_every`` steps in ``lp-alg3``)."""
+    def step(self, optimizer: torch.optim.Optimizer, scaler: Any = None) -> None:
+        """Synchronize, ``optimizer.step()`` (root only in ``lp-alg1``/``lp-alg2``; ``scaler.step(optimizer)``
+        with a ``GradScaler``), then the mode's parameter broadcast (every step in ``lp-alg2``, every
+        ``broadcast_every`` steps in ``lp-alg3``). A ``dear`` plan steps this rank's shards and starts the
+        all-gathers the next forward waits for (:mod:`dpcomm.runtime.dear`)."""
         t0 = time.perf_counter()
         self.synchronize()
+        shards = self._sync_grads.shards
         root_only = self.mode in ("lp-alg1", "lp-alg2")
-        if not root_only or self.rank == self.root:
-            optimizer.step()
+        if shards is not None:
+            shards.step(optimizer, scaler)
+            self._gather_due = True  # started by the next forward (or a flush), which waits for them
+        elif not root_only or self.rank == self.root:
+            scaler.step(optimizer) if scaler is not None else optimizer.step()
         if self.world_size > 1:
             if self.mode == "lp-alg2" or (
                 self.mode == "lp-alg3" and (self._steps + 1) % self.broadcast_every == 0
@@ -286,11 +289,16 @@ class DataParallel(DataParallelHooks):
                 self._use(*nxt)
         self._drop_pre_hooks_if_unused()
 
+    def train(self, mode: bool = True) -> DataParallel:
+        self.flush()
+        return super().train(mode)
+
     def sync_params(self) -> None:
         """Broadcast the root's parameters and buffers now (e.g. at the end of ``lp-alg1`` training, whose
         non-root replicas otherwise receive the last update only in the next forward)."""
         if self._pending:
             raise UserError("DataParallel: sync_params() between backward and step()")
+        self.flush()
         self._it.exposed_s += self._broadcast(params=True)
         self._stale = False
 
@@ -304,7 +312,8 @@ class DataParallel(DataParallelHooks):
         return self._timeline.write_chrome_trace(path, self.rank, self.world_size, self.process_group, gather)
 
     def state_dict(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
-        """The wrapped module's state dict (no ``module.`` prefix)."""
+        """The wrapped module's state dict (no ``module.`` prefix), after :meth:`flush`."""
+        self.flush()
         return self.module.state_dict(*args, **kwargs)
 
     def load_state_dict(self, state_dict: Any, strict: bool = True, assign: bool = False) -> Any:
@@ -323,6 +332,8 @@ class DataParallel(DataParallelHooks):
 
     def close(self) -> None:
         """Remove the hooks and stop the communication thread (the module stays usable on its own)."""
+        with contextlib.suppress(Exception):  # a failed gather was reported where it was waited for
+            self.flush()
         for h in self._hooks:
             h.remove()
         self._hooks = []

@@ -11,6 +11,9 @@ the two halves are one ``nn.Module`` and share the state of the iteration in pro
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -20,7 +23,19 @@ from dpcomm.runtime.broadcast import check_same_plan, groups_text
 from dpcomm.runtime.records import Phase
 from dpcomm.runtime.spans import IterTimes, layer_times
 
-__all__ = ["DataParallelHooks"]
+__all__ = ["DataParallelHooks", "output_tensors"]
+
+
+def output_tensors(out: Any) -> Iterator[torch.Tensor]:
+    """The tensors in a forward's output (nested lists, tuples and dicts)."""
+    if isinstance(out, torch.Tensor):
+        yield out
+    elif isinstance(out, list | tuple):
+        for o in out:
+            yield from output_tensors(o)
+    elif isinstance(out, dict):
+        for o in out.values():
+            yield from output_tensors(o)
 
 
 class DataParallelHooks(nn.Module):
@@ -80,17 +95,25 @@ class DataParallelHooks(nn.Module):
         self._use(self.plan, Phase.STEADY)
 
     def _use(self, plan: Plan, phase: Phase) -> None:
-        """Run ``plan`` from the next iteration on (new buckets only where its groups differ)."""
+        """Run ``plan`` from the next iteration on (new buckets only where its groups differ). Leaving a
+        ``dear`` plan's shards: their gathers land and their optimizer state goes back to the user's."""
+        old = self._sync_grads.shards
+        if old is not None and (not plan.sharded or plan.groups != old.b.plan.groups):
+            self.flush()
+            old.consolidate()
         self.phase, self._running = phase, plan
         if phase is Phase.STEADY:  # while a driver re-plans, the plan kept last stays the one to save
             self.plan = plan
         if phase is Phase.PROFILE and self._layers.known:  # profiling again (re-planning): time each layer
             self._layers.add_hooks()
         self._sync_grads.use(plan, self._layers.params_per_layer, self._names, self.reduce_dtype)
+        if plan.sharded and self._layers.known:  # each layer's forward waits for its gather
+            self._layers.add_hooks()
 
     def _drop_pre_hooks_if_unused(self) -> None:
         """Pre-hooks serve layer ordering, profiling and lp-alg1; once done, modules run hook-free."""
-        if self.phase is Phase.STEADY and self._layers.known and self.mode != "lp-alg1":
+        sharded = self._running is not None and self._running.sharded
+        if self.phase is Phase.STEADY and self._layers.known and self.mode != "lp-alg1" and not sharded:
             self._layers.drop_hooks()
 
     def _close_backward(self) -> None:

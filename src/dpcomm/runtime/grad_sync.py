@@ -20,6 +20,7 @@ from dpcomm.plan import Plan
 from dpcomm.runtime import bsp
 from dpcomm.runtime.buckets import GradBuckets, Group
 from dpcomm.runtime.comm_thread import CommFailure, CommJob, CommThread
+from dpcomm.runtime.dear import Shards
 
 __all__ = ["GradSync"]
 
@@ -44,6 +45,8 @@ class GradSync:
         self.comm = CommThread(name=f"dpcomm-comm-r{rank}", device=device)  # jobs end when its work ran
         self.buckets: GradBuckets | None = None
         """The flat buffers of the plan in use (None before the first forward)."""
+        self.shards: Shards | None = None
+        """A ``dear`` plan's shards (:mod:`dpcomm.runtime.dear`); None for all-reduce plans."""
 
     def use(
         self,
@@ -52,10 +55,23 @@ class GradSync:
         names: dict[int, str],
         reduce_dtype: torch.dtype | None,
     ) -> None:
-        """Buckets for ``plan`` (new ones only where its groups differ from the current ones)."""
-        if self.buckets is None or self.buckets.plan.groups != plan.groups:
-            self.buckets = None  # free the old buffers first: never two copies
+        """Buckets for ``plan`` (new ones only where its groups differ from the current ones); a ``dear``
+        plan's shards (the caller consolidated the old shards' optimizer state first)."""
+        if plan.sharded:
+            if self.mode != "overlap":
+                raise UserError(f"the dear schedule runs in mode 'overlap', not '{self.mode}'")
+            if not callable(getattr(self._coll, "reduce_scatter", None)):
+                name = getattr(self._coll, "name", type(self._coll).__name__)
+                raise UserError(f"the dear schedule needs a reduce-scatter: collective '{name}' has none "
+                                "(use ring or native)")  # fmt: skip
+        fresh = self.buckets is None or self.buckets.plan.groups != plan.groups
+        if fresh:
+            self.buckets = self.shards = None  # free the old buffers first: never two copies
             self.buckets = GradBuckets(plan, params_per_layer, names, reduce_dtype)
+        if not plan.sharded:
+            self.shards = None
+        elif fresh or self.shards is None:
+            self.shards = Shards(self.buckets, self._coll, self._pg, self.rank, self.world)
 
     def ready(self, p: nn.Parameter) -> int:
         """``p``'s gradient is final for this backward; launch the groups it completes (overlapping modes).
@@ -69,7 +85,9 @@ class GradSync:
     def _launch(self, g: Group) -> None:
         """Queue group ``g``'s gradient communication for this mode."""
         b, coll, pg, world = self.buckets, self._coll, self._pg, self.world
-        if self.mode in ("lp-alg1", "lp-alg2"):
+        if self.shards is not None:
+            label, run = self.shards.job(g)
+        elif self.mode in ("lp-alg1", "lp-alg2"):
             label, run = bsp.reduce_job(coll, b, g, pg, world, self.rank, self.root)
         elif self._async:
             bsp.start_allreduce(self.comm, coll, b, g, pg, world)

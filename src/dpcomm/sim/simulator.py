@@ -51,6 +51,9 @@ class CommEvent:
     """When its lowest-index layer's gradient is ready."""
     start_s: float
     end_s: float
+    op: str = "allreduce"
+    """The collective: ``allreduce``, or DeAR's ``reduce-scatter`` and ``all-gather``
+    (:mod:`dpcomm.sim.dear`)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,7 +97,7 @@ class SimResult:
             lo, hi = ev.layers[0], ev.layers[-1]
             out.append(
                 Span(
-                    name=f"allreduce {lo}" if lo == hi else f"allreduce {lo}-{hi}",
+                    name=f"{ev.op} {lo}" if lo == hi else f"{ev.op} {lo}-{hi}",
                     cat="comm",
                     row="comm",
                     start=ev.start_s,
@@ -106,7 +109,12 @@ class SimResult:
 
 
 def simulate(trace: Trace, plan: Plan, cost: CommCost, nodes: int, update_s: float = 0.0) -> SimResult:
-    """Time one iteration (see module docstring). ``cost`` is the all-reduce cost for ``nodes`` nodes."""
+    """Time one iteration (see module docstring). ``cost`` is the all-reduce cost for ``nodes`` nodes.
+    A ``dear`` plan is timed as DeAR's schedule (:func:`dpcomm.sim.dear.simulate_dear`)."""
+    if plan.sharded:
+        from dpcomm.sim.dear import simulate_dear
+
+        return simulate_dear(trace, plan, cost, nodes, update_s)
     check_nodes(nodes)
     nodes = int(nodes)
     if plan.num_layers != trace.num_layers:
