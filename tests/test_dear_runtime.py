@@ -1,6 +1,6 @@
-"""The ``dear`` schedule in dpcomm's runtime (:mod:`dpcomm.runtime.dear`) against an all-reduce plan of the same
-groups, on 3 gloo ranks, each rank its own data: parameters within 1e-6 relative after every case, replicas
-bitwise equal, the optimizer state sharded. One launch runs every case (about 8 s on the 2-core VM).
+"""The ``dear`` schedule in dpcomm's runtime (:mod:`dpcomm.runtime.dear`) against an all-reduce plan of the
+same groups, on 3 gloo ranks, each rank its own data: parameters within 1e-6 relative after every case,
+replicas bitwise equal, the optimizer state sharded. One launch runs every case (about 8 s on the 2-core VM).
 
 Tolerance: 1e-6 relative to the largest parameter. Both runs average the same per-rank gradients; only the
 order of the sums differs (the ring's reduce-scatter against the all-reduce), a few float32 ulps per step.

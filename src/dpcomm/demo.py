@@ -13,7 +13,10 @@ interleaved, iteration by iteration on the same batches (:func:`dpcomm.train.com
 - ``wfbp``: one all-reduce per layer as soon as its gradient is ready (wait-free backpropagation);
 - ``single``: one all-reduce after backward (SyncEASGD);
 - ``mgwfbp``: MG-WFBP Algorithm 1's merged groups, planned on the workers from profiled iterations;
-- ``optimal``: the exact best partition into contiguous groups under the same model.
+- ``optimal``: the exact best partition into contiguous groups under the same model;
+- ``dear``: DeAR's schedule, each group reduce-scattered in backward and all-gathered in the next forward
+  (each layer waits for its group), the optimizer stepping each rank's shard; its groups are the exact best
+  under the same model (:mod:`dpcomm.planner.dear`).
 
 It prints, per schedule, the measured median iteration time, the simulator's prediction (MG-WFBP Eq. 6-8)
 from the run's own profiled layer times and an all-reduce cost fitted to every schedule's profiled
@@ -49,7 +52,7 @@ from dpcomm.testbed.owned import loadavg, owned_name, remove_stale
 
 __all__ = ["SCHEDULES", "TRACE", "cluster_unavailable", "main", "pooled_cost", "testbed_name"]
 
-SCHEDULES = ("ddp", "wfbp", "single", "mgwfbp", "optimal")
+SCHEDULES = ("ddp", "wfbp", "single", "mgwfbp", "optimal", "dear")
 TRACE = "resnet20-cpu-b32"
 """The shipped trace the emulated model follows (ResNet-20, batch 32, measured on this kind of CPU)."""
 

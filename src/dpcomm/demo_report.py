@@ -18,6 +18,7 @@ _WHAT = {
     "single": "one all-reduce after backward",
     "mgwfbp": "MG-WFBP merged groups",
     "optimal": "dpcomm's optimal groups",
+    "dear": "reduce-scatter + all-gather (DeAR)",
 }
 
 
@@ -80,7 +81,7 @@ def _row(r: Any, sim: Any, ddp: Any, slowed: Any = None) -> list[str]:
     with the fitted slowdown, error."""
     kept = (r.plan or {}).get("schedule") or r.schedule
     what = _WHAT.get(r.schedule, r.schedule) + (f" (kept {kept})" if kept != r.schedule else "")
-    groups = len(sim.comm) if sim is not None else len((r.plan or {}).get("groups") or [])
+    groups = len((r.plan or {}).get("groups") or []) or (len(sim.comm) if sim is not None else 0)
     err = (sim.t_iter_s - r.t_iter_s) / r.t_iter_s if sim is not None else None
     serr = (slowed.t_iter_s - r.t_iter_s) / r.t_iter_s if slowed is not None else None
     return [
@@ -111,7 +112,9 @@ def _why(results: list[Any], sims: dict[str, Any], cost: Any) -> str | None:
         f"({ddp.backward_s * 1e3:.0f} ms). DDP's first bucket (1 MiB) holds layers {_groups_text([first])}, "
         "so its big all-reduce starts only when backward is nearly done; wfbp pays a start-up per layer; "
         "single overlaps nothing; the optimal plan starts a few groups early "
-        f"({_groups_text((ref.plan or {}).get('groups') or [])}, communication order)."
+        f"({_groups_text((ref.plan or {}).get('groups') or [])}, communication order), and reaches the limit "
+        "of every all-reduce plan, F + max(B, C). dear gets past it by cutting each all-reduce in two: "
+        "reduce-scatters overlap backward, all-gathers overlap the next forward."
     )
 
 
@@ -122,6 +125,21 @@ def _startup_note(results: list[Any], sim: Any, cost: Any) -> str:
     return (
         f"  {sim.schedule} is priced with {len(sim.comm)} start-ups of a = {cost.a * 1e3:.1f} ms, the least "
         f"certain number of the fit{spread if small else ''}."
+    )
+
+
+def _limits(results: list[Any], cost: Any) -> str | None:
+    """Each schedule's limit in the model (:func:`dpcomm.planner.dear.limits`) on ``optimal``'s profile."""
+    from dpcomm.planner.dear import limits
+    from dpcomm.trace.format import trace_from_dict
+
+    ref = next((r for r in results if r.schedule == "optimal" and r.trace), None)
+    if ref is None or cost is None:
+        return None
+    lim = limits(trace_from_dict(ref.trace), cost, ref.nproc, ref.update_s)
+    return (
+        f"Limits in the model (this run's layer times and cost): every all-reduce plan >= F + max(B, C) = "
+        f"{lim['allreduce'] * 1e3:.1f} ms; dear >= max(F, AG) + max(B, RS) = {lim['dear'] * 1e3:.1f} ms."
     )
 
 
@@ -163,6 +181,9 @@ def report(console: Any, results: list[Any], out: Path, rate: str) -> None:
             + ("schedule ended bitwise identical." if agree else "schedule did NOT agree."),
             highlight=False,
         )
+    limits = _limits(results, cost)
+    if limits:
+        console.print(limits, highlight=False)
     errors = _errors(results, sims)
     if errors:
         geo, worst = _geomean(errors), max(errors, key=lambda s: abs(errors[s]))
@@ -191,9 +212,9 @@ def report(console: Any, results: list[Any], out: Path, rate: str) -> None:
         title = "measured: the last iteration of each schedule, rank 0"
         fig = plot_measured_timeline(traces, out / "timeline.png", iterations=1, title=title)
         console.print(f"Measured timeline: {fig}", highlight=False)
-    shown = [sims[s] for s in ("ddp", "optimal") if s in sims]
+    shown = [sims[s] for s in ("ddp", "optimal", "dear") if s in sims]
     if shown:
-        title = "simulated: DDP's buckets and the optimal plan"
+        title = "simulated: DDP's buckets, the optimal plan and dear"
         console.print(
             f"Simulated timeline: {plot_timeline(shown, out / 'simulated.png', title=title)}", highlight=False
         )

@@ -78,8 +78,14 @@ class RuntimeReplica:
     def spans(self) -> list[list[Span]]:
         return self.dp.spans
 
+    def before_checkpoint(self) -> None:
+        """Every rank, before rank 0 saves: a ``dear`` plan's sharded optimizer state into the optimizer."""
+        self.dp.consolidate_optimizer()
+
     def finish(self) -> None:
-        """``lp-alg1`` non-roots get the last update only in the next forward: fetch it now."""
+        """``lp-alg1`` non-roots get the last update only in the next forward: fetch it now; a ``dear``
+        plan's last parameters are all-gathered."""
+        self.dp.flush()
         if self.cfg.mode == "lp-alg1":
             self.dp.sync_params()
 

@@ -229,10 +229,12 @@ def _train_rank(
                 torch.manual_seed(derive_seed(cfg.seed, rank, it))  # dropout: same masks for every schedule
                 with autocast_context(cfg):  # --autocast: planning's profile passes and the training pass
                     rep.iteration(x, y)
-            if rank == 0 and cfg.checkpoint:
+            if cfg.checkpoint:  # every rank decides alike: a sharded optimizer is gathered by all of them
                 due = due or bool(cfg.checkpoint_every and (it + 1) % cfg.checkpoint_every == 0)
                 if it + 1 == total or (due and replicas[0].settled):
-                    _save(cfg, replicas[0], it + 1, data)
+                    getattr(replicas[0], "before_checkpoint", lambda: None)()
+                    if rank == 0:
+                        _save(cfg, replicas[0], it + 1, data)
                     due = False
             if bar is not None:
                 bar.update(it + 1, replicas)

@@ -30,7 +30,8 @@ What a replica must do (the loop relies on every point):
 4. **log**: this rank's one-line messages (``[rank R] ...``) for the user; rank 0's are printed.
 5. **plan**: the :class:`~dpcomm.plan.Plan` to save in the checkpoint (None: none, or not decided yet), and
    **checkpoint_state()**: any further state to save (a dict of tensors, numbers, strings, lists, dicts;
-   ``{}`` for none), handed back on resume as ``state["replica"]``.
+   ``{}`` for none), handed back on resume as ``state["replica"]``. An optional **before_checkpoint()** runs
+   on every rank before rank 0 saves (a sharded optimizer gathers its state into ``optimizer`` there).
 6. **spans()**: this rank's timeline of its last iterations (a list per iteration of
    :class:`~dpcomm.runtime.records.Span`, rows ``compute`` and ``comm``) for ``--chrome-trace``.
 7. **finish()**: make every rank's parameters current (e.g. a last broadcast) -- called on every rank
