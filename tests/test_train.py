@@ -338,11 +338,15 @@ def killed_then_shared(tmp_path_factory):
     argv = [*TINY, "--nproc", "2", "--iters", "6"]
     bf16 = TrainConfig(model="lenet5", nproc=2, data="digits", iters=8, batch_size=16, dtype="bf16",
                        profile_iters=2, verify_iters=1, progress=False)  # fmt: skip
-    (full,), (resumed,), (ddp, mg) = train_runs(
+    dear, dear_ckpt = [*argv[:6], "dear", *argv[7:]], tmp_path / "dear"  # issue 56: --schedule dear
+    (full,), (resumed,), (ddp, mg), (dear_full,), _, (dear_resumed,) = train_runs(
         [
             (_cli_config([*argv, "--chrome-trace", str(trace)]), None),
             (_cli_config([*argv, "--checkpoint", str(ckpt), "--resume"]), None),
             (bf16, ["ddp", "mgwfbp"]),
+            (_cli_config(dear), None),
+            (_cli_config([*dear[:-2], "--iters", "4", "--checkpoint", str(dear_ckpt)]), None),
+            (_cli_config([*dear, "--checkpoint", str(dear_ckpt), "--resume"]), None),
         ]
     )
     return {
@@ -352,6 +356,7 @@ def killed_then_shared(tmp_path_factory):
         "trace": trace,
         "ckpt": ckpt,
         "bf16": (ddp, mg),
+        "dear": (dear_full, dear_resumed, dear_ckpt),
     }
 
 
@@ -373,6 +378,22 @@ def test_killed_worker_then_resume_equals_uninterrupted(killed_then_shared):
     assert resumed["params_sha256"] == full["params_sha256"]
     assert resumed["loss_final"] == full["loss_final"]
     assert load_checkpoint(got["ckpt"])["iteration"] == 6
+
+
+@pytest.mark.slow
+def test_dear_resumes_from_its_gathered_optimizer_state_bitwise(killed_then_shared):
+    """``--schedule dear``: its optimizer state lives in shards; the checkpoint holds it whole (every rank
+    gathers before rank 0 saves), and the resumed run ends bitwise as the uninterrupted one."""
+    full, resumed, ckpt = killed_then_shared["dear"]
+    assert (full.start_iteration, resumed.start_iteration) == (0, 4)
+    assert full.plan["schedule"] == "dear" and len(set(full.params_sha256)) == 1
+    saved = load_checkpoint(ckpt)
+    momentum = [s["momentum_buffer"] for s in saved["optimizer"]["state"].values()]
+    assert saved["plan"]["schedule"] == "dear" and len(momentum) == len(
+        saved["optimizer"]["param_groups"][0]["params"]
+    )
+    assert all(m.abs().sum() > 0 for m in momentum)  # whole tensors, every element gathered
+    assert resumed.params_sha256 == full.params_sha256 and resumed.loss_final == full.loss_final
 
 
 def _free_port() -> int:
