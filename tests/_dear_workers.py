@@ -142,6 +142,9 @@ def run_case(case: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
             t.numel() for st in run.dp._sync_grads.shards._opt.state.values() for t in st.values() if t.dim()
         )
         out["params"] = a.numel()
+        if getattr(run.dp, "planner", None) is not None:  # planned on the workers: its halves as measured
+            out["halves"] = sorted(run.dp.planner.half_points)
+            out["split"] = type(run.dp.cost).__name__
         if run.scaler is not None:
             out["scales"] = [run.scaler.get_scale(), ref.scaler.get_scale()]
         if case.get("resume"):  # the resumed run against one that never stopped

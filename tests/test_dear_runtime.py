@@ -74,3 +74,9 @@ def test_evaluation_flushes_the_gathers_in_flight(results):
     for r in _ok(results, "eval-flush"):
         assert r["stale_diff"] > 1e-3  # before the flush the module holds last step's other shards
         assert r["eval_diff"] <= 1e-6
+
+
+@pytest.mark.slow
+def test_planned_on_the_workers_with_the_collectives_own_halves(results):
+    for r in _ok(results, "planned-on-the-workers"):
+        assert r["halves"] == ["ag", "rs"] and r["split"] == "SplitCost"

@@ -53,13 +53,15 @@ def _predictions(results: list[Any], cost: Any, slowdown: Any = None) -> dict[st
     ``slowdown`` (:mod:`dpcomm.sim.slowdown`), each trace slowed by its plan's messages first."""
     from dpcomm.demo_sim import ddp_plan
     from dpcomm.plan import Plan
+    from dpcomm.planner.dear import split_cost
     from dpcomm.sim import simulate
     from dpcomm.sim.slowdown import slowed_trace
     from dpcomm.trace.format import trace_from_dict
 
     def run(trace: Any, plan: Any, r: Any) -> Any:
         trace = slowed_trace(trace, plan, slowdown) if slowdown is not None else trace
-        return simulate(trace, plan, cost, r.nproc, update_s=r.update_s)
+        own = split_cost(cost, (r.cost or {}).get("halves"))  # dear: the halves it measured
+        return simulate(trace, plan, own, r.nproc, update_s=r.update_s)
 
     sims: dict[str, Any] = {}
     if cost is None:
@@ -130,13 +132,15 @@ def _startup_note(results: list[Any], sim: Any, cost: Any) -> str:
 
 def _limits(results: list[Any], cost: Any) -> str | None:
     """Each schedule's limit in the model (:func:`dpcomm.planner.dear.limits`) on ``optimal``'s profile."""
-    from dpcomm.planner.dear import limits
+    from dpcomm.planner.dear import limits, split_cost
     from dpcomm.trace.format import trace_from_dict
 
     ref = next((r for r in results if r.schedule == "optimal" and r.trace), None)
     if ref is None or cost is None:
         return None
-    lim = limits(trace_from_dict(ref.trace), cost, ref.nproc, ref.update_s)
+    dear = next((r for r in results if r.schedule == "dear" and r.cost), None)
+    halves = split_cost(cost, dear.cost.get("halves")) if dear is not None else cost
+    lim = limits(trace_from_dict(ref.trace), halves, ref.nproc, ref.update_s)
     return (
         f"Limits in the model (this run's layer times and cost): every all-reduce plan >= F + max(B, C) = "
         f"{lim['allreduce'] * 1e3:.1f} ms; dear >= max(F, AG) + max(B, RS) = {lim['dear'] * 1e3:.1f} ms."

@@ -1,6 +1,9 @@
 """Plan which layers' gradients are all-reduced together, and show the plan's simulated timing.
 
-Example: ``dpcomm plan --trace resnet50.json --nodes 16 --network 10gbe --schedule mgwfbp``.
+Example: ``dpcomm plan --trace resnet50.json --nodes 16 --network 10gbe --schedule mgwfbp``. Under the plan
+it prints the limits of the all-reduce and DeAR schedules and which of DDP with the ``optimal`` plan,
+``dear`` and FSDP2 is fastest in the model (:mod:`dpcomm.cli._verdict`; ``--json``: ``limit_s``, the
+plan's schedule's, and ``verdict``).
 With ``--pull METHOD`` it plans a parameter server's pulls instead (iBatch): ``dpcomm plan --trace
 googlenet-k80-b64 --nodes 16 --pull ibatch [--ps-servers S]`` prints the batches and the model's time.
 With ``--fsdp METHOD`` it plans FSDP2 (``--hsdp G|auto``: HSDP) units and prints the ``fully_shard`` code
@@ -27,7 +30,9 @@ from dpcomm.cli.plan_fsdp import add_plan_fsdp_arguments, run_fsdp
 from dpcomm.errors import UserError
 
 COMMAND = "plan"
-HELP = "plan gradient groups for a trace (wfbp, single, bucket:SIZE, mgwfbp, optimal), or FSDP/HSDP units"
+HELP = (
+    "plan gradient groups for a trace (wfbp, single, bucket:SIZE, mgwfbp, optimal, dear), or FSDP/HSDP units"
+)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -38,7 +43,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--schedule",
         default=None,
         metavar="S",
-        help="wfbp, single, bucket:SIZE, bucket:auto (the best single size), mgwfbp (default) or optimal",
+        help="wfbp, single, bucket:SIZE, bucket:auto (the best single size), mgwfbp (default), optimal or "
+        "dear (reduce-scatter in backward, all-gather in the next forward)",
     )
     parser.add_argument(
         "--pull", metavar="METHOD", help="plan parameter-server pulls instead: all, layer, ibatch or optimal"
@@ -80,7 +86,8 @@ def run(args: argparse.Namespace) -> int:
     nodes = world_of(args)
     update_s = check_update(args.update_s)
     trace = load_trace_arg(args.trace)
-    cost = costs_of(args, nodes)[0](nodes)
+    cost_for, model = costs_of(args, nodes)
+    cost = cost_for(nodes)
     schedule = args.schedule or ("bucket:auto" if args.export else "mgwfbp")
     plan = make_plan(schedule, trace, cost, nodes)
     res = simulate(trace, plan, cost, nodes, update_s=update_s)
@@ -92,6 +99,14 @@ def run(args: argparse.Namespace) -> int:
                  f"{vs['ddp'] * 1e3:.2f} ms, the per-bucket optimum "
                  f"{vs['optimal'] * 1e3:.2f} ms")  # fmt: skip
         return print_export(export_ddp(args.export, plan, trace, zero_stage=args.zero_stage), times)
+    from dpcomm.cli._verdict import limits_text, plain_fsdp
+    from dpcomm.planner.dear import limits
+    from dpcomm.sim.verdict import verdict
+
+    known = {plan.schedule: res.t_iter_s} if plan.schedule in ("optimal", "dear") else None
+    fsdp = plain_fsdp(args, trace, nodes, model)
+    v = verdict(trace, cost, nodes, update_s=update_s, fsdp=fsdp, known=known)
+    limit_s = limits(trace, cost, nodes, update_s)["dear" if plan.sharded else "allreduce"]
     if args.json:
         out = {
             "schedule": plan.schedule,
@@ -100,6 +115,8 @@ def run(args: argparse.Namespace) -> int:
             "t_iter_s": res.t_iter_s,
             "t_comm_exposed_s": res.t_comm_exposed_s,
             "planning_s": plan.meta["planning_s"],
+            "limit_s": limit_s,
+            "verdict": v.to_dict(),
         }
         if "bucket_cap_mb" in plan.meta:  # bucket:auto: the one number, and what it is against
             out |= {"bucket_cap_mb": plan.meta["bucket_cap_mb"], "against_s": _against(trace, cost, nodes,
@@ -116,6 +133,8 @@ def run(args: argparse.Namespace) -> int:
             f"the gradients' bytes each), best of {plan.meta['layouts']} layouts; t_iter {t:.2f} ms against "
             f"DDP's default {ddp:.2f} ms and the per-bucket optimum {best:.2f} ms"
         )
+    print(limits_text(trace, cost, nodes, update_s, dear_first=plan.sharded))
+    print(v.text())
     return 0
 
 
@@ -129,15 +148,22 @@ def _against(trace, cost, nodes: int, update_s: float) -> dict[str, float]:
 
 
 def _print(trace, plan, res, cost) -> None:
+    """The groups in communication order with their collectives' times, and the iteration's. A ``dear``
+    plan's groups each have an all-gather (in forward, from the step's end) and a reduce-scatter (in
+    backward, from the gradients' ready time), :mod:`dpcomm.sim.dear`'s events."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{plan.schedule} plan: {trace.model}, N={res.nodes}, {len(plan.groups)} group(s)")
-    for col in ("#", "layers", "first .. last layer", "MB", "ready ms", "start ms", "end ms"):
+    dear = plan.sharded
+    what = "reduce-scattered in backward, all-gathered in the next forward" if dear else "all-reduced"
+    table = Table(title=f"{plan.schedule} plan: {trace.model}, N={res.nodes}, {len(plan.groups)} group(s) "
+                        f"{what}")  # fmt: skip
+    cols = ["#", "layers", "first .. last layer", "MB"]
+    cols += ["all-gather ms", "ready ms", "reduce-\nscatter ms"] if dear else ["ready ms", "start ms", "end ms"]
+    for col in cols:
         table.add_column(col, justify="left" if col.startswith("first") else "right")
-    comm = {ev.group: ev for ev in res.comm}
+    comm = {(ev.op, tuple(ev.layers)): ev for ev in res.comm}
     for k, g in enumerate(plan.groups):
-        ev = comm.get(k)
         span = f"{g[0]}" if len(g) == 1 else f"{g[0]}-{g[-1]}"
         names = (
             trace.layers[g[0]].name
@@ -145,14 +171,23 @@ def _print(trace, plan, res, cost) -> None:
             else f"{trace.layers[g[-1]].name} .. {trace.layers[g[0]].name}"
         )
         mb = sum(trace.layer_bytes(l) for l in g) / 2**20
-        times = [f"{t * 1e3:.2f}" for t in (ev.ready_s, ev.start_s, ev.end_s)] if ev else ["-", "-", "-"]
+        if dear:
+            ag, rs = comm.get(("all-gather", tuple(g))), comm.get(("reduce-scatter", tuple(g)))
+            times = [f"{ag.start_s * 1e3:.2f}-{ag.end_s * 1e3:.2f}" if ag else "-",
+                     f"{rs.ready_s * 1e3:.2f}" if rs else "-",
+                     f"{rs.start_s * 1e3:.2f}-{rs.end_s * 1e3:.2f}" if rs else "-"]  # fmt: skip
+        else:
+            ev = comm.get(("allreduce", tuple(g)))
+            times = [f"{t * 1e3:.2f}" for t in (ev.ready_s, ev.start_s, ev.end_s)] if ev else ["-", "-", "-"]
         table.add_row(str(k), span, names, f"{mb:.2f}", *times)
     console = Console()
     console.print(table)
+    priced = (f"all-reduce cost {cost}, each half (reduce-scatter, all-gather) half of it" if dear
+              else f"cost {cost}")  # fmt: skip
     console.print(
         f"t_f {res.t_f_s * 1e3:.2f} ms, t_b {res.t_b_s * 1e3:.2f} ms, t_iter {res.t_iter_s * 1e3:.2f} ms, "
         f"exposed communication {res.t_comm_exposed_s * 1e3:.2f} ms, speedup {res.speedup:.2f} "
-        f"(efficiency {res.efficiency:.1%}); cost {cost}; planned in {plan.meta['planning_s'] * 1e3:.2f} ms"
+        f"(efficiency {res.efficiency:.1%}); {priced}; planned in {plan.meta['planning_s'] * 1e3:.2f} ms"
     )
 
 

@@ -32,13 +32,6 @@ from dpcomm.cli.plan_export import export_fsdp_plan
 from dpcomm.errors import UserError
 from dpcomm.trace.format import Trace
 
-PLOT_BUDGETS = 16
-"""``--plot``: the front sampled at this many budgets (one plan each; every point of TinyLlama's front, 46
-plans, took 25 s on the 2-core VM, more on a cluster's prices)."""
-PLOT_GAP = 0.02
-"""``--plot``: each point within this fraction of its certified bound (or ``--gap``, if larger): near the
-smallest budgets ``optimal`` at 0.5% took over 20 s a point on TinyLlama at 128 ranks, at 2% 0.6 s."""
-
 __all__ = ["add_plan_fsdp_arguments", "fsdp_code", "module_paths", "run_fsdp", "world_of"]
 
 
@@ -187,7 +180,7 @@ def run_fsdp(args: argparse.Namespace) -> int:
     opts = fsdp_options(args)
     trace = load_trace_arg(args.trace)
     world = world_of(args)
-    _, model = costs_of(args, world)
+    cost_for, model = costs_of(args, world)
     costs_for, shards_for = fsdp_costs_of(args, model)
     costs = costs_for(world)
     on, atoms = planned_on(trace)
@@ -206,15 +199,31 @@ def run_fsdp(args: argparse.Namespace) -> int:
     paths = module_paths(trace, plan.units)
     written = None
     if args.plot:
-        written = _plot(args.plot, on, on_atoms_plan, costs, world, opts)
+        from dpcomm.cli._fsdp_front import plot_front
+
+        written = plot_front(args.plot, on, on_atoms_plan, costs, world, opts)
+    v = _verdict(trace, cost_for(world), world, opts, row)
     if args.json:
-        print(json.dumps(_json(row, paths, world, opts, written, args, model)))
+        print(json.dumps(_json(row, paths, world, opts, written, args, model) | {"verdict": v.to_dict()}))
         return 0
+    from dpcomm.cli._verdict import limits_text
+
+    said = [limits_text(trace, cost_for(world), world, opts["update_s"]), v.text()]
     _print(
         trace, row, paths, (ag, rs, ar if G < world else None), world, opts, priced_by(args, model), written,
-        mods.param_bytes,
+        mods.param_bytes, said,
     )  # fmt: skip
     return 0
+
+
+def _verdict(trace, cost, world: int, opts, row):
+    """DDP with the ``optimal`` plan and ``dear`` on the all-reduce ``cost`` beside this plan's row
+    (:mod:`dpcomm.sim.verdict`); the row is ``FSDP2`` when it is ``fsdp:optimal``, else its schedule."""
+    from dpcomm.sim.fsdp import parse_fsdp_schedule
+    from dpcomm.sim.verdict import FSDP2, verdict
+
+    name = FSDP2 if parse_fsdp_schedule(row.schedule)[:2] == ("fsdp", "optimal") else row.schedule
+    return verdict(trace, cost, world, update_s=opts["update_s"], fsdp=row.t_iter_s, fsdp_name=name)
 
 
 def world_of(args: argparse.Namespace) -> int:
@@ -229,47 +238,6 @@ def world_of(args: argparse.Namespace) -> int:
     if len(nodes) != 1:
         raise UserError(f"--nodes takes one node count for plan, got {args.nodes!r}")
     return nodes[0]
-
-
-def _plot(path, trace, plan, costs, world: int, opts):
-    """The front at the plan's group size, planned on the costs' lines as the plan was
-    (:func:`dpcomm.sim.fsdp_costs.linear_costs`), each point timed with the costs themselves (the points
-    another beats, on those times, dropped)."""
-    from dataclasses import replace
-
-    from dpcomm.planner.fsdp import Modules, fsdp_time, plan_fsdp
-    from dpcomm.planner.fsdp_plot import plot_pareto
-    from dpcomm.planner.fsdp_precision import scaled_bytes
-    from dpcomm.planner.hsdp import hsdp_front
-    from dpcomm.sim.fsdp_costs import linear_costs
-
-    mods, k = Modules.from_trace(trace).under(opts["precision"])
-    f, b, m = mods.arrays
-    G = plan.shard_group if plan.shard_group is not None else world
-    lines, _ = linear_costs(costs, float(m[m > 0].min()), float(m.sum()))
-    (ag, rs, ar), exact = lines(G), costs(G)
-    rs, ar = scaled_bytes(rs, k), scaled_bytes(ar, k)  # reductions in reduce_dtype bytes
-    exact = (exact[0], scaled_bytes(exact[1], k), scaled_bytes(exact[2], k))
-    ar, ar_exact = (ar, exact[2]) if G < world else (None, None)
-    kw = {"update_s": opts["update_s"], "max_depth": opts["max_depth"], "overlap": opts["overlap"],
-          "unit_s": opts["unit_s"]}  # fmt: skip
-    gap = max(opts["gap"], PLOT_GAP)
-
-    def timed(p):
-        t = fsdp_time(p.units, f, b, m, exact[0], exact[1], depth=p.depth, reshard=p.reshard_after_forward,
-                      update_s=kw["update_s"], overlap=kw["overlap"], ar_cost=ar_exact,
-                      unit_s=kw["unit_s"])  # fmt: skip
-        return replace(p, time_s=float(t))
-
-    front = []
-    for peak, _, p in hsdp_front(mods, ag, rs, ar, gap=gap, budgets=PLOT_BUDGETS, **kw):
-        p = timed(p)
-        if not front or p.time_s < front[-1][1]:
-            front.append((peak, p.time_s, p))
-    others = [timed(plan_fsdp(name, mods, ag, rs, ar_cost=ar, **kw)) for name in ("per-block", "whole")]
-    shown = f", HSDP groups of {G}" if G < world else ""
-    title = f"{trace.model}: FSDP time-memory front{shown}, {PLOT_BUDGETS} budgets, each within {gap:.1%}"
-    return plot_pareto(front, others, path, title=title)
 
 
 def _json(row, paths, world, opts, written, args, model) -> dict:
@@ -302,7 +270,7 @@ def _json(row, paths, world, opts, written, args, model) -> dict:
     }
 
 
-def _print(trace, row, paths, costs, world, opts, where, written, param_bytes) -> None:
+def _print(trace, row, paths, costs, world, opts, where, written, param_bytes, said=()) -> None:
     import numpy as np
     from rich.console import Console
     from rich.table import Table
@@ -366,6 +334,8 @@ def _print(trace, row, paths, costs, world, opts, where, written, param_bytes) -
         console.print(f"shard group sizes (- : none fits, or bound above the best): {shown}")
     if written is not None:
         console.print(f"wrote {written}")
+    for line in said:  # the limits and the verdict (cli/_verdict)
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
     where = (
         "the modules dpcomm.fsdp.shard shards (the trace's fsdp_modules)"
         if holders(trace) is not None

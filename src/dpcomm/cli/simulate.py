@@ -103,6 +103,7 @@ def run(args: argparse.Namespace) -> int:
     trace = load_trace_arg(args.trace)
     cost, model = costs_of(args, max(nodes_list))
     rows = sweep(trace, cost, nodes_list, schedules, update_s=update_s) if schedules else []
+    limit = _limits(trace, cost, rows, update_s)  # before the ps-* rows: SweepRows too, without a limit
     if ps_schedules:
         rows += _ps_rows(trace, args, nodes_list, ps_schedules, model)
     if fsdp_schedules:
@@ -129,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
         written.append(write_chrome_trace(picked, args.chrome_trace))
     if args.json:
-        print(json.dumps([r.to_dict() for r in rows]))
+        print(json.dumps([r.to_dict() | ({"limit_s": limit[id(r)]} if id(r) in limit else {}) for r in rows]))
         for path in written:
             print(f"wrote {path}", file=sys.stderr)
         return 0
@@ -138,13 +139,27 @@ def run(args: argparse.Namespace) -> int:
         where += "; FSDP/HSDP all-gather and reduce-scatter: half a ring all-reduce (docs/fsdp.md)"
         if not fsdp["precision"].plain:
             where += f"; FSDP2 mixed precision: {fsdp['precision']}"
-    _print(trace, rows, written, where, state_bytes=fsdp["state_bytes"] if fsdp else None)
+    if any(r.plan.sharded for r in rows if hasattr(r, "result")):
+        where += "; dear: each half (reduce-scatter, all-gather) half an all-reduce"
+    if limit:
+        where += "; limit: all-reduce plans F + max(B, C), dear max(F, AG) + max(B, RS) (docs/dear.md)"
+    _print(trace, rows, written, where, state_bytes=fsdp["state_bytes"] if fsdp else None, limit=limit)
     return 0
 
 
-def _print(trace, rows, written, where: str, state_bytes: float | None = None) -> None:
+def _limits(trace, cost, rows, update_s: float) -> dict[int, float]:
+    """Per all-reduce or ``dear`` row (by ``id``), the least ``t_iter`` of any plan of its kind
+    (:func:`dpcomm.planner.dear.limits`: ``allreduce`` or ``dear``) at its node count."""
+    from dpcomm.planner.dear import limits
+
+    by_nodes = {n: limits(trace, cost(n), n, update_s) for n in {r.nodes for r in rows}}
+    return {id(r): by_nodes[r.nodes]["dear" if r.plan.sharded else "allreduce"] for r in rows}
+
+
+def _print(trace, rows, written, where: str, state_bytes: float | None = None, limit=None) -> None:
     """The table; with FSDP/HSDP rows (``state_bytes`` not None) a memory column: per rank, unsharded
-    parameters at the peak plus sharded state (DDP: every parameter and the whole state; ps-*: -)."""
+    parameters at the peak plus sharded state (DDP: every parameter and the whole state; ps-*: -); with
+    ``limit`` (seconds by row ``id``: all-reduce and ``dear`` rows) a limit column (others: -)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -154,6 +169,7 @@ def _print(trace, rows, written, where: str, state_bytes: float | None = None) -
         caption=where,
     )
     cols = ["nodes", "schedule", "groups", "t_iter ms", "exposed comm ms", "speedup", "efficiency"]
+    cols += ["limit ms"] if limit else []
     if state_bytes is not None:
         cols.append("memory MiB")
     for col in cols:
@@ -174,6 +190,8 @@ def _print(trace, rows, written, where: str, state_bytes: float | None = None) -
             f"{r.speedup:.2f}",
             f"{r.efficiency:.1%}",
         ]
+        if limit:
+            cells.append(f"{limit[id(r)] * 1e3:.2f}" if id(r) in limit else "-")
         if state_bytes is not None:
             memory = getattr(r, "memory_bytes", None)
             if memory is None and hasattr(r, "result"):  # DDP-style: every parameter, the whole state

@@ -105,12 +105,27 @@ class Wrapped:
     compiled_buckets: list[list[list[str]]] = field(default_factory=list)
     """Compiled autograd: per backward graph inductor compiled, its fused all-reduces' parameters
     (:mod:`dpcomm.ddp.compiled_autograd`)."""
+    nodes: int = 1
+    """The ranks the plan was made for."""
+    device: str = "cpu"
+    """Where the model trains (its parameters' device type): FSDP2's overlap and fixed cost per unit in the
+    verdict (:meth:`verdict`)."""
 
-    def __str__(self) -> str:
-        from dpcomm.trace.names import pattern
+    def verdict(self) -> str | None:
+        """One line: which of DDP with the ``optimal`` plan, ``dear`` and FSDP2 is fastest in the model for
+        this job (:func:`dpcomm.sim.verdict.for_allreduce` of the trace and cost planned with, computed at
+        the first call); None where none were (a plan given) or the trace has no times."""
+        if self._verdict is None:
+            got = None
+            if self.trace is not None and self.cost is not None:
+                from dpcomm.sim.verdict import for_allreduce
 
-        names = [n for ns in self.caps.param_groups for n in ns]
-        names = self._names or sorted(names)
+                got = for_allreduce(self.trace, self.cost, self.nodes, device=self.device)
+            self._verdict = "" if got is None else got.text()
+        return self._verdict or None
+
+    def headline(self) -> str:
+        """The first line of ``str()``: the DDP options, the plan run, its buckets and why."""
         options = ", ".join(f"{k}={v}" for k, v in (self.ddp_options or {}).items())
         why = "as given" if self.planned is None or self.trace is None else "planned, not timed"
         if self.trial:
@@ -122,9 +137,14 @@ class Wrapped:
             elif mine > fastest:
                 why = "within 2% of the fastest in the timed trial, with the fewest buckets"
         buckets = len(self.caps.param_groups)  # a bucket per dtype of each group (ddp/dtypes)
-        lines = [
-            f"dpcomm.ddp.wrap: DDP({options}) runs plan '{self.plan.schedule}', {buckets} buckets ({why})"
-        ]
+        return f"dpcomm.ddp.wrap: DDP({options}) runs plan '{self.plan.schedule}', {buckets} buckets ({why})"
+
+    def __str__(self) -> str:
+        from dpcomm.trace.names import pattern
+
+        names = [n for ns in self.caps.param_groups for n in ns]
+        names = self._names or sorted(names)
+        lines = [self.headline()] + [f"  {v}" for v in [self.verdict()] if v]
         if self.trial:
             lines.append(
                 "  candidates: trial median forward+backward (slowest rank) | model's iteration time"
@@ -145,6 +165,8 @@ class Wrapped:
 
     _names: tuple[str, ...] = ()
     """The model's trainable parameter names (registration order), to name groups."""
+    _verdict: str | None = None
+    """:meth:`verdict`'s line once computed (``""``: none)."""
 
 
 @nothing_left()
@@ -280,6 +302,8 @@ def wrap(
         predicted=predicted,
         ddp_options=dict(ddp_kwargs),
         _names=tuple(n for n, p in model.named_parameters() if p.requires_grad),
+        nodes=world,
+        device=next(model.parameters()).device.type,
         compiled_buckets=buckets,
         compiled_notes=notes,
     )
@@ -288,7 +312,7 @@ def wrap(
             warnings.warn(f"dpcomm: {caps.note}", stacklevel=2)
         for note in notes:
             warnings.warn(note, stacklevel=2)
-        _log.info(str(ddp.dpcomm).splitlines()[0])
+        _log.info(ddp.dpcomm.headline())  # the verdict (planning dear and FSDP2) only when asked
     return ddp
 
 

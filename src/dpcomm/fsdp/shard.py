@@ -125,20 +125,44 @@ class Sharded:
     """Why this plan runs (as given, planned, the trial's choice, the budget)."""
     precision: Precision = Precision()
     """FSDP2's mixed-precision policy (``mp_policy``) the plan was priced and the bound counted in."""
+    nodes: int = 1
+    """The ranks of the process group sharded over."""
+    _verdict: str | None = None
+    """:meth:`verdict`'s line once computed (``""``: none)."""
 
-    def __str__(self) -> str:
-        from dpcomm.trace.names import pattern
+    def verdict(self) -> str | None:
+        """One line: which of DDP with the ``optimal`` plan, ``dear`` and this FSDP2 plan is fastest in the
+        model (:func:`dpcomm.sim.verdict.for_fsdp`: the trace and the fitted all-gather and reduce-scatter
+        costs planned with, the all-reduce their sum; computed at the first call); None for a plan given
+        (no trace) and for HSDP (no all-reduce over every rank was measured)."""
+        if self._verdict is None:
+            got = None
+            if self.trace is not None and self.ar_cost is None and self.plan.time_s == self.plan.time_s:
+                from dpcomm.sim.verdict import FSDP2, for_fsdp
 
-        names = [n for ns in self.layer_params for n in ns]
+                name = FSDP2 if self.plan.method == "optimal" else f"FSDP2 ({self.plan.method})"
+                got = for_fsdp(self.trace, self.ag_cost, self.rs_cost, self.nodes, self.plan.time_s,
+                               fsdp_name=name)  # fmt: skip
+            self._verdict = "" if got is None else got.text()
+        return self._verdict or None
+
+    def headline(self) -> str:
+        """The first line of ``str()``: the units, prefetch, reshard choice, peak bound and why."""
         why = self.why or "as given"
         peak = f"{self.peak_bound_bytes:,} bytes unsharded at most"
         G = self.plan.shard_group
         mesh = "" if G is None else f", HSDP: shard groups of {G} ranks"
         mesh += "" if self.precision.plain else f", {self.precision}"
-        lines = [
+        return (
             f"dpcomm.fsdp.shard: {len(self.plan.units)} fully_shard units{mesh}, prefetch depth "
             f"{self.plan.depth}, reshard after forward {self.plan.reshard_after_forward}, {peak} ({why})"
-        ]
+        )
+
+    def __str__(self) -> str:
+        from dpcomm.trace.names import pattern
+
+        names = [n for ns in self.layer_params for n in ns]
+        lines = [self.headline()] + [f"  {v}" for v in [self.verdict()] if v]
         if self.trial:
             lines.append("  candidates: trial median forward+backward (slowest rank)")
             for name, t in self.trial.items():
@@ -344,10 +368,10 @@ def shard(
     model.dpcomm = Sharded(
         plan=run, requested=requested, groups=groups, layer_params=layer_params, peak_bound_bytes=bound,
         trace=trace, ag_cost=ag, rs_cost=rs, ar_cost=ar, trial=trial, overlap=overlap_of(model),
-        said=tuple(said), why=why, precision=precision,
+        said=tuple(said), why=why, precision=precision, nodes=dist.get_world_size(process_group),
     )  # fmt: skip
     if dist.get_rank(process_group) == 0:
-        _log.info(str(model.dpcomm).splitlines()[0])
+        _log.info(model.dpcomm.headline())  # the verdict (planning DDP and dear) only when asked
         for line in said:
             _log.info("dpcomm.fsdp.shard: %s", line)
     return model

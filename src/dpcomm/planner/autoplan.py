@@ -41,6 +41,7 @@ __all__ = [
     "build_trace",
     "fit_linear",
     "measure_allreduce",
+    "measure_halves",
     "median_layer_times",
     "network_cost",
     "plan_on_root",
@@ -103,6 +104,20 @@ def measure_allreduce(
         times.append(statistics.median(runs))
     worst = slowest(times, group)  # a collective ends for everyone when its slowest member is done
     return [(m * scratch.element_size(), t) for m, t in zip(sizes, worst, strict=True)]
+
+
+def measure_halves(
+    call: Callable[..., Any], scratch: torch.Tensor, group: Any, allreduce: CommCost
+) -> tuple[CommCost, dict[str, list[tuple[int, float]]]]:
+    """The ``dear`` schedule's reduce-scatter and all-gather timed as :func:`measure_allreduce` times the
+    all-reduce (``call(t, op)``), each fitted: a :class:`~dpcomm.planner.dear.SplitCost` and the points."""
+    from dpcomm.planner.dear import SplitCost
+
+    points = {
+        "rs": measure_allreduce(lambda t: call(t, "reduce_scatter"), scratch, group),
+        "ag": measure_allreduce(lambda t: call(t, "allgather"), scratch, group),
+    }
+    return SplitCost(allreduce, fit_linear(points["rs"]), fit_linear(points["ag"])), points
 
 
 def fit_linear(points: list[tuple[int, float]]) -> LinearCost:

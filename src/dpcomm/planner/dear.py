@@ -6,7 +6,8 @@ Each all-reduce is cut in its two halves. A group's gradients are *reduce-scatte
 ready in backward (rank ``r`` ends with the sum of chunk ``r``), each rank steps the optimizer on its chunk
 only (optimizer state sharded, ZeRO-1), and the group's parameters are *all-gathered* during the next
 forward, whose layers each wait for their group's gather. On a ring each half costs half an all-reduce:
-``(P-1) alpha + (P-1)/P M beta`` (Patarasuk & Yuan 2009), so :func:`rs_ag_costs` halves the all-reduce cost.
+``(P-1) alpha + (P-1)/P M beta`` (Patarasuk & Yuan 2009), so :func:`rs_ag_costs` halves the all-reduce cost
+unless it is a :class:`SplitCost` carrying the halves as measured.
 
 Model of one steady iteration, groups ``j = 1..K`` in *forward* order (group ``j`` holds layers
 ``s_j..e_j``), ``A(G)``/``R(G)`` the all-gather/reduce-scatter seconds of a group's bytes:
@@ -41,6 +42,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +52,17 @@ from dpcomm.planner._common import check_nodes, cost_many, finish, layer_bytes, 
 from dpcomm.planner.optimal import TIE_REL, plan_optimal
 from dpcomm.trace.format import Trace
 
-__all__ = ["HalfCost", "DearTimes", "dear_partition", "dear_times", "limits", "plan_dear", "rs_ag_costs"]
+__all__ = [
+    "HalfCost",
+    "DearTimes",
+    "SplitCost",
+    "dear_partition",
+    "dear_times",
+    "limits",
+    "plan_dear",
+    "rs_ag_costs",
+    "split_cost",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,8 +78,41 @@ class HalfCost:
         return 0.5 * cost_many(self.full, nbytes)
 
 
+@dataclass(frozen=True, slots=True)
+class SplitCost:
+    """An all-reduce cost that also carries measured reduce-scatter and all-gather costs (the runtime times
+    the collective's own halves where they are not half an all-reduce: dpcomm's ring beside gloo's
+    all-reduce). Called, it is the all-reduce cost, so every all-reduce planner reads it unchanged."""
+
+    allreduce: CommCost
+    rs: CommCost
+    ag: CommCost
+
+    def __call__(self, nbytes: float) -> float:
+        return self.allreduce(nbytes)
+
+    def many(self, nbytes: np.ndarray) -> np.ndarray:
+        return cost_many(self.allreduce, nbytes)
+
+    def __str__(self) -> str:
+        return f"{self.allreduce}; reduce-scatter {self.rs}; all-gather {self.ag}"
+
+
+def split_cost(allreduce: CommCost, halves: dict[str, Any] | None) -> CommCost:
+    """``allreduce`` with the halves a run measured (``{"rs": points, "ag": points}``, ``(bytes, seconds)``,
+    as a result's ``cost["halves"]`` holds them), each fitted as the runtime fits them; unchanged without."""
+    if not halves or not halves.get("rs") or not halves.get("ag"):
+        return allreduce
+    from dpcomm.planner.autoplan import fit_linear
+
+    return SplitCost(allreduce, fit_linear(halves["rs"]), fit_linear(halves["ag"]))
+
+
 def rs_ag_costs(allreduce: CommCost) -> tuple[CommCost, CommCost]:
-    """``(reduce-scatter, all-gather)`` costs from an all-reduce cost: each half of it (a ring's halves)."""
+    """``(reduce-scatter, all-gather)`` costs: a :class:`SplitCost`'s own, else each half of the all-reduce
+    cost (a ring's halves)."""
+    if isinstance(allreduce, SplitCost):
+        return allreduce.rs, allreduce.ag
     if isinstance(allreduce, LinearCost):
         half = LinearCost(allreduce.a / 2, allreduce.b / 2)
         return half, half

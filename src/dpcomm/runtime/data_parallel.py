@@ -365,10 +365,14 @@ class DataParallel(DataParallelHooks, GradientMethods):
         drop the reference before the next plan is used: its buffers replace these)."""
         return self._sync_grads.scratch()
 
-    def allreduce(self, t: torch.Tensor) -> None:
-        """Sum ``t`` over the group with this wrapper's collective (no-op on one rank)."""
+    def allreduce(self, t: torch.Tensor, op: str = "allreduce") -> None:
+        """Sum ``t`` over the group with this wrapper's collective (no-op on one rank); ``op``
+        ``reduce_scatter`` or ``allgather``: that half instead (the ``dear`` schedule's)."""
+        fn = getattr(self._coll, op, None)
+        if fn is None:
+            raise UserError(f"collective '{self.collective_name}' has no {op} (the dear schedule's halves)")
         if self.world_size > 1:
-            self._coll.allreduce(t, group=self.process_group)
+            fn(t, group=self.process_group)
 
     def emit(self, msg: str) -> None:
         """One message for the user: ``[rank R] msg`` to ``log`` and the ``dpcomm.runtime`` logger."""

@@ -170,6 +170,8 @@ class Shards:
                 "torch.optim optimizer (SGD, Adam, AdamW, ...)"
             ) from exc
         self._user = user
+        self._opt._optimizer_step_pre_hooks = user._optimizer_step_pre_hooks  # the user's step hooks
+        self._opt._optimizer_step_post_hooks = user._optimizer_step_post_hooks  # run around the shard step
         self._load_state(user)
         return self._opt
 

@@ -96,8 +96,11 @@ class RuntimeReplica:
         dp = self.dp
         cost = None
         if dp.cost is not None:
-            cost = {"a": getattr(dp.cost, "a", None), "b": getattr(dp.cost, "b", None),
+            base = getattr(dp.cost, "allreduce", dp.cost)  # dear: its halves ride along (SplitCost)
+            cost = {"a": getattr(base, "a", None), "b": getattr(base, "b", None),
                     "points": [list(p) for p in dp.cost_points]}  # fmt: skip
+            if dp.planner.half_points:
+                cost["halves"] = {k: [list(p) for p in v] for k, v in dp.planner.half_points.items()}
         return {
             "collective": self.cfg.collective,
             "trace": dp.trace.to_dict() if dp.trace is not None else None,

@@ -75,6 +75,9 @@ class OnlinePlanner:
         self.cost = None
         """The all-reduce cost the plan was made with (fitted :class:`LinearCost` or the network model)."""
         self.cost_points: list[tuple[int, float]] = []
+        self.half_points: dict[str, list[tuple[int, float]]] = {}
+        """``dear``: measured ``(bytes, seconds)`` of the collective's reduce-scatter (``rs``) and
+        all-gather (``ag``), behind the :class:`~dpcomm.planner.dear.SplitCost` planned with."""
         """Measured ``(bytes, seconds)`` all-reduce times behind :attr:`cost`."""
         self._samples: list[tuple[list[float], list[float]]] = []
         self._trial: autoplan.Trial | None = None
@@ -143,6 +146,8 @@ class OnlinePlanner:
         else:
             self.cost_points = autoplan.measure_allreduce(dp.allreduce, scratch, pg)
             self.cost = autoplan.fit_linear(self.cost_points)
+            if self.parsed.name == "dear":  # its halves as this collective runs them
+                self.cost, self.half_points = autoplan.measure_halves(dp.allreduce, scratch, pg, self.cost)
         del scratch
         self.trace = autoplan.build_trace(
             type(dp.module).__name__, dp.layer_names, dp.layer_numels, f, b, dp.batch_size, dtype_bytes

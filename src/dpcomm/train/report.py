@@ -83,6 +83,7 @@ def predict(result: TrainResult, steady_compute: bool = False) -> Any:
         return None
     from dpcomm.costmodel.base import LinearCost
     from dpcomm.plan import Plan
+    from dpcomm.planner.dear import split_cost
     from dpcomm.sim import simulate
     from dpcomm.trace.format import trace_from_dict
 
@@ -94,7 +95,7 @@ def predict(result: TrainResult, steady_compute: bool = False) -> Any:
         layers = [{**layer, "forward_s": layer["forward_s"] * sf, "backward_s": layer["backward_s"] * sb}
                   for layer in obj["layers"]]  # fmt: skip
         obj = {**obj, "layers": layers}
-    cost = LinearCost(result.cost["a"], result.cost["b"])
+    cost = split_cost(LinearCost(result.cost["a"], result.cost["b"]), result.cost.get("halves"))
     trace, plan = trace_from_dict(obj), Plan.from_dict(result.plan)
     per_byte = result.cost.get("overlap_per_byte_s")
     if per_byte and not steady_compute:  # measured by --probe-overlap; a steady backward already has it
