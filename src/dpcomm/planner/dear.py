@@ -28,9 +28,11 @@ running maxima; extending it by the group ``i..e`` gives ``A' = A + A(i..e)``, `
 ``Fmax' = max(Fmax, A' + Fsuf(i))``, ``Rmax' = max(Rmax, Bsuf(i) + R')``. Every quantity of the final
 objective ``Fmax + Rmax`` is non-decreasing in each of the four, so a label that another at the same node
 beats or equals in all four (and in its group count) is never needed: keeping the non-dominated labels
-(a Pareto front) is exact, for any non-decreasing cost. A label is also dropped when its lower bound,
-``max(Fmax, A + Fsuf(i)) + max(Rmax, R + Bsuf(i))``, exceeds the time of a plan already known (the
-all-reduce ``optimal`` plan's groups, priced in this model). Ties (relative ``1e-12``) go to fewer groups.
+(a Pareto front) is exact, for any non-decreasing cost. A label is also dropped when its lower bound
+(:func:`_rest_bounds`: what the layers left must still add to each maximum) exceeds the time of a plan
+already known: the best of the all-reduce ``optimal`` plan's groups priced in this model and the plan of
+the same program keeping two labels per node of least bound (a beam; fast). Ties (relative ``1e-12``) go
+to fewer groups.
 ``tests/test_dear.py`` checks the program against exhaustive search.
 
 Limits of the schedule (:func:`limits`): no plan beats ``max(F, AG) + max(B, RS) + update``, with ``AG`` and
@@ -208,11 +210,19 @@ def limits(trace: Trace, cost: CommCost, nodes: int, update_s: float = 0.0) -> d
 
 
 def dear_partition(
-    fwd: np.ndarray, bwd: np.ndarray, nbytes: np.ndarray, rs: CommCost, ag: CommCost, upper: float = math.inf
+    fwd: np.ndarray,
+    bwd: np.ndarray,
+    nbytes: np.ndarray,
+    rs: CommCost,
+    ag: CommCost,
+    upper: float = math.inf,
+    beam: int | None = None,
 ) -> tuple[float, list[tuple[int, int]]]:
     """``(Fend + Rend, groups)``: the exact least time of the two phases (module docstring) over every
     contiguous partition, and its groups ``(s, e)`` in forward order. ``upper``: a time some plan reaches
-    (labels that cannot beat it are dropped; ``inf``: none known)."""
+    (labels that cannot beat it are dropped; ``inf``: none known). ``beam``: keep only that many labels per
+    node, those of least lower bound -- a fast plan, not the exact one (:func:`plan_dear` uses it to find a
+    tight ``upper`` first)."""
     L = int(nbytes.size)
     fsuf, bsuf = _suffix(np.asarray(fwd, float)), _suffix(np.asarray(bwd, float))
     cum = np.concatenate(([0.0], np.cumsum(np.asarray(nbytes, float))))
@@ -221,24 +231,27 @@ def dear_partition(
     A = np.where(inside, cost_many(ag, np.where(inside, span, 0.0)), np.inf)
     R = np.where(inside, cost_many(rs, np.where(inside, span, 0.0)), np.inf)
     limit = upper * (1 + TIE_REL) if math.isfinite(upper) else math.inf
+    gf, gr = _rest_bounds(A, fsuf, ag), _rest_bounds(R, bsuf, rs)
     # label: (k, A, R, Fmax, Rmax, parent label, s); fronts[i]: labels covering layers 0..i-1
     fronts: list[list[tuple]] = [[] for _ in range(L + 1)]
     fronts[0] = [(0, 0.0, 0.0, -math.inf, -math.inf, None, -1)]
     for i in range(L):
-        Fi, Bi = float(fsuf[i]), float(bsuf[i])
+        Fi, Bi, gfi, gri = float(fsuf[i]), float(bsuf[i]), float(gf[i]), float(gr[i])
+        if beam is not None:
+            fronts[i].sort(key=lambda x: max(x[3], x[1] + gfi) + max(x[4], x[2] + gri))
+            del fronts[i][beam:]
         for lab in fronts[i]:
             k, a0, r0, fm, rm = lab[:5]
-            if max(fm, a0 + Fi) + max(rm, r0 + Bi) > limit:
+            if max(fm, a0 + gfi) + max(rm, r0 + gri) > limit:
                 continue
             for e in range(i, L):
                 a1, r1 = a0 + float(A[i, e]), r0 + float(R[i, e])
                 new = (k + 1, a1, r1, max(fm, a1 + Fi), max(rm, Bi + r1), lab, i)
-                if (
-                    e + 1 < L
-                    and max(new[3], a1 + float(fsuf[e + 1])) + max(new[4], r1 + float(bsuf[e + 1])) > limit
-                ):
+                if max(new[3], a1 + float(gf[e + 1])) + max(new[4], r1 + float(gr[e + 1])) > limit:
                     continue
                 _insert(fronts[e + 1], new)
+    if not fronts[L]:  # every label was beaten by ``upper`` (a beam, or an upper below what any plan reaches)
+        return math.inf, []
     best = min(fronts[L], key=lambda x: (x[3] + x[4], x[0]))
     t_best = best[3] + best[4]
     tie = t_best + TIE_REL * max(1.0, abs(t_best))
@@ -250,6 +263,28 @@ def dear_partition(
         lab = lab[5]
     groups.reverse()
     return float(best[3] + best[4]), groups
+
+
+def _rest_bounds(C: np.ndarray, suffix: np.ndarray, cost: CommCost) -> np.ndarray:
+    """``g[i]``: the least the layers ``i..L-1`` still add to a phase's maximum beyond the cost sum so far
+    (``g[L] = -inf``: nothing left). The group holding layer ``j`` adds ``sum so far + (its costs up to it)
+    + suffix(its start)``, at least ``C[j, j] + suffix[j]`` for any non-decreasing cost, and at least
+    ``C[i, j] + suffix[j]`` for a subadditive one (``a + b M`` with ``a >= 0``: merging never costs more
+    than the parts), whose cost sum from ``i`` to ``j`` is at least the cost of their bytes at once."""
+    L = C.shape[0]
+    if _subadditive(cost):
+        inside = np.triu(np.ones((L, L), dtype=bool))
+        g = np.where(inside, C + suffix[None, :L], -np.inf).max(axis=1)
+    else:
+        own = np.diag(C) + suffix[:L]
+        g = np.maximum.accumulate(own[::-1])[::-1]  # max over j >= i
+    return np.concatenate((g, [-np.inf]))
+
+
+def _subadditive(cost: CommCost) -> bool:
+    while isinstance(cost, HalfCost):
+        cost = cost.full
+    return isinstance(cost, LinearCost)
 
 
 def _insert(front: list[tuple], new: tuple) -> None:
@@ -279,7 +314,11 @@ def plan_dear(trace: Trace, cost: CommCost, nodes: int, update_s: float = 0.0, *
         upper = dear_times(trace, seed, rs, ag, nodes).t_iter_s
         fwd = np.array([layer.forward_s for layer in trace.layers])
         bwd = np.array([layer.backward_s for layer in trace.layers])
-        t_best, groups = dear_partition(fwd, bwd, layer_bytes(trace), rs, ag, upper)
+        nb = layer_bytes(trace)
+        upper = min(upper, dear_partition(fwd, bwd, nb, rs, ag, upper, beam=2)[0])  # a close plan, fast
+        t_best, groups = dear_partition(fwd, bwd, nb, rs, ag, upper)
+        if not groups:  # rounding put ``upper`` a hair below the plan that reaches it: search unbounded
+            t_best, groups = dear_partition(fwd, bwd, nb, rs, ag)
     sizes = [e - s + 1 for s, e in reversed(groups)]  # communication (backward) order
     lim = limits(trace, cost, nodes)
     return finish("dear", sizes, trace, nodes, t0, t_iter_s=t_best, limit_s=lim["dear"],
