@@ -116,3 +116,6 @@ def test_shard_plans_with_the_unit_cost_it_is_given(one_rank):
         units[c] = len(model.dpcomm.plan.units)
     assert units[1.0] == 1 and units[0.0] > 1, units
     assert "1000000 us a unit per pass" in str(model.dpcomm)  # what it planned with, said
+    verdict = str(model.dpcomm).splitlines()[1]  # one rank: nothing to communicate, FSDP2's units cost
+    assert verdict.startswith("  fastest in the model: DDP with the optimal plan, dear within 0.1%"), verdict
+    assert "FSDP2 " in verdict, verdict

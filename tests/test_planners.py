@@ -173,7 +173,7 @@ def test_make_plan_rejects(schedule, nodes):
 
 
 def test_registry_and_schedule_list():
-    assert set(SCHEDULES) == {"wfbp", "single", "bucket", "ddp", "mgwfbp", "optimal"}
+    assert set(SCHEDULES) == {"wfbp", "single", "bucket", "ddp", "mgwfbp", "optimal", "dear"}
     assert parse_schedules("wfbp, bucket:25MB,optimal") == ["wfbp", "bucket:25MB", "optimal"]
     for bad in ("", "wfbp,zzz", "bucket:0"):
         with pytest.raises(UserError):

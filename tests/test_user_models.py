@@ -220,6 +220,9 @@ def test_what_wrap_decided_is_said_with_parameter_names(runs):
     assert "h.3.mlp.*" in text or "h.3.mlp.0.*" in text, text
     timed = runs[0][WRAP_CASES.index({"model": "encoder", "planner": "optimal", "ddp": {}})][0]["text"]
     assert "candidates:" in timed and "<- kept" in timed and "ms |" in timed, timed
+    for said in (text, timed):  # the model's verdict on the trace and cost wrap planned with (sim/verdict)
+        assert said.splitlines()[1].startswith("  fastest in the model: "), said
+        assert "of DDP with the optimal plan" in said or "fastest in the model: DDP" in said, said
 
 
 @pytest.mark.slow

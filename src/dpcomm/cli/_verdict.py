@@ -4,8 +4,10 @@ fastest in the model (:mod:`dpcomm.sim.verdict`).
 
 FSDP2 is priced as ``dpcomm simulate``'s ``fsdp:optimal`` row is (:func:`dpcomm.sim.fsdp.plan_row` on the
 costs of :func:`dpcomm.cli._costargs.fsdp_costs_of`, over the runs of layers one ``fully_shard`` call takes
-whole), so the verdict's numbers are ``simulate``'s; ``--linear-cost`` gives no all-gather or reduce-scatter
-cost, and FSDP2 is then not priced (the line says why).
+whole), within :data:`dpcomm.sim.verdict.GAP` of its optimum (or ``--gap``, if larger: a plan printed
+whatever the schedule should not wait minutes for a certificate), so the verdict's numbers are
+``simulate --gap 0.05``'s; ``--linear-cost`` gives no all-gather or reduce-scatter cost, and FSDP2 is then
+not priced (the line says why).
 """
 
 from __future__ import annotations
@@ -47,20 +49,22 @@ def limits_text(
 
 
 def plain_fsdp(args: argparse.Namespace, trace: Trace, world: int, model) -> float | str:
-    """FSDP2's ``t_iter`` (``simulate``'s ``fsdp:optimal`` row at ``world`` ranks, ``model`` the flow model
-    of ``--topology`` or None), or why it has none."""
+    """FSDP2's ``t_iter`` (``simulate``'s ``fsdp:optimal`` row at ``world`` ranks within
+    :data:`~dpcomm.sim.verdict.GAP`, ``model`` the flow model of ``--topology`` or None), or why it has
+    none."""
     from dpcomm.cli._costargs import fsdp_costs_of, fsdp_options
     from dpcomm.cli._fsdp_atoms import planned_on
     from dpcomm.sim.fsdp import plan_row
+    from dpcomm.sim.verdict import GAP
 
     if args.linear_cost:
         return "--linear-cost prices no all-gather or reduce-scatter: give --network or --topology"
     try:
         costs_for, shards_for = fsdp_costs_of(args, model)
         on = planned_on(trace)[0]  # as plan --fsdp and simulate: no unit splits a fully_shard call's module
-        row = plan_row(
-            "fsdp:optimal", on, costs_for(world), world, shards=shards_for(world), **fsdp_options(args)
-        )
+        opts = fsdp_options(args)
+        opts["gap"] = max(opts["gap"], GAP)
+        row = plan_row("fsdp:optimal", on, costs_for(world), world, shards=shards_for(world), **opts)
     except UserError as exc:
         return str(exc)
     return row.t_iter_s

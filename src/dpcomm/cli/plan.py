@@ -159,7 +159,8 @@ def _print(trace, plan, res, cost) -> None:
     table = Table(title=f"{plan.schedule} plan: {trace.model}, N={res.nodes}, {len(plan.groups)} group(s) "
                         f"{what}")  # fmt: skip
     cols = ["#", "layers", "first .. last layer", "MB"]
-    cols += ["all-gather ms", "ready ms", "reduce-\nscatter ms"] if dear else ["ready ms", "start ms", "end ms"]
+    halves = ["all-gather ms", "ready ms", "reduce-\nscatter ms"]  # fits 80 columns (rich cuts a long word)
+    cols += halves if dear else ["ready ms", "start ms", "end ms"]
     for col in cols:
         table.add_column(col, justify="left" if col.startswith("first") else "right")
     comm = {(ev.op, tuple(ev.layers)): ev for ev in res.comm}

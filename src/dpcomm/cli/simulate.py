@@ -5,7 +5,11 @@ Example: ``dpcomm simulate --trace resnet50.json --nodes 4,8,16,32,64 --network 
 Timelines and the Chrome trace show every schedule at the largest node count (or ``--timeline-nodes``).
 Parameter-server schedules ``ps-all``, ``ps-layer``, ``ps-ibatch``, ``ps-optimal`` (pull methods of the iBatch
 paper; :mod:`dpcomm.sim.ps`) sit next to the all-reduce ones: ``--schedules mgwfbp,ps-all,ps-ibatch``;
-``ddp`` is PyTorch DDP's own buckets (1 MiB first, then 25 MiB, in backward order).
+``ddp`` is PyTorch DDP's own buckets (1 MiB first, then 25 MiB, in backward order); ``dear`` is DeAR's
+schedule (each group reduce-scattered in backward, all-gathered in the next forward; :mod:`dpcomm.sim.dear`).
+Under the table a line gives, per node count, the limits no all-reduce plan (``F + max(B, C)``) and no
+``dear`` plan (``max(F, AG) + max(B, RS)``) beats (:func:`dpcomm.planner.dear.limits`; ``--json``: each such
+row's own as ``limit_s``).
 
 With ``--topology`` each all-reduce is priced by the flow model on that fabric (docs/netsim.md); on servers
 of several GPUs (``dgx-h100:S``, ``gpus:S,G,...``; ``--nodes`` counts GPUs) the all-reduce is NCCL's own
@@ -104,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     cost, model = costs_of(args, max(nodes_list))
     rows = sweep(trace, cost, nodes_list, schedules, update_s=update_s) if schedules else []
     limit = _limits(trace, cost, rows, update_s)  # before the ps-* rows: SweepRows too, without a limit
+    priced = {id(r) for r in rows}  # the all-reduce and dear rows (each alive in rows: its id its own)
     if ps_schedules:
         rows += _ps_rows(trace, args, nodes_list, ps_schedules, model)
     if fsdp_schedules:
@@ -130,7 +135,11 @@ def run(args: argparse.Namespace) -> int:
 
         written.append(write_chrome_trace(picked, args.chrome_trace))
     if args.json:
-        print(json.dumps([r.to_dict() | ({"limit_s": limit[id(r)]} if id(r) in limit else {}) for r in rows]))
+        print(
+            json.dumps(
+                [r.to_dict() | ({"limit_s": _limit(limit, r)} if id(r) in priced else {}) for r in rows]
+            )
+        )
         for path in written:
             print(f"wrote {path}", file=sys.stderr)
         return 0
@@ -141,25 +150,31 @@ def run(args: argparse.Namespace) -> int:
             where += f"; FSDP2 mixed precision: {fsdp['precision']}"
     if any(r.plan.sharded for r in rows if hasattr(r, "result")):
         where += "; dear: each half (reduce-scatter, all-gather) half an all-reduce"
-    if limit:
-        where += "; limit: all-reduce plans F + max(B, C), dear max(F, AG) + max(B, RS) (docs/dear.md)"
-    _print(trace, rows, written, where, state_bytes=fsdp["state_bytes"] if fsdp else None, limit=limit)
+    _print(trace, rows, written, where, state_bytes=fsdp["state_bytes"] if fsdp else None)
+    if limit:  # a line, not a column: the table fills 80 columns already
+        at = [f"N={n} all-reduce {lim['allreduce'] * 1e3:.2f} ms, dear {lim['dear'] * 1e3:.2f} ms"
+              for n, lim in sorted(limit.items())]  # fmt: skip
+        print("limits, no plan of the schedule beats them (all-reduce plans F + max(B, C), dear max(F, AG) + "
+              f"max(B, RS)): {'; '.join(at)}")  # fmt: skip
     return 0
 
 
-def _limits(trace, cost, rows, update_s: float) -> dict[int, float]:
-    """Per all-reduce or ``dear`` row (by ``id``), the least ``t_iter`` of any plan of its kind
-    (:func:`dpcomm.planner.dear.limits`: ``allreduce`` or ``dear``) at its node count."""
+def _limits(trace, cost, rows, update_s: float) -> dict[int, dict[str, float]]:
+    """Per node count of the all-reduce and ``dear`` rows, the least ``t_iter`` of any all-reduce plan and of
+    any ``dear`` plan (:func:`dpcomm.planner.dear.limits`)."""
     from dpcomm.planner.dear import limits
 
-    by_nodes = {n: limits(trace, cost(n), n, update_s) for n in {r.nodes for r in rows}}
-    return {id(r): by_nodes[r.nodes]["dear" if r.plan.sharded else "allreduce"] for r in rows}
+    return {n: limits(trace, cost(n), n, update_s) for n in {r.nodes for r in rows}}
 
 
-def _print(trace, rows, written, where: str, state_bytes: float | None = None, limit=None) -> None:
+def _limit(limit: dict[int, dict[str, float]], row) -> float:
+    """The limit of ``row``'s kind of plan at its node count."""
+    return limit[row.nodes]["dear" if row.plan.sharded else "allreduce"]
+
+
+def _print(trace, rows, written, where: str, state_bytes: float | None = None) -> None:
     """The table; with FSDP/HSDP rows (``state_bytes`` not None) a memory column: per rank, unsharded
-    parameters at the peak plus sharded state (DDP: every parameter and the whole state; ps-*: -); with
-    ``limit`` (seconds by row ``id``: all-reduce and ``dear`` rows) a limit column (others: -)."""
+    parameters at the peak plus sharded state (DDP: every parameter and the whole state; ps-*: -)."""
     from rich.console import Console
     from rich.table import Table
 
@@ -169,7 +184,6 @@ def _print(trace, rows, written, where: str, state_bytes: float | None = None, l
         caption=where,
     )
     cols = ["nodes", "schedule", "groups", "t_iter ms", "exposed comm ms", "speedup", "efficiency"]
-    cols += ["limit ms"] if limit else []
     if state_bytes is not None:
         cols.append("memory MiB")
     for col in cols:
@@ -190,8 +204,6 @@ def _print(trace, rows, written, where: str, state_bytes: float | None = None, l
             f"{r.speedup:.2f}",
             f"{r.efficiency:.1%}",
         ]
-        if limit:
-            cells.append(f"{limit[id(r)] * 1e3:.2f}" if id(r) in limit else "-")
         if state_bytes is not None:
             memory = getattr(r, "memory_bytes", None)
             if memory is None and hasattr(r, "result"):  # DDP-style: every parameter, the whole state
