@@ -48,7 +48,7 @@ test-fast: $(STAMP)
 SLOW_PAIRED := $(addprefix tests/test_,compile.py user_models.py fsdp.py hsdp.py train_hsdp.py ddp.py \
 	ddp_hooks.py ddp_train.py ps_replica.py replan.py transformer_train.py fsdp_atoms.py \
 	netsim_schedules.py netsim_multigpu.py cuda.py compat.py runtime.py clean_exit.py launch.py \
-	ring_rsag.py dear_runtime.py bcube.py ps.py)
+	ring_rsag.py dear_runtime.py)
 
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m "not ($(FAST))" -n 2 --dist loadfile $(SLOW_PAIRED)
