@@ -11,14 +11,10 @@ communication events say which half they are (``op``), so timelines and reports 
 
 from __future__ import annotations
 
-import math
-
 from dpcomm.costmodel.base import CommCost
-from dpcomm.errors import UserError
 from dpcomm.plan import Plan
-from dpcomm.planner import check_nodes
 from dpcomm.planner.dear import dear_times, rs_ag_costs
-from dpcomm.sim.simulator import CommEvent, ComputeEvent, SimResult
+from dpcomm.sim.simulator import CommEvent, ComputeEvent, SimResult, check_inputs
 from dpcomm.trace.format import Trace
 
 __all__ = ["simulate_dear"]
@@ -26,12 +22,7 @@ __all__ = ["simulate_dear"]
 
 def simulate_dear(trace: Trace, plan: Plan, cost: CommCost, nodes: int, update_s: float = 0.0) -> SimResult:
     """Time one steady iteration of ``plan`` run as DeAR's schedule (module docstring)."""
-    check_nodes(nodes)
-    nodes = int(nodes)
-    if plan.num_layers != trace.num_layers:
-        raise UserError(f"plan has {plan.num_layers} layers but trace '{trace.model}' has {trace.num_layers}")
-    if not math.isfinite(update_s) or update_s < 0:
-        raise UserError(f"update time must be a finite number >= 0, got {update_s!r}")
+    nodes = check_inputs(trace, plan, nodes, update_s)
     rs, ag = rs_ag_costs(cost)
     t = dear_times(trace, plan, rs, ag, nodes, update_s)
     layers = trace.layers

@@ -108,6 +108,17 @@ class SimResult:
         return out
 
 
+def check_inputs(trace: Trace, plan: Plan, nodes: int, update_s: float) -> int:
+    """The node count as an int, after a one-line :class:`UserError` for a plan of another layer count, a
+    bad node count or a bad update time."""
+    check_nodes(nodes)
+    if plan.num_layers != trace.num_layers:
+        raise UserError(f"plan has {plan.num_layers} layers but trace '{trace.model}' has {trace.num_layers}")
+    if not math.isfinite(update_s) or update_s < 0:
+        raise UserError(f"update time must be a finite number >= 0, got {update_s!r}")
+    return int(nodes)
+
+
 def simulate(trace: Trace, plan: Plan, cost: CommCost, nodes: int, update_s: float = 0.0) -> SimResult:
     """Time one iteration (see module docstring). ``cost`` is the all-reduce cost for ``nodes`` nodes.
     A ``dear`` plan is timed as DeAR's schedule (:func:`dpcomm.sim.dear.simulate_dear`)."""
@@ -115,12 +126,7 @@ def simulate(trace: Trace, plan: Plan, cost: CommCost, nodes: int, update_s: flo
         from dpcomm.sim.dear import simulate_dear
 
         return simulate_dear(trace, plan, cost, nodes, update_s)
-    check_nodes(nodes)
-    nodes = int(nodes)
-    if plan.num_layers != trace.num_layers:
-        raise UserError(f"plan has {plan.num_layers} layers but trace '{trace.model}' has {trace.num_layers}")
-    if not math.isfinite(update_s) or update_s < 0:
-        raise UserError(f"update time must be a finite number >= 0, got {update_s!r}")
+    nodes = check_inputs(trace, plan, nodes, update_s)
     layers = trace.layers
     compute, t = [], 0.0
     for l, layer in enumerate(layers):
