@@ -1,5 +1,5 @@
-"""DeAR's schedule in the model: the exact planner against exhaustive search, the simulator against a reference
-written in words, the limits, and the plan's kind. No processes; a few seconds."""
+"""DeAR's schedule in the model: the exact planner against exhaustive search, the simulator against a
+reference written in words, the limits, and the plan's kind. No processes; a few seconds."""
 
 from __future__ import annotations
 
@@ -79,7 +79,9 @@ def test_the_simulator_is_the_reference_and_names_both_halves():
     assert ops.count("all-gather") == ops.count("reduce-scatter") == len(plan.groups)
     assert {s.name.split()[0] for s in res.spans() if s.row == "comm"} == {"all-gather", "reduce-scatter"}
     # the same groups all-reduced take longer here: the all-gathers hide behind the forward
-    as_allreduce = simulate(trace, Plan(schedule="x", num_layers=trace.num_layers, groups=plan.groups), cost, 4)
+    as_allreduce = simulate(
+        trace, Plan(schedule="x", num_layers=trace.num_layers, groups=plan.groups), cost, 4
+    )
     assert res.t_iter_s < as_allreduce.t_iter_s
 
 
