@@ -211,10 +211,7 @@ class DataParallel(DataParallelHooks, GradientMethods):
             if self._stale:  # lp-alg1: fetch the root's new parameters layer by layer during this forward
                 self._prefetch = self._sync_grads.prefetch()
         if self._gather_due:  # dear: the gathers start now, each layer waits for its group's
-            self._prefetch, self._gather_due = (
-                self._sync_grads.shards.start_gathers(self._sync_grads.comm),
-                False,
-            )
+            self._prefetch, self._gather_due = self._sync_grads.start_gathers(), False
         try:
             out = self.module(*args, **kwargs)
         finally:
@@ -368,8 +365,7 @@ class DataParallel(DataParallelHooks, GradientMethods):
     def allreduce(self, t: torch.Tensor, op: str = "allreduce") -> None:
         """Sum ``t`` over the group with this wrapper's collective (no-op on one rank); ``op``
         ``reduce_scatter`` or ``allgather``: that half instead (the ``dear`` schedule's)."""
-        fn = getattr(self._coll, op, None)
-        if fn is None:
+        if (fn := getattr(self._coll, op, None)) is None:
             raise UserError(f"collective '{self.collective_name}' has no {op} (the dear schedule's halves)")
         if self.world_size > 1:
             fn(t, group=self.process_group)

@@ -130,8 +130,8 @@ class Shards:
         self._views = [[pc.slot.param.detach().view(-1)[pc.lo : pc.hi] for pc in ps] for ps in self.pieces]
         self._opt: torch.optim.Optimizer | None = None
         self._user: Any = None
-        self._map: list[tuple[int, int, int]] = []
-        """Per shard-optimizer group: the user's group index; per view: (plan group, piece)."""
+        self._held: list[tuple[torch.Tensor, Piece]] = []
+        """(shard view, piece) for every view the shard optimizer steps, in its order (set when built)."""
         self._unscaled = False
         self.group_of_layer = [0] * len(b.layer_ranges)
         for g in b.groups:
@@ -150,17 +150,20 @@ class Shards:
         if self._opt is not None:
             raise UserError("dear: step() was given a different optimizer than before")
         where = {id(p): i for i, pg in enumerate(user.param_groups) for p in pg["params"]}
-        groups: dict[int, list[torch.Tensor]] = {}
-        self._slices: list[tuple[int, int]] = []  # per view in shard-optimizer order: (plan group, piece)
-        for gi, ps in enumerate(self.pieces):
-            for k, pc in enumerate(ps):
+        groups: dict[int, list[tuple[torch.Tensor, Piece]]] = {}
+        for vs, ps in zip(self._views, self.pieces, strict=True):
+            for v, pc in zip(vs, ps, strict=True):
                 ug = where.get(id(pc.slot.param))
                 if ug is not None:  # a parameter the user's optimizer does not hold is not stepped
-                    groups.setdefault(ug, []).append(self._views[gi][k])
-        if not groups:  # this rank owns nothing: an empty tensor keeps every call the same on every rank
-            groups[0] = [torch.zeros(0, device=self._device(), dtype=torch.float32)]
+                    groups.setdefault(ug, []).append((v, pc))
         self._user_groups = sorted(groups)
-        spec = [{**_hyper(user.param_groups[i]), "params": groups[i]} for i in self._user_groups]
+        self._held = [held for i in self._user_groups for held in groups[i]]
+        spec = [
+            {**_hyper(user.param_groups[i]), "params": [v for v, _ in groups[i]]} for i in self._user_groups
+        ]
+        if not spec:  # this rank owns nothing: an empty tensor keeps every call the same on every rank
+            self._user_groups = [0]
+            spec = [{**_hyper(user.param_groups[0]), "params": [torch.zeros(0, device=self._device())]}]
         try:
             accepted = inspect.signature(type(user)).parameters  # defaults may hold more (AdamW's)
             self._opt = type(user)(spec, **{k: v for k, v in user.defaults.items() if k in accepted})
@@ -178,18 +181,9 @@ class Shards:
     def _device(self) -> torch.device:
         return next((pc.slot.param.device for ps in self.pieces for pc in ps), torch.device("cpu"))
 
-    def _each(self) -> list[tuple[torch.Tensor, Piece]]:
-        """(shard view, piece) for every view the shard optimizer holds, in its order."""
-        by_id = {
-            id(v): pc
-            for vs, ps in zip(self._views, self.pieces, strict=True)
-            for v, pc in zip(vs, ps, strict=True)
-        }
-        return [(v, by_id[id(v)]) for pg in self._opt.param_groups for v in pg["params"] if id(v) in by_id]
-
     def _load_state(self, user: torch.optim.Optimizer) -> None:
         """Slices of the user's optimizer state (a checkpoint loaded into it, an all-reduce plan's steps)."""
-        for v, pc in self._each():
+        for v, pc in self._held:
             full = user.state.get(pc.slot.param)
             if not full:
                 continue
@@ -213,7 +207,7 @@ class Shards:
         held = {id(p) for pg in user.param_groups for p in pg["params"]}
         params = [s.param for g in self.b.groups for s in g.slots if id(s.param) in held]
         index = {id(p): i for i, p in enumerate(params)}
-        mine = {id(pc.slot.param): (v, pc) for v, pc in self._each()}
+        mine = {id(pc.slot.param): (v, pc) for v, pc in self._held}
         local: dict[int, dict[str, Any]] = {}
         for pid, (v, _pc) in mine.items():
             for k, t in self._opt.state.get(v, {}).items():
@@ -246,7 +240,7 @@ class Shards:
         opt = self.optimizer(user)
         for sg, ui in zip(opt.param_groups, self._user_groups, strict=True):
             sg.update(_hyper(user.param_groups[ui]))
-        for v, pc in self._each():
+        for v, pc in self._held:
             g = pc.slot.param.grad
             v.grad = None if g is None else g.view(-1)[pc.lo : pc.hi]
         return opt

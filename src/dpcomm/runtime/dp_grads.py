@@ -41,7 +41,7 @@ class GradientMethods:
         it. Every rank runs the same gathers, so calling it on some ranks only is safe."""
         if self._gather_due:
             self._gather_due = False
-            gathers = self._sync_grads.shards.start_gathers(self._sync_grads.comm)
+            gathers = self._sync_grads.start_gathers()
             gathers.finish(self._sync_grads.wait)
             self._it.exposed_s += gathers.waited_s
 

@@ -20,7 +20,7 @@ from dpcomm.plan import Plan
 from dpcomm.runtime import bsp
 from dpcomm.runtime.buckets import GradBuckets, Group
 from dpcomm.runtime.comm_thread import CommFailure, CommJob, CommThread
-from dpcomm.runtime.dear import Shards
+from dpcomm.runtime.dear import Gathers, Shards
 
 __all__ = ["GradSync"]
 
@@ -136,6 +136,10 @@ class GradSync:
             )
         self.wait(None)
         return time.perf_counter() - t0
+
+    def start_gathers(self) -> Gathers:
+        """``dear``: queue the all-gathers of the last step's parameters (the forward waits for them)."""
+        return self.shards.start_gathers(self.comm)
 
     def prefetch(self) -> bsp.LayerwiseBroadcast:
         """``lp-alg1``: fetch the root's new parameters layer by layer during the next forward."""

@@ -49,20 +49,4 @@ def simulate_dear(trace: Trace, plan: Plan, cost: CommCost, nodes: int, update_s
             comm.append(CommEvent(group=j, layers=groups[j], nbytes=nbytes[j], ready_s=ready[groups[j][0]],
                                   start_s=f_end + a, end_s=f_end + b, op="reduce-scatter"))  # fmt: skip
     t_f = sum(layer.forward_s for layer in layers)
-    t_b = clock - f_end
-    compute_s = t_f + t_b + update_s
-    speedup = nodes * compute_s / t.t_iter_s if t.t_iter_s > 0 else float(nodes)
-    return SimResult(
-        schedule=plan.schedule,
-        nodes=nodes,
-        t_f_s=t_f,
-        t_b_s=t_b,
-        update_s=update_s,
-        t_iter_s=t.t_iter_s,
-        t_comm_s=sum(ev.end_s - ev.start_s for ev in comm),
-        t_comm_exposed_s=t.t_iter_s - compute_s,
-        speedup=speedup,
-        efficiency=speedup / nodes,
-        compute=tuple(compute),
-        comm=tuple(comm),
-    )
+    return SimResult.of(plan, nodes, t_f, clock - f_end, update_s, t.t_iter_s, compute, comm)

@@ -75,6 +75,20 @@ class SimResult:
     compute: tuple[ComputeEvent, ...]
     comm: tuple[CommEvent, ...]
 
+    @classmethod
+    def of(cls, plan: Plan, nodes: int, t_f: float, t_b: float, update_s: float, t_iter: float,
+           compute: list[ComputeEvent], comm: list[CommEvent], t_comm: float | None = None,
+           ) -> SimResult:  # fmt: skip
+        """A result from its times and events (``t_comm``: the events' durations summed where not given),
+        exposed time and speedup derived."""
+        compute_s = t_f + t_b + update_s
+        speedup = nodes * compute_s / t_iter if t_iter > 0 else float(nodes)
+        t_comm = sum(ev.end_s - ev.start_s for ev in comm) if t_comm is None else t_comm
+        return cls(schedule=plan.schedule, nodes=nodes, t_f_s=t_f, t_b_s=t_b, update_s=update_s,
+                   t_iter_s=t_iter, t_comm_s=t_comm,
+                   t_comm_exposed_s=t_iter - compute_s, speedup=speedup, efficiency=speedup / nodes,
+                   compute=tuple(compute), comm=tuple(comm))  # fmt: skip
+
     def __post_init__(self) -> None:
         if self.nodes < 1 or not math.isfinite(self.t_iter_s) or self.t_iter_s < 0:
             raise ValueError("a simulation result needs nodes >= 1 and a finite t_iter >= 0")
@@ -152,20 +166,5 @@ def simulate(trace: Trace, plan: Plan, cost: CommCost, nodes: int, update_s: flo
             comm.append(
                 CommEvent(group=k, layers=g, nbytes=nbytes, ready_s=ready[g[0]], start_s=start, end_s=end)
             )
-    compute_s = t_f + t_b + update_s
     t_iter = max(t_f + t_b, end) + update_s
-    speedup = nodes * compute_s / t_iter if t_iter > 0 else float(nodes)
-    return SimResult(
-        schedule=plan.schedule,
-        nodes=nodes,
-        t_f_s=t_f,
-        t_b_s=t_b,
-        update_s=update_s,
-        t_iter_s=t_iter,
-        t_comm_s=t_comm,
-        t_comm_exposed_s=t_iter - compute_s,
-        speedup=speedup,
-        efficiency=speedup / nodes,
-        compute=tuple(compute),
-        comm=tuple(comm),
-    )
+    return SimResult.of(plan, nodes, t_f, t_b, update_s, t_iter, compute, comm, t_comm)
