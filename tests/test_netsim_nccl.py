@@ -13,7 +13,7 @@ import pytest
 from dpcomm.cli.main import main
 from dpcomm.sim.network import FlowModel, make_fabric, simulate_allreduce
 from dpcomm.sim.network.nccl_tuning import choose, graph, latency_us
-from dpcomm.sim.network.nvls import nvls_tree_rounds
+from dpcomm.sim.network.nvls import nvls_rounds, nvls_tree_rounds
 from dpcomm.sim.network.pricing import default_model
 from dpcomm.topology import parse_multigpu
 
@@ -164,11 +164,29 @@ def test_ddp_schedule_is_ddps_default_buckets():
 
 
 def test_flow_model_prices_switch_endpoints():
-    # one H100 server, NVLS at 1 GiB: every GPU sends and receives S (1 + 1/G) / 0.85 over its NVLink
+    # one H100 server, NVLS at 1 GiB: every GPU sends and receives S (1 + 1/G) / 0.85 over its NVLink,
+    # through a 3-stage pipeline of 64 rounds (16 MiB each: nvls_rounds), so x (64 + 2) / 64
     model = FlowModel(make_fabric("dgx-h100:1", 10e9), alpha_s=0.0)
     t = simulate_allreduce(model, "nccl-nvls", 1 << 30)[0].time_s
-    want = (1 << 30) * (1 + 1 / 8) / 0.85 / 370e9
+    want = (1 << 30) * (1 + 1 / 8) / 0.85 / 370e9 * 66 / 64
     assert t == pytest.approx(want, rel=1e-6)
+
+
+def test_nvls_one_server_chunks_and_fill_are_nccls():
+    # NCCL's NVLS chunking inside one server (src/enqueue.cc calcCollChunking): 16 channels x 8 heads; 128 KiB
+    # chunks from 64 x 128 x 128 KiB = 1 GiB, 64 KiB below it (32 x in NCCL 2.17), 32 KiB below 64 MiB
+    assert nvls_rounds("hopper", 8, 1 << 30) == (64, 128, 128 << 10)
+    assert nvls_rounds("hopper", 8, 512 << 20) == (64, 128, 64 << 10)
+    assert nvls_rounds("hopper", 8, 512 << 20, "2.17.1") == (32, 128, 128 << 10)
+    assert nvls_rounds("hopper", 8, 64 << 20) == (8, 128, 64 << 10)
+    assert nvls_rounds("hopper", 8, 32 << 20) == (8, 128, 32 << 10)
+    assert nvls_rounds("blackwell", 8, 1 << 30)[1] == 24 * 8  # NVLS_NCHANNELS_SM100_NVL from NCCL 2.27
+    assert nvls_rounds("blackwell", 8, 1 << 30, "2.26.2")[1] == 32 * 8
+    # the price: 3 stages (scatter, reduce-broadcast, gather), so 64 MiB (8 rounds) is x 10/8 of the stream
+    # and 512 MiB (64 rounds) x 66/64, the same per byte otherwise
+    model = FlowModel(make_fabric("dgx-h100:1", 10e9), alpha_s=0.0)
+    small, big = (simulate_allreduce(model, "nccl-nvls", n)[0].time_s for n in (64 << 20, 512 << 20))
+    assert small / (64 << 20) == pytest.approx(big / (512 << 20) * (10 / 8) / (66 / 64), rel=1e-6)
 
 
 def test_nvls_tree_chunks_and_pipeline_fill_are_nccls():

@@ -19,8 +19,9 @@ Price of one all-reduce of ``S`` bytes on ``P`` ranks: ``T = L + T_flow``, where
   table's large rows: :mod:`.fit`); ``algo=`` narrows ``nccl`` to one algorithm, as ``NCCL_ALGO`` does;
   with ``ranges=``, a message takes the values of the range its size falls in (:mod:`.size_model`);
 * ``T_flow`` is the flow model's time of the algorithm's messages (:mod:`.nccl_ring`, :mod:`.nccl_tree`,
-  :mod:`.nvls`; NVLSTree's streaming step stretched by its pipeline's fill, ``(n + D - 1) / n`` for ``n``
-  rounds of NCCL's chunks through ``D`` stages, :func:`.nvls.nvls_tree_rounds`), their bytes grown by the
+  :mod:`.nvls`; NVLSTree's and one server's NVLS streaming step stretched by its pipeline's fill, ``(n + D -
+  1) / n`` for ``n`` rounds of NCCL's chunks through ``D`` stages, :func:`.nvls.nvls_tree_rounds` and
+  :func:`.nvls.nvls_rounds`), their bytes grown by the
   protocol's wire format: LL sends a 4-byte flag with every 4
   bytes of data (x2), LL128 8 bytes of flags per 128 (x128/120), Simple none; and at least ``S`` over
   the bandwidth NCCL's per-channel caps allow (:func:`.nccl_tuning.cap_bandwidth`: LL, LL128, the tree and
@@ -182,6 +183,9 @@ def price(model, name: str, protocol: str | None, nbytes: int, p: int) -> tuple[
             sub.arch, sub.hosts, sub.gpus, min(sub.nic_count, sub.gpus), nic, nbytes
         )
         flow *= (rounds + _hops(sub, "nvls_tree") - 1) / rounds
+    if p > 1 and picked.algorithm == "nvls" and sub.hosts == 1:  # the same in one server (nvls.nvls_rounds)
+        rounds, _, _ = nvls.nvls_rounds(sub.arch, sub.gpus, nbytes, sub.nccl)
+        flow *= (rounds + nvls.NVLS_STAGES_ONE_SERVER - 1) / rounds
     if p > 1 and not (model.nccl or scaled) and picked.algorithm not in ("ring", "tree"):
         # one streaming step stands for a pipeline as deep as NCCL's latency formula counts its hops
         alpha = model.alpha_inter_s if model.alpha_inter_s is not None and sub.hosts > 1 else model.alpha_s

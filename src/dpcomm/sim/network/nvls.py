@@ -21,6 +21,19 @@ NVSwitch, ``P + M + n`` the network switch of rail ``n``.
   the server's sum of its share to its rail's switch, which returns the sum over servers, and the head
   sends it to every GPU of its server; one pipelined step. Per NIC ``S/R`` each way.
 
+NVLS's pipeline inside one server (:func:`nvls_rounds`): NCCL's kernel (``RunWorkColl<ncclFuncAllReduce, T,
+RedOp, NCCL_ALGO_NVLS, NCCL_PROTO_SIMPLE>``, its ``oneNode`` branch, ``src/device/all_reduce.h``, commit
+5067397c) splits a channel's warps into three groups that pass each chunk on through NCCL's step buffers:
+scatter (the input into the NVLS buffers), reduce-and-broadcast (``multimem.ld_reduce`` then ``multimem.st``)
+and gather (the result out); so ``D = 3`` stages, and ``n = ceil(S / (O c))`` rounds of ``O = channels x
+heads`` chunks (every GPU a head: ``nHeads`` is the NVLS graph's channel count, one per GPU,
+``connectNvls`` in ``src/graph/connect.cc``), ``c`` from ``calcCollChunking`` (``src/enqueue.cc``): the
+Simple step (512 KiB) capped by ``NCCL_NVLS_CHUNKSIZE`` (128 KiB), then 64 KiB while ``S < 64 O c`` (``32 O
+c`` in NCCL 2.17), 32 KiB while ``S < 8 O c``, 16 KiB while ``S < 2 O c``; channels 16 on Hopper, on one
+Blackwell server 24 from NCCL 2.27 (``NVLS_NCHANNELS_SM100_NVL``) and 32 before. On 8 H100 at 64 MiB: 16 x
+8 x 64 KiB = 8 MiB a round, ``n = 8``: the streaming step x 10/8; from 1 GiB the chunk is 128 KiB (16 MiB a
+round), so the fill is two rounds of 16 MiB there.
+
 NVLSTree's pipeline (:func:`nvls_tree_rounds`): NCCL cuts each channel's share into chunks of ``c`` bytes per
 head and runs ``O = channels x heads`` of them at once (``concurrentOps`` in ``src/enqueue.cc``), so an
 all-reduce is ``n = ceil(S / (O c))`` rounds through a pipeline ``D = 1 + 2 log2 M`` stages deep (the hops
@@ -55,6 +68,7 @@ __all__ = [
     "NVLS_CHUNK",
     "NVLS_EFFICIENCY",
     "collnet_steps",
+    "nvls_rounds",
     "nvls_steps",
     "nvls_tree_rounds",
     "nvls_tree_steps",
@@ -67,6 +81,30 @@ NVLS_CHANNELS = {"hopper": 16, "blackwell": 32}
 ``NVLS_NCHANNELS_SM100`` 32)."""
 NVLS_CHUNK = 128 * 1024
 """NVLS chunk per head, bytes (``NCCL_NVLS_CHUNKSIZE``'s default, ``src/transport/nvls.cc``)."""
+
+
+NVLS_STAGES_ONE_SERVER = 3
+"""Pipeline stages of NVLS inside one server: scatter, reduce-and-broadcast, gather (module docstring)."""
+
+
+def _version(nccl: str | None) -> tuple[int, ...] | None:
+    return tuple(int(x) for x in nccl.split(".")[:3]) if nccl else None
+
+
+def nvls_rounds(arch: str, gpus: int, nbytes: int, nccl: str | None = None) -> tuple[int, int, int]:
+    """``(rounds n, concurrent ops O, chunk c)`` of NCCL's NVLS all-reduce of ``nbytes`` inside one server of
+    ``gpus`` ``arch`` GPUs, NCCL version ``nccl`` (None: the newest rules); module docstring."""
+    ver = _version(nccl)
+    channels = NVLS_CHANNELS["hopper"]
+    if arch == "blackwell":
+        channels = 32 if ver is not None and ver < (2, 27) else 24
+    ops = channels * max(1, gpus)
+    c = min(512 * 1024, NVLS_CHUNK)
+    first = 32 if ver is not None and ver < (2, 18) else 64
+    for times, floor in ((first, 65536), (8, 32768), (2, 16384)):
+        if nbytes < times * ops * c and c > floor:
+            c = floor
+    return max(1, -(-int(nbytes) // (ops * c))), ops, c
 
 
 def nvls_tree_rounds(
