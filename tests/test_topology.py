@@ -244,6 +244,8 @@ def test_max_servers_admits_bml_s_largest_study():
         ("a4", (8, 8, "roce")),
         ("a4-highgpu-8g", (8, 8, "roce")),
         ("nd-h100-v5", (8, 8, "ib")),
+        ("nd-h200-v5", (8, 8, "ib")),
+        ("nd-h200v5", (8, 8, "ib")),
         ("oci-h100", (8, 16, "roce")),
         ("bm-gpu-h100-8", (8, 16, "roce")),
         ("a3-ultra", (8, 8, "roce")),
@@ -271,7 +273,7 @@ def test_an_unknown_topology_lists_every_preset(capsys):
         main(["netsim", "--help"])
     out = capsys.readouterr().out
     want = ("hgx-h200:S", "dgx-b200:S", "p4d:S", "p5e:S", "nd-h100-v5:S", "oci-h100:S")
-    want += ("a3-ultra:S", "oci-h200:S")
+    want += ("a3-ultra:S", "oci-h200:S", "nd-h200-v5:S")
     assert all(n in out for n in want)
 
 

@@ -61,7 +61,17 @@ def add_cost_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
 
-_FLOW_ONLY = ("hierarchical", "nccl", "nccl-ring", "nccl-tree", "nccl-nvls", "nccl-nvlstree", "nccl-collnet")
+_FLOW_ONLY = (
+    "hierarchical",
+    "nccl",
+    "nccl-ring",
+    "nccl-tree",
+    "nccl-nvls",
+    "nccl-nvlstree",
+    "nccl-collnet",
+    "nccl-collnet-direct",
+    "nccl-collnet-chain",
+)
 """dpcomm.sim.network.algorithms' multi-GPU schedules (``nccl*`` with an optional ``:PROTOCOL``)."""
 
 

@@ -226,5 +226,7 @@ def _from_nccl_tests(args: argparse.Namespace) -> int:
     if len(fit.tried) > 1:
         rms = ", ".join(f"{k} {v:.1%}" for k, v in fit.tried.items())
         console.print(f"algorithm: {fit.algorithm}, the best fit of: {rms} (rms log error)", highlight=False)
-    console.print(f"wrote {path} (fabric: {fit.topology.spec})", highlight=False)
+    from dpcomm.sim.network.fit_apply import carries
+
+    console.print(f"wrote {path} (fabric: {fit.topology.spec}); {carries(net.fabric)}", highlight=False)
     return 0

@@ -11,7 +11,8 @@ dedicated servers.
 
 On servers of several GPUs (``gpus:S,G,...``, ``dgx-h100:S``: ranks are GPUs) the header counts servers and
 GPUs; ``nccl`` is NCCL's own choice of algorithm and protocol (``nccl-ring``, ``nccl-tree``, ``nccl-nvls``,
-``nccl-nvlstree``, ``nccl-collnet`` force one, ``:LL``/``:LL128``/``:Simple`` the protocol), and the
+``nccl-nvlstree``, ``nccl-collnet`` (= ``nccl-collnet-direct``), ``nccl-collnet-chain`` force one,
+``:LL``/``:LL128``/``:Simple`` the protocol), and the
 start-up is NCCL's latency model for the fabric's transport unless ``--alpha-us`` gives one (elsewhere:
 TCP's 45.26 us). Such a fabric's NICs have their rate in the spec (a preset's, or ``nic=``): ``--rate``
 then is an error, as is ``--mtu`` (no TCP framing on it); ``--rate`` sets a ``gpus:`` spec's NICs that
@@ -58,8 +59,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="A,A,..",
         help="ring, be, mst, lp, ps, ps-dedicated[:S], bcube (alias bml), native; on gpus:/dgx-*: "
-        "hierarchical, nccl (NCCL's choice), nccl-ring, nccl-tree, nccl-nvls, nccl-nvlstree, nccl-collnet, "
-        "each [:LL|LL128|Simple] (default ring,be,mst,lp,ps; nccl on gpus:/dgx-*)",
+        "hierarchical, nccl (NCCL's choice), nccl-ring, nccl-tree, nccl-nvls, nccl-nvlstree, nccl-collnet "
+        "(= nccl-collnet-direct), nccl-collnet-chain, each [:LL|LL128|Simple] (default ring,be,mst,lp,ps; "
+        "nccl on gpus:/dgx-*)",
     )
     parser.add_argument("--sizes", default="1M,16M,64M", help="bytes, K/M/G suffixes (default 1M,16M,64M)")
     parser.add_argument(
@@ -150,12 +152,15 @@ def tcp_note(fabric, alpha_s: float, what: str) -> str | None:
 
 
 def network_startup(net, fabric) -> float | None:
-    """The start-up per message a network gives a fabric: a fitted file's own for the multi-GPU fabric it
-    was fitted to (None where it kept NCCL's latency model), else the network's alpha."""
+    """The start-up per message a network gives a fabric: a fitted file's own on the server count it was
+    fitted on (None where it kept NCCL's latency model, and on other counts:
+    :func:`dpcomm.sim.network.fit_apply.scope`), else the network's alpha."""
     from dpcomm.topology import MultiGPU
 
     if net.fabric and isinstance(fabric.topology, MultiGPU):
-        return net.fabric.get("alpha_s")
+        from dpcomm.sim.network.fit_apply import startup
+
+        return startup(fabric.topology, net.fabric)
     return net.alpha
 
 

@@ -151,6 +151,12 @@ PRESETS["a3-ultra"] = {**PRESETS["dgx-h200"], "transport": "roce"}
 # topology-agnostic 400 Gb/s NVIDIA Quantum-2 CX7 InfiniBand connection", 3.2 Tbps per VM (Microsoft Learn,
 # ND-H100-v5 size series).
 PRESETS["nd-h100-v5"] = PRESETS["dgx-h100"]
+# Azure ND H200 v5 (Standard_ND96isr_H200_v5): 8 H200 141 GB on NVLink 4 / NVSwitch, 900 GB/s per GPU, and 8
+# x 400 Gb/s NDR InfiniBand ConnectX-7, one per GPU, 3.2 Tbps per VM (Microsoft Learn, "ND H200 v5 sizes
+# series", learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/nd-h200-v5-series; not verified
+# from a stored copy of the page, which is not stored here: stored third-party pages cite it for "8 x H200
+# 141 GB, 900 GB/s NVLink, 400 Gb/s InfiniBand per GPU" and a 3,200 Gbps IB total): dgx-h200's parts.
+PRESETS["nd-h200-v5"] = PRESETS["dgx-h200"]
 # OCI BM.GPU.H100.8: 8 H100 SXM on NVSwitch, 16 RDMA ports of 200 Gb/s on OCI's RoCEv2 cluster network
 # (16 ports: the NCCL_IB_HCA of github.com/oracle-japan/ocitutorials tutorials/_hpc/benchmark/
 # run-nccltests-h100.md, "全16ポートのRDMAインタフェース"; "8 x 2 x 200 Gbps RDMA": OCI's Compute Shapes page,
@@ -167,6 +173,7 @@ ALIASES = {
     "a4-highgpu-8g": "a4",
     "a3-ultragpu-8g": "a3-ultra",
     "nd-h100v5": "nd-h100-v5",
+    "nd-h200v5": "nd-h200-v5",
     "bm-gpu-h100-8": "oci-h100",
     "bm-gpu-h200-8": "oci-h200",
 }

@@ -35,9 +35,9 @@ lays them out:
   later with ``nvlink=``; ``sharp=1`` says the network switches reduce too (InfiniBand SHARP: NCCL's
   CollNet), default 0;
 * **what a calibration fitted** (``dpcomm calibrate --from-nccl-tests`` writes them; default none):
-  ``algo=ring|tree|nvls|nvlstree|collnet``, the algorithm the cluster's NCCL runs (its ``NCCL_ALGO``, or the
-  one that explained its table), which NCCL's own choice (``nccl``) is narrowed to; ``channels=C``, NCCL's
-  ring and tree channels where its search makes more than this model's simplification of it;
+  ``algo=ring|tree|nvls|nvlstree|collnet|collnet-direct|collnet-chain`` (``collnet`` is Direct), what the
+  cluster's NCCL runs (its ``NCCL_ALGO``, or what explained its table), which NCCL's choice (``nccl``) is
+  narrowed to; ``channels=C``, NCCL's ring and tree channels where its search makes more than ours;
   ``lat_scale=F`` (>= 0), NCCL's latency of a bandwidth-bound (LL128 or Simple) all-reduce times ``F``,
   replacing the start-up per message there (:mod:`dpcomm.sim.network.nccl`); ``ranges=FROM:key=value...+...``,
   other values of those (and of the fractions) from a message size on (:mod:`dpcomm.topology.size_ranges`);
@@ -85,7 +85,7 @@ MAX_NICS = 64
 INTRA = ("nvlink", "pcie", "loopback")
 """Intra-server fabrics (see the module docstring)."""
 ARCHS = ("volta", "ampere", "hopper", "blackwell")
-NCCL_ALGOS = ("ring", "tree", "nvls", "nvlstree", "collnet")
+NCCL_ALGOS = ("ring", "tree", "nvls", "nvlstree", "collnet", "collnet-direct", "collnet-chain")
 NCCL_PROTOS = ("LL", "LL128", "Simple")
 """``proto=`` values: NCCL's protocols as ``NCCL_PROTO`` names them."""
 _VERSION = re.compile(r"^\d{1,3}\.\d{1,3}(?:\.\d{1,3})?$")

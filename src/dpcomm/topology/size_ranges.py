@@ -32,7 +32,7 @@ __all__ = [
 
 MAX_RANGES = 8
 """Most ranges a spec may list after its own values."""
-_ALGOS = ("ring", "tree", "nvls", "nvlstree", "collnet")  # multigpu.NCCL_ALGOS (which imports this module)
+_ALGOS = ("ring", "tree", "nvls", "nvlstree", "collnet", "collnet-direct", "collnet-chain")  # = NCCL_ALGOS
 _FROM = re.compile(r"^\s*(\d{1,13})\s*([KMG]?)\s*$")
 _NUM = re.compile(r"^\s*\d{1,9}(?:\.\d{1,17})?(?:[eE]-?\d{1,3})?\s*$")
 _UNIT = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}

@@ -13,9 +13,9 @@ clusters"). ``auto``, ``noop`` and the cost-only formulas have no flow schedule.
 
 On servers of several GPUs (``gpus:``/``dgx-*``) also ``hierarchical`` (:mod:`.hierarchical`) and NCCL's
 all-reduce as NCCL runs it (:mod:`.nccl`): ``nccl`` (NCCL's own choice of algorithm, protocol and
-channels), ``nccl-ring``, ``nccl-tree``, ``nccl-nvls``, ``nccl-nvlstree``, ``nccl-collnet`` (the
-algorithm forced, as ``NCCL_ALGO`` does), each with an optional ``:LL``, ``:LL128`` or ``:Simple``
-(``NCCL_PROTO``).
+channels), ``nccl-ring``, ``nccl-tree``, ``nccl-nvls``, ``nccl-nvlstree``, ``nccl-collnet`` (=
+``nccl-collnet-direct``), ``nccl-collnet-chain`` (the algorithm forced, as ``NCCL_ALGO`` does), each with an
+optional ``:LL``, ``:LL128`` or ``:Simple`` (``NCCL_PROTO``).
 
 Sizes are bytes of float32 (the element count is ``S // 4``), at most :data:`MAX_BYTES`; busbw is
 nccl-tests' ``2 (P-1)/P * S / t``. The work a schedule may hand the flow model is bounded before it is
@@ -131,7 +131,8 @@ def _flows(
         return blocks * p, 2 * (p - 1) * blocks * p
     if name == "nccl-tree":  # a stage: <= 4 edges x 2 ways per rank, channel and tree; 2 (G + log2 M) stages
         return 16 * blocks * p, 16 * blocks * p * 2 * (gpus + p.bit_length())
-    if name in ("nccl-nvls", "nccl-nvlstree", "nccl-collnet"):  # one step: <= 2 + 4 flows per rank (+ heads)
+    if name in ("nccl-nvls", "nccl-nvlstree") or name.startswith("nccl-collnet"):
+        # one step: <= 2 + 4 flows per rank (+ heads); CollNet Chain 2 per rank and channel
         return 6 * p + 2 * blocks * p, 6 * p + 2 * blocks * p
     n, k = (cube.n, cube.k) if cube is not None else (2, 1)
     return k * p * (n - 1), 2 * k * k * p * (n - 1)  # bcube: each server's k threads, n - 1 neighbours

@@ -23,9 +23,12 @@
    than the line rate is fitted at 1 and its error stays visible.
 3. **The algorithm**, where the log forced none (nccl-tests logs do not say what ran): NCCL's own choice
    and each algorithm the fabric has (``nccl-ring``, ``nccl-tree``, ``nccl-nvlstree``, ...,
-   :func:`candidates`) are fitted as above, and the one with the least squared log error is kept (NCCL's
-   own choice where equal), written into the topology as ``algo=`` (as if it were the cluster's
-   ``NCCL_ALGO``; the cluster's NCCL version may choose differently from the tuning model read here).
+   :func:`candidates`) are fitted as above, and the one with the least squared log error is kept,
+   written into the topology as ``algo=`` (as if it were the cluster's ``NCCL_ALGO``; the cluster's NCCL
+   version may choose differently from the tuning model read here). NCCL's own choice is the default: a
+   forced algorithm replaces it only where its rms log error on the large rows is lower by more than
+   ``TIE_RMS`` (0.5 percentage points, nccl-tests' run-to-run spread there) and below ``TIE_RATIO`` (0.9)
+   of NCCL's choice's (:func:`clearly_better`); within that the two explain the table equally.
    Where the best fit still needs a fraction at 1, twice the ring's or tree's channels are tried too
    (``channels=``: NCCL's search makes a channel per NIC where a GPU has several, which this model's
    simplification joins; more channels lift NCCL's per-channel caps), kept only where that halves the
@@ -41,10 +44,10 @@
    each measured size as measured wherever the log's time grows with size, and says where it does not.
 
 The result names the fitted topology (a ``gpus:`` spec with ``nic_eff=``, ``intra_eff=`` and what else was
-fitted: ``lat_scale=``, ``algo=``, ``channels=``, ``ranges=``) and every
-row's measured and predicted time, so the caller can show how well it fits; :func:`apply_fit` puts a
-fitted file's fractions, latency factor, algorithm, channels and size ranges on another size of the same
-cluster.
+fitted: ``lat_scale=``, ``algo=``, ``channels=``, ``ranges=``), every row's measured and predicted time, and
+how much the large rows' time answers to each fraction and to ``lat_scale`` (``sensitivity``);
+:func:`apply_fit` puts all of it on the count it was fitted on, and on other counts of the cluster what
+describes the fabric (:mod:`.fit_apply`).
 """
 
 from __future__ import annotations
@@ -69,10 +72,13 @@ from dpcomm.topology.size_ranges import ranges_to_json
 __all__ = [
     "LARGE",
     "SMALL",
+    "TIE_RATIO",
+    "TIE_RMS",
     "FabricFit",
     "alpha_for",
     "apply_fit",
     "candidates",
+    "clearly_better",
     "mismatch",
     "fit_nccl_tests",
     "startup_s",
@@ -88,6 +94,7 @@ _MAX_LAT_SCALE = 1e4  # the most lat_scale may be (MultiGPU's own bound)
 _GOLDEN_STEPS = 18  # golden-section steps: 0.618^18 = 1.7e-4 of the range
 _FULL_FITS = 3  # candidates fitted in full after the quick ranking
 _TOL = 0.05  # the worst error on a large row that needs size ranges (fit_ranges.TOL)
+TIE_RMS, TIE_RATIO = 0.005, 0.9  # a forced algorithm must beat NCCL's choice's rms by both (point 3)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +119,10 @@ class FabricFit:
     """The fitted physical model's seconds at each row, before the per-size factors (where it misses)."""
     tried: dict[str, float] = dataclasses.field(default_factory=dict)
     """Each algorithm fitted, and the root-mean-square log error of its fit on the large rows."""
+    sensitivity: dict[str, float] = dataclasses.field(default_factory=dict)
+    """How much the large rows' time answers to each fraction and ``lat_scale`` (:mod:`.fit_scope`)."""
+    need: dict[str, float] = dataclasses.field(default_factory=dict)
+    """How much worse the fit is with each set back to the topology's own (:mod:`.fit_scope`)."""
 
     def errors(self, least: int = LARGE) -> list[float]:
         """``predicted / measured - 1`` of the rows of at least ``least`` bytes."""
@@ -135,6 +146,8 @@ class FabricFit:
             "nccl_version": t.nccl,
             "net_plugin": t.net_plugin,
             "forced": {"algo": self.forced[0], "proto": self.forced[1]} if self.forced else None,
+            "sensitivity": {k: round(v, 4) for k, v in self.sensitivity.items()},
+            "need": {k: round(v, 5) for k, v in self.need.items()},
             **({"proto": t.proto} if t.proto else {}),
             **({"ranges": ranges_to_json(t.ranges)} if t.ranges else {}),
             **(
@@ -248,17 +261,25 @@ def _fit_one(topo: MultiGPU, algo: str, p: int, small, large, quick: bool = Fals
 
 
 def _best(options: dict[str, tuple[str, MultiGPU]], p: int, small, large) -> dict[str, tuple[str, tuple]]:
-    """Each option (label: algorithm, topology) ranked by a quick fit, and the best two fitted in full."""
+    """Each option (label: algorithm, topology) ranked by a quick fit, and the best three fitted in full
+    (NCCL's own choice always, the default a forced algorithm must beat)."""
     quick = {k: _fit_one(t, a, p, small, large, quick=True)[3] for k, (a, t) in options.items()}
     top = sorted(options, key=lambda k: quick[k])[:_FULL_FITS]
+    top += [k for k in options if k == "nccl" and k not in top]
     return {k: (options[k][0], _fit_one(options[k][1], options[k][0], p, small, large)) for k in top}
+
+
+def clearly_better(sse: float, sse_nccl: float, rows: int) -> bool:
+    """Whether a forced algorithm's fit (sum of squared log errors ``sse`` on ``rows`` rows) beats NCCL's own
+    choice's (``sse_nccl``) clearly: by :data:`TIE_RMS` and :data:`TIE_RATIO` in rms (module docstring)."""
+    rms, rms_nccl = math.sqrt(sse / max(rows, 1)), math.sqrt(sse_nccl / max(rows, 1))
+    return rms < rms_nccl - TIE_RMS and rms < TIE_RATIO * rms_nccl
 
 
 def candidates(topo: MultiGPU) -> tuple[str, ...]:
     """What a table that forced nothing may have run: NCCL's choice, then each algorithm the fabric has."""
-    names = {"nvls_tree": "nvlstree", "collnet_direct": "collnet"}
-    have = algorithms_for(topo, _NIC_RATE)
-    return ("nccl", *(f"nccl-{names.get(a, a)}" for a in have if a != "collnet_chain"))
+    names = {"nvls_tree": "nvlstree", "collnet_direct": "collnet", "collnet_chain": "collnet-chain"}
+    return ("nccl", *(f"nccl-{names.get(a, a)}" for a in algorithms_for(topo, _NIC_RATE)))
 
 
 def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> FabricFit:
@@ -278,6 +299,7 @@ def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> Fab
             raise UserError(f"the log ran {got}; --topology {spec} says {key}={getattr(topo, key)}")
         if got is not None:
             topo = dataclasses.replace(topo, **{key: got})
+    given = topo
     if log.ranks is not None and log.ranks != p:
         where = f" on {log.hosts} servers" if log.hosts else ""
         raise UserError(f"the table ran on {log.ranks} ranks{where}; --topology {spec} has {p} GPUs")
@@ -299,7 +321,9 @@ def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> Fab
         raise UserError(f"the table has no row of {LARGE:,} bytes or more: nothing to fit the rates to")
     names = (algo,) if algo is not None else candidates(topo)
     tried = _best({name: (name, topo) for name in names}, p, small, large)
-    best = min(tried, key=lambda k: (tried[k][1][3], k != "nccl"))  # NCCL's own choice where equal
+    best = min(tried, key=lambda k: tried[k][1][3])
+    if "nccl" in tried and not clearly_better(tried[best][1][3], tried["nccl"][1][3], len(large)):
+        best = "nccl"  # a tie keeps NCCL's own choice (module docstring, point 3)
     if max(tried[best][1][0].nic_fraction, tried[best][1][0].intra_eff) > 0.999 and topo.channels is None:
         # faster than the fabric's rates allow: NCCL's search may have made twice the channels (one per
         # NIC of several per GPU, say), which lifts its per-channel caps; try that for rings and trees
@@ -329,6 +353,9 @@ def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> Fab
             topo, best = ranged
             got = _predict(topo, best, alpha, p, [n for n, _ in log.rows])
     model_rows = tuple(got)
+    from dpcomm.sim.network.fit_scope import measure
+
+    sensitivity, need = measure(topo, given, best, alpha, p, large)  # what carries to other server counts
     topo = dataclasses.replace(topo, row_factors=tuple(fit_rows.factors(log.rows, got)), row_algo=best)
     got = _predict(topo, best, alpha, p, [n for n, _ in log.rows])  # point 5
     rows = tuple((n, t, g) for (n, t), g in zip(log.rows, got, strict=True))
@@ -343,4 +370,6 @@ def fit_nccl_tests(log: NcclTestsLog, spec: str, algo: str | None = None) -> Fab
         model_rows=model_rows,
         forced=was_forced,
         fitted_on=spec.strip(),
+        sensitivity=sensitivity,
+        need=need,
     )

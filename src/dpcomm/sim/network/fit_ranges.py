@@ -124,9 +124,13 @@ def _sse(f: _Range) -> float:
 
 
 def _best(fits: list[_Range]) -> _Range:
-    """The least error (NCCL's own choice, the first, where equal; doubled channels only where they halve
-    it)."""
+    """The least error (NCCL's own choice where a forced algorithm is not clearly better, as in
+    :func:`.fit.clearly_better`, and where it too is within :data:`TOL` if that one is; doubled channels
+    only where they halve it)."""
     best = min((f for f in fits if " x" not in f.cand.label), key=_sse, default=None)
+    own = next((f for f in fits if f.cand.label.split(":")[0] == "nccl"), None)
+    if best is not None and own is not None and (own.worst < TOL or best.worst >= TOL):
+        best = best if _fit.clearly_better(_sse(best), _sse(own), best.hi - best.lo) else own
     more = min((f for f in fits if " x" in f.cand.label), key=_sse, default=None)
     if best is None or more is not None and _sse(more) < 0.5 * _sse(best):
         return more

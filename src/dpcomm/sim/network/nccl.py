@@ -1,5 +1,6 @@
-"""``nccl``, ``nccl-ring``, ``nccl-tree``, ``nccl-nvls``, ``nccl-nvlstree``, ``nccl-collnet``: an all-reduce
-as NCCL runs it on a multi-GPU fabric, priced by the flow model.
+"""``nccl``, ``nccl-ring``, ``nccl-tree``, ``nccl-nvls``, ``nccl-nvlstree``, ``nccl-collnet`` (=
+``nccl-collnet-direct``), ``nccl-collnet-chain``: an all-reduce as NCCL runs it on a multi-GPU fabric, priced
+by the flow model (CollNet's schedules: :mod:`.collnet`).
 
 Names: ``nccl`` is NCCL's own choice (no ``NCCL_ALGO`` set); ``nccl-ALGO`` forces the algorithm
 (``NCCL_ALGO=Ring``, ...); either takes ``:LL``, ``:LL128`` or ``:Simple`` to force the protocol
@@ -39,7 +40,7 @@ import math
 
 from dpcomm.errors import UserError
 from dpcomm.messages import Step
-from dpcomm.sim.network import nccl_ring, nccl_tree, nccl_tuning, nvls, size_model
+from dpcomm.sim.network import collnet, nccl_ring, nccl_tree, nccl_tuning, nvls, size_model
 from dpcomm.sim.network._gpuparts import shape
 from dpcomm.topology.multigpu import MultiGPU
 
@@ -51,6 +52,8 @@ ALGOS = {
     "nccl-nvls": "nvls",
     "nccl-nvlstree": "nvls_tree",
     "nccl-collnet": "collnet_direct",
+    "nccl-collnet-direct": "collnet_direct",
+    "nccl-collnet-chain": "collnet_chain",
 }
 """Our names of NCCL's algorithms, and NCCL's (lower-case ``NCCL_ALGO`` values)."""
 NAMES = ("nccl", *ALGOS)
@@ -105,7 +108,8 @@ def pick(t: MultiGPU, name: str, protocol: str | None, nbytes: int, p: int, nic_
         why = {
             "nvls": "NVLink SHARP on one server of Hopper or later GPUs on NVSwitch",
             "nvls_tree": "NVLink SHARP (Hopper or later on NVSwitch) and more than one server",
-            "collnet_direct": "switches that reduce (sharp=1) and more than one server",
+            "collnet_direct": "switches that reduce (sharp=1), NVSwitch, and servers (2+) of at most 8 GPUs",
+            "collnet_chain": "switches that reduce (sharp=1) and servers (2+) of at most 8 GPUs",
         }
         raise UserError(f"{name} needs {why.get(algos[0], 'another fabric')}; {t.spec} has none")
     try:
@@ -149,8 +153,10 @@ def steps(t: MultiGPU, picked: Picked, p: int, nbytes: int, ranks_total: int) ->
         return nvls.nvls_steps(p, g, wire, eff=eff, nvs0=ranks_total)
     if a == "nvls_tree":
         return nvls.nvls_tree_steps(p, g, wire, eff=eff, nvs0=ranks_total)
-    heads = min(t.nic_count, g)
-    return nvls.collnet_steps(p, g, wire, heads=heads, sw0=ranks_total + t.hosts)
+    heads, sw0 = min(t.nic_count, g), ranks_total + t.hosts  # CollNet: rail n's switch is sw0 + n
+    if a == "collnet_chain":
+        return collnet.collnet_chain_steps(p, g, wire, heads=heads, channels=ch, sw0=sw0)
+    return collnet.collnet_steps(p, g, wire, heads=heads, sw0=sw0)
 
 
 def _hops(t: MultiGPU, algorithm: str) -> int:

@@ -37,8 +37,10 @@ _NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
 _ENV = re.compile(r"NCCL_(ALGO|PROTO)(?:\s+set by environment to\s+|=)([A-Za-z0-9_,^]+)")
 _MAX_LINES = 200_000  # a log longer than this is not one run's output
 _MAX_BYTES = 64 << 20  # nor one larger than this
+# NCCL_ALGO's names (any case: NCCL's ncclAlgoStr, src/init.cc: CollNetDirect, CollNetChain) -> dpcomm's
 _ALGOS = {"ring": "nccl-ring", "tree": "nccl-tree", "nvls": "nccl-nvls", "nvlstree": "nccl-nvlstree",
-          "collnetdirect": "nccl-collnet", "collnet": "nccl-collnet"}  # fmt: skip
+          "collnetdirect": "nccl-collnet-direct", "collnet": "nccl-collnet",
+          "collnetchain": "nccl-collnet-chain"}  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

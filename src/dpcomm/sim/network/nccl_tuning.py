@@ -121,7 +121,9 @@ def graph(t: MultiGPU, algorithm: str, nic_bps: float) -> Graph | None:
         s = next((x for x in speeds if x <= cap and x * ch <= room), speeds[-1])
         return Graph(ch, s, s)
     if algorithm.startswith("collnet"):
-        if not t.sharp or m == 1:
+        # NCCL (5067397c): CollNet on switches that reduce, across servers of at most 8 GPUs (src/enqueue.cc,
+        # NCCL_MAX_DIRECT_ARITY + 1), Direct only on NVSwitch (src/graph/tuning.cc: nvsCount == 0 disables it)
+        if not t.sharp or m == 1 or g > 8 or (algorithm == "collnet_direct" and t.intra != "nvlink"):
             return None
         links = min(t.nic_count, g)
         return Graph(links, intra / links, _nic_GBps(t, nic_bps))

@@ -1,5 +1,5 @@
-"""``nccl-nvls``, ``nccl-nvlstree`` and ``nccl-collnet``: NCCL's all-reduces whose switches reduce (a flow
-schedule: the messages, not an executing collective).
+"""``nccl-nvls`` and ``nccl-nvlstree``: NCCL's all-reduces whose NVSwitches reduce (a flow schedule: the
+messages, not an executing collective; CollNet, where the network switches reduce, is :mod:`.collnet`).
 
 Symbols: ``P = M G`` ranks on ``M`` servers of ``G`` GPUs; ``S`` bytes; ``B_in`` a GPU's NVLink rate each
 way, ``B_nic`` a NIC's; ``e`` NCCL's NVLS efficiency (:data:`NVLS_EFFICIENCY`: the fraction of NVLink the
@@ -16,10 +16,6 @@ NVSwitch, ``P + M + n`` the network switch of rail ``n``.
   server, on its own NIC) all-reduced across servers by NCCL's double binary tree (the trees of
   :func:`.nccl_tree.dtree_parents`, half the shard on each; an edge carries its half up and down); all of it
   pipelined, so one step. Per NIC about ``S/G`` each way on 2 servers, up to ``2 S/G`` on more.
-* **CollNet Direct** (InfiniBand SHARP: the network switches reduce): ``R`` head GPUs per server (one per
-  NIC link, the GPU beside it); every GPU sends each head its ``S/R`` share over NVLink, each head sends
-  the server's sum of its share to its rail's switch, which returns the sum over servers, and the head
-  sends it to every GPU of its server; one pipelined step. Per NIC ``S/R`` each way.
 
 NVLS's pipeline inside one server (:func:`nvls_rounds`): NCCL's kernel (``RunWorkColl<ncclFuncAllReduce, T,
 RedOp, NCCL_ALGO_NVLS, NCCL_PROTO_SIMPLE>``, its ``oneNode`` branch, ``src/device/all_reduce.h``, commit
@@ -67,7 +63,6 @@ __all__ = [
     "NVLS_CHANNELS",
     "NVLS_CHUNK",
     "NVLS_EFFICIENCY",
-    "collnet_steps",
     "nvls_rounds",
     "nvls_steps",
     "nvls_tree_rounds",
@@ -187,27 +182,3 @@ def nvls_tree_steps(p: int, g: int, nbytes: int, *, eff: float, nvs0: int) -> li
             nbytes=np.concatenate(b_net),
         )
     ]
-
-
-def collnet_steps(p: int, g: int, nbytes: int, *, heads: int, sw0: int) -> list[Step]:
-    """CollNet Direct all-reduce of ``nbytes`` on ``p`` ranks, servers of ``g`` GPUs, ``heads`` NIC links per
-    server (head ``n`` is the GPU beside NIC ``n``; rail ``n``'s switch is endpoint ``sw0 + n``)."""
-    g, m = shape(p, g)
-    if m == 1:
-        raise ValueError("CollNet runs across servers")
-    heads = max(1, min(heads, g))
-    per, share = g // heads, -(-nbytes // heads)
-    gpu = np.arange(p, dtype=np.int64)
-    host, local = np.divmod(gpu, g)
-    src, dst = [], []
-    for n in range(heads):
-        head = host * g + n * per
-        other = local != n * per
-        src += [gpu[other], head[other]]  # every GPU's share to the head, and the result back
-        dst += [head[other], gpu[other]]
-        hs = np.arange(m, dtype=np.int64) * g + n * per
-        sw = np.full(m, sw0 + n, dtype=np.int64)
-        src += [hs, sw]
-        dst += [sw, hs]
-    s, d = np.concatenate(src), np.concatenate(dst)
-    return [Step(label="collnet stream", src=s, dst=d, nbytes=np.full(len(s), share, dtype=np.int64))]
