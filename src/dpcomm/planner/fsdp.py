@@ -86,8 +86,8 @@ FSDP_METHODS = ("per-block", "whole", "per-layer", "size:BYTES", "optimal")
 
 FSDP_GAP = 0.005
 """``optimal``'s default: within 0.5% of a certified lower bound (``meta["lower_bound_s"]``, ``meta["gap"]``),
-as ``dpcomm plan --fsdp`` plans; ``gap=0`` is exact (the 70B shape at depth 2 under a 10% budget: seconds,
-``benchmarks/fsdp_exact.py``; other real sizes can take minutes)."""
+as ``dpcomm plan --fsdp`` plans; ``gap=0`` is exact (the 70B shape at depth 2, compute per GPU x0.25 to x8,
+with and without a 10% budget: at most 32 s on the 2-core VM, ``benchmarks/fsdp_exact.py --sweep``)."""
 
 FSDP_MAX_DEPTH = 2
 """Deepest prefetch searched by default (``d = 0..2``): FSDP2 prefetches one unit by default; beyond a few,
@@ -280,6 +280,8 @@ def plan_fsdp(
         units, d, r = res.units, res.depth, res.reshard
         meta |= {"dp_time_s": res.time_s, "dp_states": res.states, "dp_passes": res.passes,
                  "lower_bound_s": res.bound_s}  # fmt: skip
+        if gap == 0:  # the least peak among the fastest plans: proven, or the least found
+            meta["least_peak_proven"] = res.least_peak
     else:
         units = _units_of(name, mods)
         check_units(units, f.size)
@@ -350,6 +352,8 @@ def pareto_front(
                              unit_s=unit_s)  # fmt: skip
         except UserError:
             break
+        if out and plan.time_s <= out[-1][1] * (1 + TIE_REL):  # as fast with less peak (a least peak found,
+            out.pop()  # not proven: plan_fsdp's meta["least_peak_proven"]): the point before is not on it
         out.append((plan.peak_bytes, plan.time_s, plan))
         if plan.peak_bytes == 0 or len(out) >= max_points:
             if plan.peak_bytes and len(out) >= max_points:

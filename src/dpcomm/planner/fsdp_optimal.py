@@ -69,7 +69,9 @@ width, the incumbent, and (with ``gap > 0``) states dropped whose bound is withi
 until proven (at worst uncapped). Runs go cheapest first (without reshard, then by depth) and a run whose
 empty prefix's bound already exceeds the incumbent is skipped. ``gap = 0``: exact, and among the fastest
 plans the least peak (a second pass per ``(d, reshard)`` with the peak as a column and the budget below
-the best peak so far).
+the best peak so far, and below each plan it finds, its beam ordered by a floor on the peak to come;
+proven where no state the caps dropped has a floor below the answer, else widened up to
+:data:`_TIE_WIDTH` and the least found kept: :attr:`OptimalResult.least_peak`).
 """
 
 from __future__ import annotations
@@ -85,6 +87,10 @@ from dpcomm.planner.fsdp_search import SLACK, Found, Problem, root_bound, search
 __all__ = ["OptimalResult", "optimal_fsdp"]
 
 _WIDTH = 128  # new states per module in the first pass; x4 per pass until proven
+_TIE_WIDTH = 2048
+"""The widest pass of the search for the least peak among the fastest plans (:func:`_tied`): where many
+plans tie (compute-bound models: every unit's collectives hidden), their prefixes differ in columns that
+never matter and stay undominated, so the least peak is proven only where fewer are left."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +108,8 @@ class OptimalResult:
     """No plan under the budget is faster (``time_s`` itself when exact)."""
     passes: int
     """Passes of widening the caps until proven (1: the first)."""
+    least_peak: bool = False
+    """Exact (``gap = 0``): no plan as fast has less peak (proven); else the least peak found among them."""
 
 
 def optimal_fsdp(
@@ -164,14 +172,22 @@ def optimal_fsdp(
         return None
     tie = tmin + TIE_REL * max(1.0, abs(tmin))
     best: OptimalResult | None = None
+    least = True  # every search for the least peak among the fastest proven
     for (d, r), g in sorted(kept.items(), key=lambda kv: (kv[0][0], not kv[0][1])):
         if gap <= 0 and roots[d, r] <= tie and (r or g.time_s > tie or (d, r) in capped):
             # exact: the least peak among the fastest (reshard: below the best so far, whole bytes)
             top = p.M if best is None or not r else min(p.M, best.peak_bytes - 1)
             if r and best is not None and _least_window(m, d) > top:
                 continue
-            g, n = _tied(replace(p, M=top), d, r, tie * (1 + SLACK))
-            states += n
+            own = g if g.units is not None and g.time_s <= tie else None  # this run's fastest: to beat
+            if own is not None and r:
+                top = min(top, _peak(m, own.units, d, r) - 1)
+            if not r or _least_window(m, d) <= top:
+                g, n, proven = _tied(replace(p, M=top), d, r, tie)
+                states += n
+                least &= proven
+                if g.units is None and own is not None:
+                    g = own
         if g.units is None or g.time_s > tie:
             continue
         cand = OptimalResult(g.time_s, _peak(m, g.units, d, r), g.units, d, r, 0, 0.0, 0)
@@ -180,17 +196,25 @@ def optimal_fsdp(
     if best is None or (incumbent is not None and _better(incumbent, best)):
         best = incumbent  # nothing found beats the plan the search started from
     bound = best.time_s if gap <= 0 else min(bound, best.time_s)
-    return replace(best, states=states, bound_s=bound, passes=passes)
+    return replace(best, states=states, bound_s=bound, passes=passes, least_peak=gap <= 0 and least)
 
 
-def _tied(p: Problem, d: int, r: bool, ub: float) -> tuple[Found, int]:
-    """The least peak of a plan within ``ub`` (the peak as a column with reshard), uncapped in the end."""
-    width, states = float(_WIDTH), 0
+def _tied(p: Problem, d: int, r: bool, ub: float) -> tuple[Found, int, bool]:
+    """The least peak of a plan within ``ub`` (the peak as a column with reshard: each plan found lowers
+    the budget to its peak less one byte), ``(found, states, proven)``: widened until no cap dropped a
+    state that could have had less peak, or (with reshard) past :data:`_TIE_WIDTH`, then the least found."""
+    width, states, best = float(_WIDTH), 0, None
     while True:
         got = search(p, d, r, ub=ub, width=width, peak=r)
         states += got.states
-        if not got.capped:
-            return got, states
+        if got.units is not None:
+            best = got
+            if r:
+                p = replace(p, M=got.peak - 1)  # a later pass looks for less peak only
+        if not got.capped or (not r and got.time_s <= ub):  # without reshard every peak is the total
+            return best or got, states, True
+        if r and width >= _TIE_WIDTH:
+            return best or got, states, False
         width *= 4
 
 

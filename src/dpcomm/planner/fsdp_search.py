@@ -111,13 +111,15 @@ def search(
     ``ub``: a feasible plan's time (``inf``: none). ``slack``: a state whose bound is within this many
     seconds of ``ub`` is dropped too (0: exact). ``width``: at most this many new states per module and
     ``8 width`` active rows, the others dropped (``inf``: no cap). Every state dropped but by dominance
-    leaves its bound: :attr:`Found.bound`. ``peak``: keep the peak as a column, so that among plans within a
-    tie the least peak is found."""
+    leaves its bound: :attr:`Found.bound`. ``peak``: keep the peak as a column and return the least peak
+    of a plan within ``ub`` (each plan found lowers the budget below its peak); the caps keep the states of
+    least peak floor (:func:`_peak_floor`), and :attr:`Found.capped` is false where none they dropped had a
+    floor below the answer (proven all the same)."""
     L, M = p.L, p.M
     if not r and p.total > M:
         return Found(np.inf, np.inf, None, np.inf, 0, False)
     lay = Layout(d, p.blocking, windows=r and (M < p.total or peak), peak=peak, hsdp=p.ar is not None)
-    tail = last_unit_tails(p, r)
+    tail = last_unit_tails(p, r, d)
     X = np.zeros((1, lay.width))  # the active rows: states, and where their next unit starts
     S = np.zeros(1, dtype=np.int64)
     ID = np.zeros(1, dtype=np.int64)  # row ids, for the units: parent row, first and last module
@@ -125,10 +127,19 @@ def search(
     rows, capped = 1, False
     best = (np.inf, np.inf, -1)  # t_iter, peak, row closed
     bound = np.inf
+    top = M  # peak mode: the most peak bytes a plan may still have (the best one's, less one byte)
+    lw = _least_windows(p.cm, d) if peak else None
+    low = np.inf  # peak mode: the least peak floor of a state the caps dropped
 
     def finish(Xn: np.ndarray, Sn: np.ndarray, IDn: np.ndarray) -> None:
-        nonlocal best, ub, bound
+        nonlocal best, ub, bound, top
         t, pk = close_states(p, lay, r, Xn, Sn)
+        if peak:  # the least peak among plans within ub (ties: the least time); then only a smaller one
+            t = np.where((t <= ub) & (pk <= top), t, np.inf)
+            if t.size and np.isfinite(t).any():
+                j = int(np.lexsort((t, np.where(np.isfinite(t), pk, np.inf)))[0])
+                best, top = (float(t[j]), float(pk[j]), int(IDn[j])), float(pk[j]) - 1
+            return
         if not t.size or (tmin := float(t.min())) == np.inf:
             return
         bound = min(bound, tmin)
@@ -143,13 +154,16 @@ def search(
         if lb.size:
             bound = min(bound, float(lb.min()))
 
-    def cap(lb: np.ndarray, n: float) -> np.ndarray:
-        """Indices of the ``n`` least bounds (all, when no more); the others are dropped."""
-        nonlocal capped
+    def cap(lb: np.ndarray, n: float, floor: np.ndarray | None) -> np.ndarray:
+        """Indices of the ``n`` least bounds (peak mode: least peak floors) that stay; the others are
+        dropped, leaving their bounds (and peak floors)."""
+        nonlocal capped, low
         if lb.size <= n:
             return np.arange(lb.size)
-        o = np.argsort(lb, kind="stable")
+        o = np.argsort(lb if floor is None else floor + lb / max(ub, 1e-300), kind="stable")
         drop(lb[o[int(n) :]])
+        if floor is not None:
+            low = min(low, float(floor[o[int(n) :]].min()))
         capped = True
         return o[: int(n)]
 
@@ -158,15 +172,23 @@ def search(
         Y, parts = extend_states(p, lay, r, X, S, i, False)
         lb = completion_bound(p, lay, X, S, i, Y, parts, tail)
         fits = (parts[0] <= M) & (parts[7] <= M) if r else np.ones(lb.size, dtype=bool)  # never again
+        grow = new_floor = None
+        if peak:  # the peak of every extension of a row is at least grow, of each new state new_floor
+            grow = np.maximum(Y[:, lay.pk], lw[S])
+            new_floor = _peak_floor(p, lay, Y, i + 1, lw)
+            fits &= grow <= top
         alive = fits & (lb <= (ub * (1 + SLACK) if slack <= 0 else ub - slack))
         drop(lb[fits & ~alive])
         idx = np.flatnonzero(alive)
-        idx = idx[cap(lb[idx], 8 * width)]  # the active rows: the least bounds stay
+        idx = idx[cap(lb[idx], 8 * width, None if grow is None else grow[idx])]  # the active rows
         alive[:] = False
         alive[idx] = True
-        idx = idx[cap(lb[idx], 4 * width)]  # the candidates for the dominance test
+        if peak:
+            idx = idx[new_floor[idx] <= top]
+        at = None if new_floor is None else new_floor[idx]
+        idx = idx[cap(lb[idx], 4 * width, at)]  # the candidates for the dominance test
         keep = _prune(Y[idx], lay)
-        keep = keep[cap(lb[idx[keep]], width)]  # the new states
+        keep = keep[cap(lb[idx[keep]], width, None if at is None else new_floor[idx[keep]])]  # new states
         new = np.arange(rows, rows + keep.size)
         rows += keep.size
         parent.append(ID[idx[keep]])
@@ -177,6 +199,8 @@ def search(
         S = np.concatenate((S[alive], Sk))
         ID = np.concatenate((ID[alive], new))
         finish(Yk, Sk, new)
+    if peak:  # no state the caps dropped could have made a plan of less peak: proven all the same
+        capped &= not best[1] <= low
     if best[2] < 0:
         return Found(np.inf, np.inf, None, bound, rows - 1, capped)
     par, fst, nd = (np.concatenate(x) for x in (parent, first, end))
@@ -201,4 +225,25 @@ def root_bound(p: Problem, d: int, r: bool) -> float:
     Y, parts = extend_states(p, lay, r, X, s, 0, False)
     if r and parts[0][0] > p.M:
         return np.inf  # the first module alone does not fit
-    return float(min(t[0], completion_bound(p, lay, X, s, 0, Y, parts, last_unit_tails(p, r))[0]))
+    return float(min(t[0], completion_bound(p, lay, X, s, 0, Y, parts, last_unit_tails(p, r, d))[0]))
+
+
+def _least_windows(cm: np.ndarray, d: int) -> np.ndarray:
+    """``lw[s]``: the least peak of any units covering modules ``s..L-1`` (``lw[L] = 0``), bytes: the unit
+    holding module ``j`` and the ``d`` after it hold modules ``j..j+d`` at least, so a window is at least
+    ``bytes(j..min(j+d, L-1))`` for every ``j >= s``."""
+    L = cm.size - 1
+    j = np.arange(L)
+    w = cm[np.minimum(j + d + 1, L)] - cm[j]
+    return np.concatenate((np.maximum.accumulate(w[::-1])[::-1], [0.0]))
+
+
+def _peak_floor(p: Problem, lay: Layout, Y: np.ndarray, s: int, lw: np.ndarray) -> np.ndarray:
+    """A lower bound on the peak of every completion of the states ``Y`` (next unit at module ``s``), bytes:
+    their peak so far, the least windows of the rest (:func:`_least_windows`), and the windows that start
+    at one of their last ``q`` units (``w_q`` bytes) and hold at least modules ``s..s+d-q`` after it."""
+    out = np.maximum(Y[:, lay.pk], lw[s])
+    L, cm = p.L, p.cm
+    for q in range(1, lay.nw + 1):
+        out = np.maximum(out, Y[:, lay.w + q - 1] + cm[min(s + lay.d + 1 - q, L)] - cm[s])
+    return out

@@ -33,6 +33,14 @@ all-reduce in place of every reduce-scatter). With ``overlap="gathers"`` the bac
 a_d) + R(s..i) + b_rs bytes(rest)`` (HSDP: ``R + C``) and there is no joint term. A unit's fixed cost
 ``c`` (:class:`Problem`'s ``c``) is in the ``F`` and ``W`` of every unit added; the bound leaves it out for
 the units still to come (``t_iter`` only grows with it, so the bound holds).
+
+More paths, each a bound of its own (issue 57: the ones above were tight at one compute/communication ratio
+only): ``joint`` again with the forward's compute chain in place of the reduce-scatters (``F(U) +
+W(s..L-1) + tau(BE)``: a small ``U`` for this path, a large one for the re-gathers, the same ``U``); the
+all-gather start-ups of the units after the next one (:func:`units_after`: budget windows force a count);
+the pipelines' units and lags of :mod:`dpcomm.planner.fsdp_ramp` (``P1``, ``P2``); and the last unit's
+gather, issued ``d`` units before it (:func:`dpcomm.planner.fsdp_ramp.last_gather`), then every backward.
+``tests/test_fsdp_ramp.py`` checks every prefix's bound against its best completion by brute force.
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import numpy as np
 
 from dpcomm.costmodel.base import CommCost, LinearCost
 from dpcomm.planner.fsdp_bound import suffix_bound
+from dpcomm.planner.fsdp_ramp import last_gather, ramp_bounds
 
 __all__ = [
     "Layout",
@@ -183,7 +192,8 @@ def completion_bound(
     L, d, T = p.L, lay.d, lay.T
     rest = p.total - p.cm[i + 1]
     rate_c = 0.0 if p.ar is None else p.rate(p.ar)
-    fwd = np.maximum(np.maximum(Ek, G) + (p.cf[L] - p.cf[s]), G + p.rate(p.ag) * rest + p.cf[L] - p.cf[L - 1])
+    gathers = G + p.rate(p.ag) * rest + _start_ups(p, lay, X, s)  # the all-gather stream's chain
+    fwd = np.maximum(np.maximum(Ek, G) + (p.cf[L] - p.cf[s]), gathers + p.cf[L] - p.cf[L - 1])
     b_last = p.cb[L] - p.cb[L - 1]
     if p.blocking:
         ahead = X[:, lay.a + d - 1] if d else Ap
@@ -203,9 +213,28 @@ def completion_bound(
     both = _joint(Y[:, T] + p.rate(p.rs) * rest, c2, tail[0], lo, L)
     if tail[1] is not None:
         both = np.maximum(both, _joint(Y[:, lay.c] + rate_c * rest, c2, tail[1], lo, L))
-    out = np.maximum(fwd + bwd, G + p.rate(p.ag) * rest + both) + p.u
+    # or U's forward then every backward and the tail after the next unit's (the compute chain): the least
+    # last unit for the re-gathers is a large one, for this path a small one
+    both = np.maximum(both, _joint((p.cb[L] - p.cb[s]) + tBE, c2, tail[4], lo, L))
+    out = np.maximum(fwd + bwd, gathers + both) + p.u
     if tail[2] is not None:  # the paths through every unit of the rest, start-ups counted
         out = np.maximum(out, X[:, lay.H] + X[:, T] + tail[2][s] + p.u)
+    p1, p2 = tail[3]  # the units the pipelines force (fsdp_ramp): reduce-scatters, then re-gathers
+    S = p.total - p.cm[s]
+    if p1 is not None:
+        out = np.maximum(out, X[:, lay.H] + X[:, T] + (p.ag.b + p.rs.b) * S + p1[s] + p.u)
+    if p2 is not None:
+        out = np.maximum(out, X[:, lay.H] + p.ag.b * S + (p.cb[L] - p.cb[s]) + tBE + p2[s] + p.u)
+    if tail[5] is not None:  # the last unit's gather, issued d units before it (fsdp_ramp.last_gather),
+        # then every backward; a rest of K_s <= d units issues it at the prefix's head E_{k+K_s-d-1}
+        late = X[:, lay.H + d] + tail[5][s]
+        if d >= 2:
+            least = p.ag.a + p.ag.b * (p.cm[L] - p.cm[L - 1]) + p.cf[L] - p.cf[L - 1]  # the least A(U) + F(U)
+            few = X[:, lay.H + 1 : lay.H + d].min(axis=1) + least
+            if lay.nw:  # the prefix's last unit's window holds all K_s <= d units of the rest
+                few = np.where(X[:, lay.w] + S <= p.M, few, np.inf)
+            late = np.minimum(late, few)
+        out = np.maximum(out, late + (p.cb[L] - p.cb[s]) + tBE + p.u)
     return out
 
 
@@ -219,26 +248,33 @@ def _joint(c1: np.ndarray, c2: np.ndarray, tail, lo: int, L: int) -> np.ndarray:
                       np.where(cut - 1 >= lo, c1 + x1[np.maximum(cut - 1, 0)], np.inf))  # fmt: skip
 
 
-def _last_units(p: Problem, r: bool, extra: float = 0.0):
+def _last_units(p: Problem, r: bool, extra: float = 0.0, back: bool = True):
     """Per start ``l`` of the last unit ``U = l..L-1``: ``x1 = F(U) + W(U) + extra B(U)``, ``x2 = F(U) -
     b_ag B(U)`` (reshard: ``U`` is not re-gathered; else ``F(U)``), ``D = x1 - x2`` (non-increasing in
     ``l``), the least ``x2`` over ``l' >= l``, the least ``l`` whose ``U`` fits the budget, and ``r``."""
     Bu = p.total - p.cm[:-1]
     F, W = p.cf[-1] - p.cf[:-1], p.cb[-1] - p.cb[:-1]
-    x1 = F + W + extra * Bu
+    x1 = F + (W if back else 0.0) + extra * Bu
     x2 = F - (p.rate(p.ag) * Bu if r else 0.0)
     fit = np.flatnonzero(Bu <= p.M) if r else np.arange(Bu.size)
     low = np.minimum.accumulate(x2[::-1])[::-1]
     return x1, x2, x1 - x2, low, int(fit[0]) if fit.size else p.L, r
 
 
-def last_unit_tails(p: Problem, r: bool):
-    """:func:`_last_units` for the reduce-scatter path and (HSDP) the all-reduce path, and
-    :func:`dpcomm.planner.fsdp_bound.suffix_bound` (or None)."""
-    key = (r, p.M)
+def last_unit_tails(p: Problem, r: bool, d: int):
+    """:func:`_last_units` for the reduce-scatter path and (HSDP) the all-reduce path,
+    :func:`dpcomm.planner.fsdp_bound.suffix_bound` (or None) and :func:`dpcomm.planner.fsdp_ramp.ramp_bounds`
+    (a pair, each or None)."""
+    key, ramps = (r, p.M), ("ramps", r, d if r and np.isfinite(p.M) else -1, p.M)  # d: windows only
     if key not in p.memo:
         p.memo[key] = suffix_bound(p, r)
-    return _last_units(p, r), None if p.ar is None else _last_units(p, r, p.rate(p.rs)), p.memo[key]
+    if ramps not in p.memo:
+        p.memo[ramps] = ramp_bounds(p, r, d)
+    issue = ("issue", r, d, p.M)
+    if issue not in p.memo:
+        p.memo[issue] = last_gather(p, r, d)
+    return (_last_units(p, r), None if p.ar is None else _last_units(p, r, p.rate(p.rs)), p.memo[key],
+            p.memo[ramps], _last_units(p, r, back=False), p.memo[issue])  # fmt: skip
 
 
 def close_states(p: Problem, lay: Layout, r: bool, X: np.ndarray, s: np.ndarray):
@@ -252,3 +288,32 @@ def close_states(p: Problem, lay: Layout, r: bool, X: np.ndarray, s: np.ndarray)
     else:
         peak = np.full(t.size, p.total)
     return t, peak
+
+
+def _start_ups(p: Problem, lay: Layout, X: np.ndarray, s: np.ndarray) -> np.ndarray | float:
+    """Seconds of all-gather start-ups that every completion of rows ``X`` (next unit from ``s``) has
+    after its next unit: ``a_ag`` times the least number of units after it (:func:`units_after`), taken
+    after the longest next unit that fits (``bytes + w_d <= M``), so that it holds for every one."""
+    ag = p.ag
+    if not isinstance(ag, LinearCost) or ag.a <= 0 or not lay.nw or not np.isfinite(p.M):
+        return 0.0
+    n = units_after(p, lay.d)
+    room = p.M - X[:, lay.w + lay.d - 1]  # what the next unit may hold (its window)
+    j = np.searchsorted(p.cm, p.cm[s] + room, side="right") - 1  # modules s..j-1 fit: next unit ends j-1
+    return ag.a * n[np.clip(j, 0, p.L - 1)]
+
+
+def units_after(p: Problem, d: int) -> np.ndarray:
+    """``n[j]``: the least number of units over modules ``j..L-1`` (``n[L] = 0``) with reshard under the
+    budget ``M``: consecutive runs of ``d + 1`` units are windows (at most ``M`` bytes), so ``ceil(n / (d +
+    1))`` runs of at most ``M`` bytes cover them, at least ``g[j]`` (the fewest runs of whole modules of at
+    most ``M`` bytes, packed greedily: optimal for one capacity), and ``n >= (d + 1) (g - 1) + 1``."""
+    key = ("units_after", d, p.M)
+    if key not in p.memo:
+        L, cm = p.L, p.cm
+        e = np.searchsorted(cm, cm[:-1] + p.M, side="right") - 1  # a run from j holds modules j..e-1
+        g = np.zeros(L + 1)
+        for j in range(L - 1, -1, -1):
+            g[j] = np.inf if e[j] <= j else 1 + g[e[j]]
+        p.memo[key] = np.where(g > 0, (d + 1) * (g - 1) + 1, 0.0)
+    return p.memo[key]
