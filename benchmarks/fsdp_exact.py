@@ -72,6 +72,15 @@ def _timed_child(timeout: float, *args):
     return got
 
 
+def _instances(want: list[str]):
+    """``(name, trace, all-gather cost, reduce-scatter cost, parameter bytes)`` of the cases named in
+    ``want`` (``benchmarks/planners.py``'s FSDP instances)."""
+    for name, trace, preset, ranks in fsdp_cases():
+        if name in want:
+            ag, rs = ring_costs(PRESETS[preset], ranks)
+            yield name, trace, ag, rs, sum(Modules.from_trace(trace).param_bytes)
+
+
 def sweep(args) -> int:
     want = [m.strip() for m in args.models.split(",")]
     scales = [float(x) for x in args.scales.split(",")]
@@ -82,12 +91,8 @@ def sweep(args) -> int:
           "| d, reshard, units | peak GiB | load |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     ok = True
-    for name, trace, preset, ranks in fsdp_cases():
-        if name not in want:
-            continue
-        ag, rs = ring_costs(PRESETS[preset], ranks)
+    for name, trace, ag, rs, total in _instances(want):
         base = Modules.from_trace(trace)
-        total = sum(base.param_bytes)
         for k in scales:
             mods = scaled(base, k)
             for frac in (None, 0.1):
@@ -140,11 +145,7 @@ def main(argv: list[str] | None = None) -> int:
           "| d, reshard, units | load |")  # fmt: skip
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     ok = True
-    for name, trace, preset, ranks in fsdp_cases():
-        if name not in want:
-            continue
-        ag, rs = ring_costs(PRESETS[preset], ranks)
-        total = sum(Modules.from_trace(trace).param_bytes)
+    for name, trace, ag, rs, total in _instances(want):
         for frac in budgets:
             M = None if frac is None else int(total * frac)
             for gap in (0.0, 0.005):
