@@ -155,7 +155,10 @@ PRESETS["nd-h100-v5"] = PRESETS["dgx-h100"]
 # x 400 Gb/s NDR InfiniBand ConnectX-7, one per GPU, 3.2 Tbps per VM (Microsoft Learn, "ND H200 v5 sizes
 # series", learn.microsoft.com/azure/virtual-machines/sizes/gpu-accelerated/nd-h200-v5-series; not verified
 # from a stored copy of the page, which is not stored here: stored third-party pages cite it for "8 x H200
-# 141 GB, 900 GB/s NVLink, 400 Gb/s InfiniBand per GPU" and a 3,200 Gbps IB total): dgx-h200's parts.
+# 141 GB, 900 GB/s NVLink, 400 Gb/s InfiniBand per GPU" and a 3,200 Gbps IB total; Microsoft's own stored
+# Aspire reference confirms the size and its 8 GPUs: "Standard_ND96isr_H200_v5 -- 96 vCPUs -- 1850 GB RAM --
+# 8 GPU(s)", aspire.dev, Aspire.Hosting.Azure.Kubernetes StandardNDISRH200V5, from microsoft/aspire
+# src/Aspire.Hosting.Azure.Kubernetes/AksNodeVmSizes.cs at 5bd693ae): dgx-h200's parts.
 PRESETS["nd-h200-v5"] = PRESETS["dgx-h200"]
 # OCI BM.GPU.H100.8: 8 H100 SXM on NVSwitch, 16 RDMA ports of 200 Gb/s on OCI's RoCEv2 cluster network
 # (16 ports: the NCCL_IB_HCA of github.com/oracle-japan/ocitutorials tutorials/_hpc/benchmark/
