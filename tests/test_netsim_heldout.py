@@ -29,13 +29,16 @@ def priced():
 
 
 def test_held_out_tables_meet_the_goal(priced):
-    # issue 49's goal on all held-out tables together: geomean |error| at most 5%, no table beyond 15%
+    # issues 49 and 57's goal on all held-out tables together: geomean |error| at most 5%, no table beyond
+    # 15%, and the median signed error within +-3% (the model not systematically fast: +4.5% on sets 2-7,
+    # within the goal with held-out set 8)
     rows, summ, published = priced
     held = {c["name"] for c in published["cases"] if c["split"] == "held-out"}
     assert len(held) >= 15 and {r["case"] for r in rows if r["split"] == "held-out"} == held
     assert summ["splits"]["held-out"]["geomean_abs_error"] <= 0.05
     worst = max(held, key=summ["tables"].get)
     assert summ["tables"][worst] <= 0.15, worst
+    assert abs(summ["splits"]["held-out"]["median_error"]) <= 0.03, summ["splits"]["held-out"]["median_error"]
 
 
 def test_p4d_class_efa_table_with_a_recent_nccl_held_out_within_10pct(priced):
@@ -80,5 +83,22 @@ def test_held_out_set_7_single_server_nvls_tables(priced):
         assert case["split"] == "held-out" and case["algorithm"] == "nccl" and case["gpus"] == 8
         mine = [r for r in rows if r["case"] == name]
         assert mine and all(r["ran"].startswith("nvls/Simple") for r in mine)
+        assert summ["tables"][name] <= 0.05, (name, summ["tables"][name])
+        assert max(abs(r["error"]) for r in mine) <= 0.10, [round(r["error"], 3) for r in mine]
+
+
+def test_held_out_set_8_single_server_nvls_tables(priced):
+    # held-out set 8: three one-server tables of Azure's benchmarking guide (ND H100 v5 and ND H200 v5,
+    # NCCL_ALGO=NVLS, in-place busbw only), committed before any error was computed; each within 5% by its
+    # geomean and every row within 10%, priced at the NCCL version each page states
+    rows, summ, published = priced
+    cases = {c["name"]: c for c in published["cases"] if c.get("decided", "").startswith("held-out set 8")}
+    assert len(cases) == 3
+    for name, case in cases.items():
+        assert case["split"] == "held-out" and case["algorithm"] == "nccl-nvls" and case["gpus"] == 8
+        assert case["column"] == "in-place busbw" and all("busbw_GBps" in r for r in case["rows"])
+        mine = [r for r in rows if r["case"] == name]
+        assert len(mine) == 8 and all(r["ran"].startswith("nvls/Simple") for r in mine)
+        assert all(f"nccl={case['nccl_version']}" in r["topology"] for r in mine)
         assert summ["tables"][name] <= 0.05, (name, summ["tables"][name])
         assert max(abs(r["error"]) for r in mine) <= 0.10, [round(r["error"], 3) for r in mine]
