@@ -28,6 +28,12 @@ def priced():
         mp.undo()
 
 
+def _set(published: dict, name: str) -> dict:
+    """The published cases of held-out set ``name``, by name (the JSON's ``decided`` names the set)."""
+    start = f"held-out set {name}:"
+    return {c["name"]: c for c in published["cases"] if c.get("decided", "").startswith(start)}
+
+
 def test_held_out_tables_meet_the_goal(priced):
     # issues 49 and 57's goal on all held-out tables together: geomean |error| at most 5%, no table beyond
     # 15%, and the median signed error within +-3% (the model not systematically fast: +4.5% on sets 2-7,
@@ -60,7 +66,7 @@ def test_held_out_set_6_p4d_tables_strictly_held_out(priced):
     # versions before any error was computed (docs/netsim.md); the one run with no settings is within 10%
     # in every row of 64 MiB and up, the other (8 MiB buffers, 512 KiB chunks) within 10% by its geomean
     rows, summ, published = priced
-    cases = {c["name"]: c for c in published["cases"] if c.get("decided", "").startswith("held-out set 6")}
+    cases = _set(published, "6")
     assert set(cases) == {"skypilot-p4d-2x8-efa-vm", "skypilot-p4d-2x8-efa-hyperpod"}
     for name, case in cases.items():
         assert case["split"] == "held-out" and case["algorithm"] == "nccl"
@@ -77,7 +83,7 @@ def test_held_out_set_7_single_server_nvls_tables(priced):
     # computed; with NVLS's pipeline fill inside one server (nvls.nvls_rounds) each is within 5% by its
     # geomean and every row within 10% (7.8% and 6.9%, up to +23%, without the fill)
     rows, summ, published = priced
-    cases = {c["name"]: c for c in published["cases"] if c.get("decided", "").startswith("held-out set 7")}
+    cases = _set(published, "7")
     assert set(cases) == {"nccl-tests-290-hgx-h100-1x8", "aws-batch-p5-1x8"}
     for name, case in cases.items():
         assert case["split"] == "held-out" and case["algorithm"] == "nccl" and case["gpus"] == 8
@@ -92,7 +98,7 @@ def test_held_out_set_8_single_server_nvls_tables(priced):
     # NCCL_ALGO=NVLS, in-place busbw only), committed before any error was computed; each within 5% by its
     # geomean and every row within 10%, priced at the NCCL version each page states
     rows, summ, published = priced
-    cases = {c["name"]: c for c in published["cases"] if c.get("decided", "").startswith("held-out set 8")}
+    cases = _set(published, "8")
     assert len(cases) == 3
     for name, case in cases.items():
         assert case["split"] == "held-out" and case["algorithm"] == "nccl-nvls" and case["gpus"] == 8
