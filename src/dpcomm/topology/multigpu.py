@@ -54,7 +54,7 @@ number) fill these in; keys after a preset override it: ``dgx-h100:16,nics=1``. 
 Attention: a fabric's ``servers`` are its endpoints, so :attr:`MultiGPU.servers` is the number of GPUs
 (ranks); the number of physical servers is :attr:`MultiGPU.hosts`.
 
-Kept as one module (under 390 lines): the spec's parser and its defaults are read together; the presets
+Kept as one module (about 390 lines): the spec's parser and its defaults are read together; the presets
 and their sources are :mod:`dpcomm.topology.gpu_presets`.
 """
 
